@@ -1,0 +1,62 @@
+/* backend.h — the one backend interface. The model's forward pass is written once against this
+ * table; each backend (cpu/, cuda/) fills it in. Pointers passed to ops (activations, ids,
+ * positions, weights inside kiln_matrix) live in the backend's memory: host memory for the CPU,
+ * device memory for CUDA. Every op has the semantics of its CPU reference in cpu/cpu_ops.h, and
+ * each backend's kernels are tested against that reference.
+ */
+#ifndef KILN_BACKEND_H
+#define KILN_BACKEND_H
+
+#include "backend/matrix.h"
+#include "kv/kv_cache.h"
+#include "util/threadpool.h"
+
+typedef struct kiln_backend kiln_backend;
+
+struct kiln_backend {
+    const char *name; /* "cpu", "cuda" */
+    kiln_device device;
+    kiln_threadpool *pool; /* CPU worker threads (also used by CPU-side work of other backends) */
+    void *impl;            /* backend private state */
+
+    void (*destroy)(kiln_backend *be);
+
+    /* ---- memory ---- */
+    void *(*alloc)(kiln_backend *be, size_t bytes); /* NULL on failure */
+    void (*free)(kiln_backend *be, void *p);
+    void (*upload)(kiln_backend *be, void *dst, const void *src, size_t bytes);   /* host -> be */
+    void (*download)(kiln_backend *be, void *dst, const void *src, size_t bytes); /* be -> host */
+    /* Makes a weight usable by this backend: CPU keeps the mmap'd pointers (no copy); CUDA copies
+     * codes/scales/biases/bias to the device, keeping the stored format. */
+    kiln_status (*upload_matrix)(kiln_backend *be, const kiln_matrix *host, kiln_matrix *out);
+    void (*free_matrix)(kiln_backend *be, kiln_matrix *m);
+    kiln_status (*synchronize)(kiln_backend *be);
+
+    /* ---- ops (semantics: cpu/cpu_ops.h) ---- */
+    void (*matmul)(kiln_backend *be, float *y, const float *x, int64_t n, const kiln_matrix *w);
+    void (*embed)(kiln_backend *be, float *out, const int32_t *ids, int64_t n, const kiln_matrix *w);
+    void (*rmsnorm)(kiln_backend *be, float *y, const float *x, const float *w, int64_t n,
+                    int64_t dim, float eps, bool plus_one);
+    void (*rope)(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads,
+                 int head_dim, int rot_dim, const float *inv_freq);
+    void (*silu_mul)(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
+    void (*gelu_tanh_mul)(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
+    void (*add)(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
+
+    /* ---- KV caches living in this backend's memory ---- */
+    kiln_status (*kv_new)(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
+                          const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
+};
+
+kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out);
+#ifdef KILN_HAVE_CUDA
+kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out);
+#endif
+/* Creates the backend for a device ("cuda" fails with a clear message when not built / no GPU). */
+kiln_status kiln_backend_new(kiln_device device, int n_threads, kiln_backend **out);
+
+static inline void kiln_backend_free(kiln_backend *be) {
+    if (be) be->destroy(be);
+}
+
+#endif
