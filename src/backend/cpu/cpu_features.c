@@ -1,0 +1,94 @@
+/* cpu_features.c — which SIMD level the CPU kernels run at: detected once from the CPU
+ * (__builtin_cpu_supports), overridable by env KILN_SIMD=scalar|avx2|avx512 or by
+ * kiln_cpu_simd_force (tests and benchmarks walk every level this way). */
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_ops.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const kiln_cpu_kernels kernels_by_level[] = {
+    [KILN_SIMD_SCALAR] = {kiln_decode_scalar, kiln_gemv_scalar, kiln_tile_scalar, kiln_dot_scalar,
+                          kiln_axpy_scalar},
+    [KILN_SIMD_AVX2] = {kiln_decode_avx2, kiln_gemv_avx2, kiln_tile_avx2, kiln_dot_avx2,
+                        kiln_axpy_avx2},
+    [KILN_SIMD_AVX512] = {kiln_decode_avx512, kiln_gemv_avx512, kiln_tile_avx512, kiln_dot_avx512,
+                          kiln_axpy_avx512},
+};
+
+/* -1 = not decided yet. */
+static atomic_int active_level = -1;
+
+static bool cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+static bool cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
+}
+
+static bool cpu_has_avx512bf16(void) {
+    __builtin_cpu_init();
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
+/* Parses a level name; -1 if unknown or unsupported by this CPU. */
+static int level_from_name(const char *name) {
+    if (!strcmp(name, "scalar")) return KILN_SIMD_SCALAR;
+    if (!strcmp(name, "avx2")) return cpu_has_avx2() ? KILN_SIMD_AVX2 : -1;
+    if (!strcmp(name, "avx512") || !strcmp(name, "avx512-bf16"))
+        return cpu_has_avx512() ? KILN_SIMD_AVX512 : -1;
+    return -1;
+}
+
+static int detect_level(void) {
+    const char *env = getenv("KILN_SIMD");
+    if (env && *env) {
+        int level = level_from_name(env);
+        if (level >= 0) return level;
+    }
+    if (cpu_has_avx512()) return KILN_SIMD_AVX512;
+    if (cpu_has_avx2()) return KILN_SIMD_AVX2;
+    return KILN_SIMD_SCALAR;
+}
+
+kiln_simd_level kiln_cpu_simd_level(void) {
+    int level = atomic_load_explicit(&active_level, memory_order_relaxed);
+    if (level < 0) {
+        level = detect_level();
+        atomic_store(&active_level, level);
+    }
+    return (kiln_simd_level)level;
+}
+
+const kiln_cpu_kernels *kiln_cpu_kernels_active(void) {
+    return &kernels_by_level[kiln_cpu_simd_level()];
+}
+
+const char *kiln_cpu_simd_name(void) {
+    switch (kiln_cpu_simd_level()) {
+    case KILN_SIMD_AVX512:
+        return cpu_has_avx512bf16() ? "avx512-bf16" : "avx512";
+    case KILN_SIMD_AVX2:
+        return "avx2";
+    default:
+        return "scalar";
+    }
+}
+
+int kiln_cpu_simd_force(const char *level) {
+    if (!level) {
+        atomic_store(&active_level, detect_level());
+        return 0;
+    }
+    int parsed = level_from_name(level);
+    if (parsed < 0) return -1;
+    atomic_store(&active_level, parsed);
+    return 0;
+}

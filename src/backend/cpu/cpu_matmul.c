@@ -1,0 +1,124 @@
+/* cpu_matmul.c — y = x @ W^T for every weight format: the reference and the threaded driver.
+ * n <= KILN_GEMV_MAX_N (decode) streams each weight row once per call and splits the output rows
+ * across the pool. Larger n (prefill) is a blocked GEMM: each thread takes blocks of NR weight
+ * rows, converts a KC-deep slab of them to f32 once into a packed [KC][NR] buffer and runs MR x NR
+ * micro-tiles over all n rows of x against it. The per-level pieces come from cpu_internal.h. */
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_ops.h"
+
+#include <string.h>
+
+/* ---- reference ------------------------------------------------------------------------------ */
+
+void kiln_cpu_matmul_ref(float *y, const float *x, int64_t n, const kiln_matrix *w) {
+    const uint8_t *codes = w->data;
+    int64_t row_bytes = kiln_matrix_is_quantized(w) ? kiln_matrix_row_code_bytes(w) : 0;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t r = 0; r < w->rows; r++) {
+            double acc = 0.0;
+            for (int64_t c = 0; c < w->cols; c++) {
+                float wv;
+                if (kiln_matrix_is_quantized(w)) {
+                    int64_t g = r * (w->cols / w->group_size) + c / w->group_size;
+                    float s = kiln_q_scale(w->scales, w->scale_dtype, g);
+                    float b = kiln_q_scale(w->biases, w->scale_dtype, g);
+                    wv = s * (float)kiln_q_code(codes + r * row_bytes, c, w->bits) + b;
+                } else {
+                    wv = kiln_dense_at(w, r, c);
+                }
+                acc += (double)wv * (double)x[i * w->cols + c];
+            }
+            if (w->bias) acc += w->bias[r];
+            y[i * w->rows + r] = (float)acc;
+        }
+    }
+}
+
+/* ---- GEMV (decode) -------------------------------------------------------------------------- */
+
+typedef struct {
+    const kiln_cpu_kernels *kernels;
+    const kiln_matrix *w;
+    const float *x; /* [n, cols] */
+    float *y;       /* [n, rows] */
+    int64_t n;
+} matmul_job;
+
+static void gemv_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const matmul_job *job = ctx;
+    const kiln_matrix *w = job->w;
+    job->kernels->gemv(w, job->x, (int)job->n, job->y, w->rows, r0, r1);
+    if (w->bias)
+        for (int64_t i = 0; i < job->n; i++)
+            for (int64_t r = r0; r < r1; r++) job->y[i * w->rows + r] += w->bias[r];
+}
+
+/* ---- GEMM (prefill) ------------------------------------------------------------------------- */
+
+/* Packs rows [r0, r0+NR) x cols [k0, k0+kc) of W as f32 into wp[kc][NR] (missing rows = 0). */
+static void pack_weight_block(const kiln_cpu_kernels *kernels, const kiln_matrix *w, int64_t r0,
+                              int64_t k0, int64_t kc, float *wp) {
+    float seg[KILN_GEMM_KC];
+    for (int j = 0; j < KILN_GEMM_NR; j++) {
+        int64_t r = r0 + j;
+        if (r < w->rows) {
+            kernels->decode(w, r, k0, kc, seg);
+            for (int64_t k = 0; k < kc; k++) wp[k * KILN_GEMM_NR + j] = seg[k];
+        } else {
+            for (int64_t k = 0; k < kc; k++) wp[k * KILN_GEMM_NR + j] = 0.0f;
+        }
+    }
+}
+
+/* Blocks [b0, b1) of NR weight rows each. */
+static void gemm_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    const matmul_job *job = ctx;
+    const kiln_matrix *w = job->w;
+    _Alignas(64) float wp[KILN_GEMM_KC * KILN_GEMM_NR];
+    _Alignas(64) float c[KILN_GEMM_MR * KILN_GEMM_NR];
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t r0 = b * KILN_GEMM_NR;
+        int64_t nr = w->rows - r0 < KILN_GEMM_NR ? w->rows - r0 : KILN_GEMM_NR;
+        for (int64_t k0 = 0; k0 < w->cols; k0 += KILN_GEMM_KC) {
+            int64_t kc = w->cols - k0 < KILN_GEMM_KC ? w->cols - k0 : KILN_GEMM_KC;
+            pack_weight_block(job->kernels, w, r0, k0, kc, wp);
+            for (int64_t i0 = 0; i0 < job->n; i0 += KILN_GEMM_MR) {
+                int64_t mr = job->n - i0 < KILN_GEMM_MR ? job->n - i0 : KILN_GEMM_MR;
+                const float *xrows[KILN_GEMM_MR];
+                for (int i = 0; i < KILN_GEMM_MR; i++) /* rows past n repeat row i0 (discarded) */
+                    xrows[i] = job->x + (i0 + (i < mr ? i : 0)) * w->cols + k0;
+                job->kernels->tile(kc, xrows, wp, c);
+                for (int64_t i = 0; i < mr; i++) {
+                    float *yi = job->y + (i0 + i) * w->rows + r0;
+                    const float *ci = c + i * KILN_GEMM_NR;
+                    if (k0 == 0)
+                        memcpy(yi, ci, (size_t)nr * sizeof *yi);
+                    else
+                        for (int64_t j = 0; j < nr; j++) yi[j] += ci[j];
+                }
+            }
+        }
+        if (w->bias)
+            for (int64_t i = 0; i < job->n; i++)
+                for (int64_t j = 0; j < nr; j++) job->y[i * w->rows + r0 + j] += w->bias[r0 + j];
+    }
+}
+
+void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
+                     const kiln_matrix *w) {
+    if (n <= 0 || w->rows <= 0) return;
+    if (w->cols <= 0) {
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t r = 0; r < w->rows; r++) y[i * w->rows + r] = w->bias ? w->bias[r] : 0;
+        return;
+    }
+    matmul_job job = {kiln_cpu_kernels_active(), w, x, y, n};
+    if (n <= KILN_GEMV_MAX_N) {
+        kiln_parallel_for(pool, w->rows, 16, gemv_slice, &job);
+    } else {
+        int64_t blocks = (w->rows + KILN_GEMM_NR - 1) / KILN_GEMM_NR;
+        kiln_parallel_for(pool, blocks, 1, gemm_slice, &job);
+    }
+}

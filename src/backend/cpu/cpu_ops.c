@@ -1,0 +1,128 @@
+/* cpu_ops.c — the non-matmul CPU ops: embedding gather, RMSNorm (reference and fast), rotary
+ * embedding, gated activations, elementwise add/scale, dot/axpy (dispatched to the SIMD level)
+ * and softmax. Numerics follow torch's f32 CPU kernels where the model parity tests depend on
+ * them: RMSNorm computes (x * rsqrt(mean(x^2) + eps)) * w, RoPE angles are f32 products pos*freq,
+ * SiLU is x / (1 + exp(-x)), GELU is torch's tanh approximation. */
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_ops.h"
+
+#include <math.h>
+
+void kiln_cpu_embed(float *out, const int32_t *ids, int64_t n, const kiln_matrix *w) {
+    const kiln_cpu_kernels *kernels = kiln_cpu_kernels_active();
+    for (int64_t i = 0; i < n; i++) kernels->decode(w, ids[i], 0, w->cols, out + i * w->cols);
+}
+
+static inline float rmsnorm_weight(const float *w, int64_t j, bool plus_one) {
+    if (!w) return 1.0f;
+    return plus_one ? 1.0f + w[j] : w[j];
+}
+
+void kiln_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int64_t n, int64_t dim,
+                          float eps, bool plus_one) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * dim;
+        double sum_sq = 0.0;
+        for (int64_t j = 0; j < dim; j++) sum_sq += (double)xi[j] * xi[j];
+        float inv_rms = 1.0f / sqrtf((float)(sum_sq / (double)dim) + eps);
+        for (int64_t j = 0; j < dim; j++)
+            y[i * dim + j] = (xi[j] * inv_rms) * rmsnorm_weight(w, j, plus_one);
+    }
+}
+
+/* Same formula; the sum of squares runs in 16 f32 lanes (what torch's vectorized reduction does,
+ * and what a compiler turns into SIMD). */
+void kiln_cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, int64_t dim, float eps,
+                      bool plus_one) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * dim;
+        float lanes[16] = {0};
+        int64_t j = 0;
+        for (; j + 16 <= dim; j += 16)
+            for (int u = 0; u < 16; u++) lanes[u] += xi[j + u] * xi[j + u];
+        for (; j < dim; j++) lanes[0] += xi[j] * xi[j];
+        for (int width = 8; width >= 1; width /= 2)
+            for (int u = 0; u < width; u++) lanes[u] += lanes[u + width];
+        float inv_rms = 1.0f / sqrtf(lanes[0] / (float)dim + eps);
+        float *yi = y + i * dim;
+        if (!w) {
+            for (j = 0; j < dim; j++) yi[j] = xi[j] * inv_rms;
+        } else if (plus_one) {
+            for (j = 0; j < dim; j++) yi[j] = (xi[j] * inv_rms) * (1.0f + w[j]);
+        } else {
+            for (j = 0; j < dim; j++) yi[j] = (xi[j] * inv_rms) * w[j];
+        }
+    }
+}
+
+void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int rot_dim,
+                   const float *inv_freq) {
+    int half = rot_dim / 2;
+    float cos_t[512], sin_t[512]; /* rot_dim/2 <= 512 covers every model we load */
+    for (int64_t t = 0; t < n; t++) {
+        int64_t done = 0;
+        while (done < half) { /* chunks of 512 frequencies */
+            int chunk = half - done < 512 ? (int)(half - done) : 512;
+            for (int i = 0; i < chunk; i++) {
+                float angle = (float)pos[t] * inv_freq[done + i];
+                cos_t[i] = cosf(angle);
+                sin_t[i] = sinf(angle);
+            }
+            for (int h = 0; h < n_heads; h++) {
+                float *xh = x + (t * n_heads + h) * head_dim;
+                for (int i = 0; i < chunk; i++) {
+                    float x1 = xh[done + i], x2 = xh[done + i + half];
+                    xh[done + i] = x1 * cos_t[i] - x2 * sin_t[i];
+                    xh[done + i + half] = x2 * cos_t[i] + x1 * sin_t[i];
+                }
+            }
+            done += chunk;
+        }
+    }
+}
+
+void kiln_cpu_silu_mul(float *y, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        y[i] = (g / (1.0f + expf(-g))) * up[i];
+    }
+}
+
+void kiln_cpu_gelu_tanh_mul(float *y, const float *gate, const float *up, int64_t n) {
+    const float sqrt_2_over_pi = 0.7978845608028654f; /* sqrt(2/pi), as torch's kBeta */
+    const float kappa = 0.044715f;
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        float inner = sqrt_2_over_pi * (g + kappa * g * g * g);
+        y[i] = (0.5f * g * (1.0f + tanhf(inner))) * up[i];
+    }
+}
+
+void kiln_cpu_add(float *y, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+void kiln_cpu_scale(float *x, float s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+float kiln_cpu_dot(const float *a, const float *b, int64_t n) {
+    return kiln_cpu_kernels_active()->dot(a, b, n);
+}
+
+void kiln_cpu_axpy(float *y, float a, const float *x, int64_t n) {
+    kiln_cpu_kernels_active()->axpy(y, a, x, n);
+}
+
+void kiln_cpu_softmax(float *x, int64_t n) {
+    if (n <= 0) return;
+    float max = x[0];
+    for (int64_t i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
