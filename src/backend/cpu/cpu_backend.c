@@ -1,0 +1,111 @@
+/* cpu_backend.c — the CPU backend: fills the kiln_backend table with the kernels of cpu_ops.h.
+ * Weights stay in the mmap'd file (upload_matrix copies only the small f32 bias); activations
+ * live in ordinary heap memory. */
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "kv/kv_factory.h"
+#include "util/status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void cpu_destroy(kiln_backend *be) {
+    kiln_threadpool_free(be->pool);
+    free(be);
+}
+
+static void *cpu_alloc(kiln_backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+static void cpu_free(kiln_backend *be, void *p) {
+    free(p);
+}
+static void cpu_copy(kiln_backend *be, void *dst, const void *src, size_t n) {
+    if (dst != src) memcpy(dst, src, n);
+}
+
+static kiln_status cpu_upload_matrix(kiln_backend *be, const kiln_matrix *host, kiln_matrix *out) {
+    *out = *host;
+    out->bias = NULL;
+    if (host->bias) {
+        float *b = malloc((size_t)host->rows * sizeof(float));
+        if (!b) return kiln_error(KILN_ERR_OOM, "out of memory for bias");
+        memcpy(b, host->bias, (size_t)host->rows * sizeof(float));
+        out->bias = b;
+    }
+    return KILN_OK;
+}
+
+static void cpu_free_matrix(kiln_backend *be, kiln_matrix *m) {
+    free((void *)m->bias);
+    m->bias = NULL;
+}
+
+static kiln_status cpu_sync(kiln_backend *be) {
+    return KILN_OK;
+}
+
+static void cpu_matmul(kiln_backend *be, float *y, const float *x, int64_t n,
+                       const kiln_matrix *w) {
+    kiln_cpu_matmul(be->pool, y, x, n, w);
+}
+static void cpu_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t n,
+                      const kiln_matrix *w) {
+    kiln_cpu_embed(out, ids, n, w);
+}
+static void cpu_rmsnorm(kiln_backend *be, float *y, const float *x, const float *w, int64_t n,
+                        int64_t dim, float eps, bool plus_one) {
+    kiln_cpu_rmsnorm(y, x, w, n, dim, eps, plus_one);
+}
+static void cpu_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads,
+                     int head_dim, int rot_dim, const float *inv_freq) {
+    kiln_cpu_rope(x, pos, n, n_heads, head_dim, rot_dim, inv_freq);
+}
+static void cpu_silu_mul(kiln_backend *be, float *y, const float *g, const float *u, int64_t n) {
+    kiln_cpu_silu_mul(y, g, u, n);
+}
+static void cpu_gelu_tanh_mul(kiln_backend *be, float *y, const float *g, const float *u,
+                              int64_t n) {
+    kiln_cpu_gelu_tanh_mul(y, g, u, n);
+}
+static void cpu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n) {
+    kiln_cpu_add(y, a, b, n);
+}
+static kiln_status cpu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
+                              const kiln_kv_options *opts, int max_tokens, kiln_kv **out) {
+    return kiln_kv_cpu_new(layers, n_layers, opts, max_tokens, out);
+}
+
+kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
+    *out = NULL;
+    kiln_backend *be = calloc(1, sizeof *be);
+    if (!be) return kiln_error(KILN_ERR_OOM, "out of memory");
+    kiln_status st = kiln_threadpool_new(n_threads, &be->pool);
+    if (st != KILN_OK) {
+        free(be);
+        return st;
+    }
+    be->name = "cpu";
+    be->device = KILN_DEVICE_CPU;
+    be->destroy = cpu_destroy;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->upload_matrix = cpu_upload_matrix;
+    be->free_matrix = cpu_free_matrix;
+    be->synchronize = cpu_sync;
+    be->matmul = cpu_matmul;
+    be->embed = cpu_embed;
+    be->rmsnorm = cpu_rmsnorm;
+    be->rope = cpu_rope;
+    be->silu_mul = cpu_silu_mul;
+    be->gelu_tanh_mul = cpu_gelu_tanh_mul;
+    be->add = cpu_add;
+    be->kv_new = cpu_kv_new;
+    *out = be;
+    return KILN_OK;
+}

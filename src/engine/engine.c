@@ -1,0 +1,235 @@
+/* engine.c — the public model/sequence/forward API: loads a model folder (config, weights,
+ * family), creates per-sequence caches on the model's backend, validates batches and runs the
+ * family's batched forward. */
+#include "kiln.h"
+
+#include "kv/kv_factory.h"
+#include "model/model.h"
+#include "util/log.h"
+#include "util/status.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* "q_proj", "mlp.gate", ...: the module path without "model.layers.N." and ".weight". */
+static void module_kind(const char *tensor, char *out, size_t cap) {
+    const char *s = tensor;
+    const char *layers = strstr(s, "layers.");
+    if (layers) {
+        s = layers + 7;
+        while (*s >= '0' && *s <= '9') s++;
+        if (*s == '.') s++;
+    } else if (strncmp(s, "model.", 6) == 0) {
+        s += 6;
+    }
+    snprintf(out, cap, "%s", s);
+    char *dot = strrchr(out, '.');
+    if (dot) *dot = 0;
+}
+
+/* Parameter count, stored bytes and a per-module-kind quantization summary. */
+static kiln_status describe_weights(kiln_model *m) {
+    int n = kiln_st_count(m->archive);
+    int64_t params = 0, bytes = 0;
+    size_t cap = 4096, len = 0;
+    char *summary = calloc(cap, 1);
+    if (!summary) return kiln_error(KILN_ERR_OOM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const kiln_st_tensor *t = kiln_st_at(m->archive, i);
+        bytes += (int64_t)t->nbytes;
+        size_t nl = strlen(t->name);
+        bool is_qaux = (nl > 7 && strcmp(t->name + nl - 7, ".scales") == 0) ||
+                       (nl > 7 && strcmp(t->name + nl - 7, ".biases") == 0);
+        if (is_qaux) continue;
+        char entry[160], kind[128];
+        module_kind(t->name, kind, sizeof kind);
+        if (t->dtype == KILN_DT_U32 && nl > 7 && strcmp(t->name + nl - 7, ".weight") == 0) {
+            char module[512];
+            snprintf(module, sizeof module, "%.*s", (int)(nl - 7), t->name);
+            int bits = m->cfg.quant_bits, group = m->cfg.quant_group_size;
+            kiln_config_module_quant(&m->cfg, module, &bits, &group);
+            if (bits > 0) params += t->numel * 32 / bits;
+            snprintf(entry, sizeof entry, "%s=%d-bit/g%d", kind, bits, group);
+        } else {
+            params += t->numel;
+            if (t->ndim < 2) continue; /* norms and biases: not worth listing */
+            snprintf(entry, sizeof entry, "%s=%s", kind, kiln_dtype_name(t->dtype));
+        }
+        /* list each distinct kind=format once */
+        bool seen = false;
+        for (const char *p = summary; (p = strstr(p, entry)) != NULL; p++) {
+            size_t el = strlen(entry);
+            if ((p == summary || p[-1] == ' ') && (p[el] == 0 || p[el] == ' ')) {
+                seen = true;
+                break;
+            }
+        }
+        if (seen) continue;
+        size_t el = strlen(entry);
+        if (len + el + 2 > cap) {
+            char *ns = realloc(summary, cap *= 2);
+            if (!ns) {
+                free(summary);
+                return kiln_error(KILN_ERR_OOM, "out of memory");
+            }
+            summary = ns;
+        }
+        len += (size_t)snprintf(summary + len, cap - len, "%s%s", len ? " " : "", entry);
+    }
+    m->info.n_params = params;
+    m->info.weight_bytes = bytes;
+    m->quant_summary = summary;
+    m->info.quant_summary = summary;
+    return KILN_OK;
+}
+
+void kiln_model_free(kiln_model *m) {
+    if (!m) return;
+    if (m->family && m->family->free) m->family->free(m);
+    kiln_backend_free(m->be);
+    kiln_st_close(m->archive);
+    kiln_config_free(&m->cfg);
+    free(m->kv_layers);
+    free(m->quant_summary);
+    free(m->layer_pattern);
+    free(m->dir);
+    free(m);
+}
+
+kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln_model **out) {
+    if (!out) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_model_load: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_model_load: no model folder");
+    kiln_load_options defaults;
+    if (!opts) {
+        kiln_load_options_default(&defaults);
+        opts = &defaults;
+    }
+    double t0 = now_ms();
+    kiln_model *m = calloc(1, sizeof *m);
+    if (!m) return kiln_error(KILN_ERR_OOM, "out of memory");
+    m->dir = strdup(dir);
+    m->kv_opts = opts->kv;
+    kiln_status st = kiln_config_load(dir, &m->cfg);
+    if (st != KILN_OK) goto fail;
+    m->family = kiln_family_find(&m->cfg);
+    if (!m->family) {
+        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s/config.json: model_type '%s' is not supported "
+                        "(supported: llama, qwen2, qwen3)", dir, m->cfg.model_type);
+        goto fail;
+    }
+    st = kiln_st_open_dir(dir, &m->archive);
+    if (st != KILN_OK) goto fail;
+    st = kiln_backend_new(opts->device, opts->n_threads, &m->be);
+    if (st != KILN_OK) goto fail;
+    m->info.architecture = m->cfg.model_type;
+    m->info.vocab_size = m->cfg.vocab_size;
+    m->info.hidden_size = m->cfg.hidden_size;
+    m->info.n_layers = m->cfg.n_layers;
+    m->info.n_heads = m->cfg.n_heads;
+    m->info.n_kv_heads = m->cfg.n_kv_heads;
+    m->info.head_dim = m->cfg.head_dim;
+    m->info.max_position = m->cfg.max_position_embeddings;
+    m->info.bos_id = m->cfg.bos_token_id;
+    m->info.n_eos = m->cfg.n_eos;
+    memcpy(m->eos_ids, m->cfg.eos_token_ids, sizeof m->eos_ids);
+    m->info.eos_ids = m->eos_ids;
+    m->max_tokens = m->cfg.max_position_embeddings > 0 ? m->cfg.max_position_embeddings : 4096;
+    st = describe_weights(m);
+    if (st != KILN_OK) goto fail;
+    st = m->family->load(m);
+    if (st != KILN_OK) goto fail;
+    m->info.kv_bytes_per_token = kiln_kv_bytes_per_token(m->kv_layers, m->n_kv_layers, &m->kv_opts);
+    /* layer pattern: F = full attention, S = sliding window, L = linear (no KV) */
+    m->layer_pattern = calloc((size_t)m->n_kv_layers * 2 + 1, 1);
+    if (!m->layer_pattern) {
+        st = kiln_error(KILN_ERR_OOM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < m->n_kv_layers; i++) {
+        const kiln_kv_layer_desc *d = &m->kv_layers[i];
+        m->layer_pattern[2 * i] = !d->is_attention ? 'L' : d->window > 0 ? 'S' : 'F';
+        m->layer_pattern[2 * i + 1] = i + 1 < m->n_kv_layers ? ' ' : 0;
+    }
+    m->info.layer_pattern = m->layer_pattern;
+    double t1 = now_ms();
+    KILN_LOG_I("loaded %s: %s, %lld params, %.1f MB of weights on %s in %.0f ms", dir,
+               m->cfg.model_type, (long long)m->info.n_params, m->info.weight_bytes / 1e6,
+               m->be->name, t1 - t0);
+    *out = m;
+    return KILN_OK;
+fail:
+    kiln_model_free(m);
+    return st;
+}
+
+const kiln_model_info *kiln_model_get_info(const kiln_model *m) { return m ? &m->info : NULL; }
+
+kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
+    if (!m || !out) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_new: NULL argument");
+    *out = NULL;
+    kiln_seq *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
+    s->model = m;
+    kiln_status st = m->be->kv_new(m->be, m->kv_layers, m->n_kv_layers, &m->kv_opts, m->max_tokens,
+                                   &s->kv);
+    if (st != KILN_OK) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return KILN_OK;
+}
+
+void kiln_seq_free(kiln_seq *s) {
+    if (!s) return;
+    kiln_kv_free(s->kv);
+    free(s);
+}
+
+int kiln_seq_len(const kiln_seq *s) { return s ? s->kv->len : 0; }
+
+kiln_status kiln_seq_truncate(kiln_seq *s, int len) {
+    if (!s) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_truncate: NULL sequence");
+    return s->kv->vt->truncate(s->kv, len);
+}
+
+kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
+    if (!m || (n > 0 && !e)) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward: NULL argument");
+    if (n < 0) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward: negative entry count");
+    for (int i = 0; i < n; i++) {
+        if (!e[i].seq || e[i].seq->model != m)
+            return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: sequence is NULL or belongs "
+                              "to another model", i);
+        if (e[i].n_tokens < 0 || (e[i].n_tokens > 0 && !e[i].tokens))
+            return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: bad token array", i);
+        if (e[i].n_tokens == 0 && e[i].logits != KILN_LOGITS_NONE)
+            return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: logits requested for zero "
+                              "tokens", i);
+        if (e[i].logits != KILN_LOGITS_NONE && !e[i].logits_out)
+            return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: logits requested but "
+                              "logits_out is NULL", i);
+        for (int j = 0; j < e[i].n_tokens; j++)
+            if (e[i].tokens[j] < 0 || e[i].tokens[j] >= m->cfg.vocab_size)
+                return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: token id %d at index %d "
+                                  "is outside the vocabulary [0, %d)", i, e[i].tokens[j], j,
+                                  m->cfg.vocab_size);
+        if ((int64_t)e[i].seq->kv->len + e[i].n_tokens > m->max_tokens)
+            return kiln_error(KILN_ERR_CACHE_FULL, "batch entry %d: %d + %d tokens exceed the "
+                              "context limit of %d", i, e[i].seq->kv->len, e[i].n_tokens,
+                              m->max_tokens);
+        for (int k = 0; k < i; k++)
+            if (e[k].seq == e[i].seq)
+                return kiln_error(KILN_ERR_INVALID_ARG, "batch entries %d and %d name the same "
+                                  "sequence", k, i);
+    }
+    return m->family->forward(m, e, n);
+}

@@ -1,0 +1,125 @@
+/* kv_contiguous.c — the simplest cache kind: per layer, f32 K and V rows for every position of
+ * the sequence in one growing buffer ([capacity, n_kv_heads*head_dim]). Capacity doubles up to
+ * the model's context limit; reserve() fails with KILN_ERR_CACHE_FULL beyond it. */
+#include "kv/kv_cache.h"
+
+#include "util/status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct contiguous_layer {
+    float *k; /* [capacity, n_kv_heads*head_dim] */
+    float *v; /* [capacity, n_kv_heads*v_head_dim] */
+} contiguous_layer;
+
+typedef struct kv_contiguous {
+    kiln_kv base;
+    int capacity;
+    int max_tokens;
+    contiguous_layer *layer; /* [n_layers] */
+} kv_contiguous;
+
+static int64_t k_width(const kiln_kv_layer_desc *d) { return (int64_t)d->n_kv_heads * d->head_dim; }
+static int64_t v_width(const kiln_kv_layer_desc *d) { return (int64_t)d->n_kv_heads * d->v_head_dim; }
+
+static void contiguous_free(kiln_kv *kv) {
+    kv_contiguous *c = (kv_contiguous *)kv;
+    if (!c) return;
+    for (int l = 0; l < kv->n_layers; l++) {
+        free(c->layer[l].k);
+        free(c->layer[l].v);
+    }
+    free(c->layer);
+    free(kv->layers);
+    free(c);
+}
+
+static kiln_status contiguous_reserve(kiln_kv *kv, int n_new) {
+    kv_contiguous *c = (kv_contiguous *)kv;
+    if (n_new < 0) return kiln_error(KILN_ERR_INVALID_ARG, "kv: negative token count");
+    int64_t need = (int64_t)kv->len + n_new;
+    if (need > c->max_tokens)
+        return kiln_error(KILN_ERR_CACHE_FULL,
+                          "KV cache full: %d tokens held + %d new exceeds the context limit of %d",
+                          kv->len, n_new, c->max_tokens);
+    if (need <= c->capacity) return KILN_OK;
+    int64_t cap = c->capacity ? c->capacity : 64;
+    while (cap < need) cap *= 2;
+    if (cap > c->max_tokens) cap = c->max_tokens;
+    for (int l = 0; l < kv->n_layers; l++) {
+        const kiln_kv_layer_desc *d = &kv->layers[l];
+        if (!d->is_attention) continue;
+        float *k = realloc(c->layer[l].k, (size_t)(cap * k_width(d)) * sizeof(float));
+        if (!k) return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens", (long long)cap);
+        c->layer[l].k = k;
+        float *v = realloc(c->layer[l].v, (size_t)(cap * v_width(d)) * sizeof(float));
+        if (!v) return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens", (long long)cap);
+        c->layer[l].v = v;
+    }
+    c->capacity = (int)cap;
+    return KILN_OK;
+}
+
+static void contiguous_store(kiln_kv *kv, int layer, const float *k, const float *v, int n) {
+    kv_contiguous *c = (kv_contiguous *)kv;
+    const kiln_kv_layer_desc *d = &kv->layers[layer];
+    memcpy(c->layer[layer].k + (int64_t)kv->len * k_width(d), k, (size_t)(n * k_width(d)) * sizeof(float));
+    memcpy(c->layer[layer].v + (int64_t)kv->len * v_width(d), v, (size_t)(n * v_width(d)) * sizeof(float));
+}
+
+static void contiguous_attend(kiln_kv *kv, int layer, const float *q, int n, float *out,
+                              const kiln_attn_params *p, kiln_threadpool *pool) {
+    kv_contiguous *c = (kv_contiguous *)kv;
+    const kiln_kv_layer_desc *d = &kv->layers[layer];
+    kiln_attention_contiguous(q, n, kv->len, c->layer[layer].k, c->layer[layer].v, kv->len + n, 0,
+                              d->n_kv_heads, d->head_dim, d->v_head_dim, d->window, out, p, pool);
+}
+
+static void contiguous_commit(kiln_kv *kv, int n) { kv->len += n; }
+
+static kiln_status contiguous_truncate(kiln_kv *kv, int len) {
+    if (len < 0 || len > kv->len)
+        return kiln_error(KILN_ERR_INVALID_ARG, "kv: cannot truncate %d tokens to %d", kv->len, len);
+    kv->len = len;
+    return KILN_OK;
+}
+
+static int64_t contiguous_bytes(const kiln_kv *kv) {
+    const kv_contiguous *c = (const kv_contiguous *)kv;
+    int64_t b = 0;
+    for (int l = 0; l < kv->n_layers; l++)
+        if (kv->layers[l].is_attention)
+            b += (int64_t)c->capacity * (k_width(&kv->layers[l]) + v_width(&kv->layers[l])) * 4;
+    return b;
+}
+
+static const kiln_kv_vtable contiguous_vt = {
+    .kind = "contiguous-f32",
+    .free = contiguous_free,
+    .reserve = contiguous_reserve,
+    .store = contiguous_store,
+    .attend = contiguous_attend,
+    .commit = contiguous_commit,
+    .truncate = contiguous_truncate,
+    .bytes_used = contiguous_bytes,
+};
+
+kiln_status kiln_kv_contiguous_new(const kiln_kv_layer_desc *layers, int n_layers, int max_tokens,
+                                   kiln_kv **out) {
+    *out = NULL;
+    kv_contiguous *c = calloc(1, sizeof *c);
+    if (!c) return kiln_error(KILN_ERR_OOM, "out of memory");
+    c->base.vt = &contiguous_vt;
+    c->base.n_layers = n_layers;
+    c->max_tokens = max_tokens;
+    c->base.layers = malloc((size_t)n_layers * sizeof *layers);
+    c->layer = calloc((size_t)n_layers, sizeof *c->layer);
+    if (!c->base.layers || !c->layer) {
+        contiguous_free(&c->base);
+        return kiln_error(KILN_ERR_OOM, "out of memory");
+    }
+    memcpy(c->base.layers, layers, (size_t)n_layers * sizeof *layers);
+    *out = &c->base;
+    return KILN_OK;
+}

@@ -1,0 +1,17 @@
+/* families.c — the registry of model families; the first whose matches() accepts the config
+ * runs the model. New families add one line here. */
+#include "model/model.h"
+
+#include <stddef.h>
+
+extern const kiln_family kiln_family_llama;
+
+static const kiln_family *const families[] = {
+    &kiln_family_llama,
+};
+
+const kiln_family *kiln_family_find(const kiln_config *cfg) {
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i]->matches(cfg)) return families[i];
+    return NULL;
+}

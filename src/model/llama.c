@@ -1,0 +1,306 @@
+/* llama.c — the Llama family: `llama` (Llama 2/3, MiniCPM5 layout), `qwen2` (qkv bias) and
+ * `qwen3` (per-head q/k RMSNorm). Pre-norm decoder blocks: RMSNorm -> GQA attention with RoPE ->
+ * residual -> RMSNorm -> SwiGLU MLP -> residual; final RMSNorm; LM head (tied or not).
+ *
+ * The forward runs a batch of sequences: the new tokens of every entry are stacked into one
+ * [T, hidden] activation so every matmul sees all T rows at once; only attention goes entry by
+ * entry, each against its own cache. */
+#include "model/model.h"
+
+#include "util/log.h"
+#include "util/status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct llama_layer {
+    float *attn_norm;     /* [hidden] */
+    float *ffn_norm;      /* [hidden] */
+    float *q_norm;        /* [head_dim] (qwen3) or NULL */
+    float *k_norm;        /* [head_dim] (qwen3) or NULL */
+    kiln_matrix wq;       /* [n_heads*head_dim, hidden] (+bias for qwen2) */
+    kiln_matrix wk;       /* [n_kv_heads*head_dim, hidden] */
+    kiln_matrix wv;       /* [n_kv_heads*head_dim, hidden] */
+    kiln_matrix wo;       /* [hidden, n_heads*head_dim] */
+    kiln_matrix w_gate;   /* [ffn, hidden] */
+    kiln_matrix w_up;     /* [ffn, hidden] */
+    kiln_matrix w_down;   /* [hidden, ffn] */
+} llama_layer;
+
+typedef struct llama_state {
+    int hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers;
+    float eps;
+    kiln_matrix embed;    /* [vocab, hidden] */
+    kiln_matrix lm_head;  /* [vocab, hidden] (a copy of embed's view when tied) */
+    bool tied;
+    float *final_norm;    /* [hidden] */
+    float *inv_freq;      /* [head_dim/2] on the backend */
+    llama_layer *layers;  /* [n_layers] */
+    /* scratch, grown to the largest batch seen */
+    kiln_scratch act;
+    kiln_scratch ids;
+} llama_state;
+
+static bool llama_matches(const kiln_config *cfg) {
+    return strcmp(cfg->model_type, "llama") == 0 || strcmp(cfg->model_type, "qwen2") == 0 ||
+           strcmp(cfg->model_type, "qwen3") == 0 || strcmp(cfg->model_type, "mistral") == 0;
+}
+
+static void llama_free(kiln_model *m) {
+    llama_state *s = m->family_state;
+    if (!s) return;
+    if (s->layers) {
+        for (int i = 0; i < s->n_layers; i++) {
+            llama_layer *L = &s->layers[i];
+            kiln_weights_free_vector(m, L->attn_norm);
+            kiln_weights_free_vector(m, L->ffn_norm);
+            kiln_weights_free_vector(m, L->q_norm);
+            kiln_weights_free_vector(m, L->k_norm);
+            kiln_weights_free_matrix(m, &L->wq);
+            kiln_weights_free_matrix(m, &L->wk);
+            kiln_weights_free_matrix(m, &L->wv);
+            kiln_weights_free_matrix(m, &L->wo);
+            kiln_weights_free_matrix(m, &L->w_gate);
+            kiln_weights_free_matrix(m, &L->w_up);
+            kiln_weights_free_matrix(m, &L->w_down);
+        }
+        free(s->layers);
+    }
+    kiln_weights_free_matrix(m, &s->embed);
+    if (!s->tied) kiln_weights_free_matrix(m, &s->lm_head);
+    kiln_weights_free_vector(m, s->final_norm);
+    if (s->inv_freq) m->be->free(m->be, s->inv_freq);
+    kiln_scratch_free(m->be, &s->act);
+    kiln_scratch_free(m->be, &s->ids);
+    free(s);
+    m->family_state = NULL;
+}
+
+static kiln_status load_layer(kiln_model *m, llama_state *s, int i) {
+    llama_layer *L = &s->layers[i];
+    char p[256], n[320];
+    bool qkv_bias = m->cfg.attention_bias;
+    int q_dim = s->n_heads * s->head_dim, kv_dim = s->n_kv_heads * s->head_dim;
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    snprintf(n, sizeof n, "%s.input_layernorm.weight", p);
+    KILN_TRY(kiln_weights_vector(m, n, s->hidden, false, &L->attn_norm));
+    snprintf(n, sizeof n, "%s.post_attention_layernorm.weight", p);
+    KILN_TRY(kiln_weights_vector(m, n, s->hidden, false, &L->ffn_norm));
+    if (strcmp(m->cfg.model_type, "qwen3") == 0) {
+        snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
+        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, false, &L->q_norm));
+        snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
+        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, false, &L->k_norm));
+    }
+    snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, q_dim, s->hidden, qkv_bias, &L->wq));
+    snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, kv_dim, s->hidden, qkv_bias, &L->wk));
+    snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, kv_dim, s->hidden, qkv_bias, &L->wv));
+    snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, s->hidden, q_dim, false, &L->wo));
+    snprintf(n, sizeof n, "%s.mlp.gate_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, s->ffn, s->hidden, m->cfg.mlp_bias, &L->w_gate));
+    snprintf(n, sizeof n, "%s.mlp.up_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, s->ffn, s->hidden, m->cfg.mlp_bias, &L->w_up));
+    snprintf(n, sizeof n, "%s.mlp.down_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, s->hidden, s->ffn, m->cfg.mlp_bias, &L->w_down));
+    return KILN_OK;
+}
+
+static kiln_status llama_load(kiln_model *m) {
+    const kiln_config *c = &m->cfg;
+    llama_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
+    m->family_state = s;
+    s->hidden = c->hidden_size;
+    s->n_heads = c->n_heads;
+    s->n_kv_heads = c->n_kv_heads;
+    s->head_dim = c->head_dim;
+    s->ffn = c->intermediate_size;
+    s->vocab = c->vocab_size;
+    s->n_layers = c->n_layers;
+    s->eps = c->rms_norm_eps;
+    if (s->ffn <= 0)
+        return kiln_error(KILN_ERR_FORMAT, "%s/config.json: intermediate_size must be positive",
+                          m->dir);
+    s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
+    if (!s->layers) return kiln_error(KILN_ERR_OOM, "out of memory");
+
+    KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", s->vocab, s->hidden, false, &s->embed));
+    s->tied = c->tie_word_embeddings || !kiln_weights_has(m, "lm_head.weight");
+    if (s->tied) {
+        s->lm_head = s->embed;
+    } else {
+        KILN_TRY(kiln_weights_matrix(m, "lm_head", s->vocab, s->hidden, false, &s->lm_head));
+    }
+    KILN_TRY(kiln_weights_vector(m, "model.norm.weight", s->hidden, false, &s->final_norm));
+    for (int i = 0; i < s->n_layers; i++) {
+        KILN_TRY(load_layer(m, s, i));
+        if (m->info.n_layers > 8 && (i + 1) % 4 == 0) KILN_LOG_I("loaded layer %d/%d", i + 1, s->n_layers);
+    }
+
+    int rot = (int)(s->head_dim * (c->rope.partial_rotary_factor > 0 ? c->rope.partial_rotary_factor : 1.0f));
+    rot -= rot % 2;
+    float *inv = malloc((size_t)(rot / 2) * sizeof *inv);
+    if (!inv) return kiln_error(KILN_ERR_OOM, "out of memory");
+    kiln_status st = kiln_rope_inv_freq(&c->rope, rot, inv);
+    if (st == KILN_OK) {
+        s->inv_freq = m->be->alloc(m->be, (size_t)(rot / 2) * sizeof(float));
+        if (!s->inv_freq) st = kiln_error(KILN_ERR_OOM, "out of memory");
+        else m->be->upload(m->be, s->inv_freq, inv, (size_t)(rot / 2) * sizeof(float));
+    }
+    free(inv);
+    KILN_TRY(st);
+
+    m->n_kv_layers = s->n_layers;
+    m->kv_layers = calloc((size_t)s->n_layers, sizeof *m->kv_layers);
+    if (!m->kv_layers) return kiln_error(KILN_ERR_OOM, "out of memory");
+    for (int i = 0; i < s->n_layers; i++)
+        m->kv_layers[i] = (kiln_kv_layer_desc){.n_kv_heads = s->n_kv_heads,
+                                               .head_dim = s->head_dim,
+                                               .v_head_dim = s->head_dim,
+                                               .window = 0,
+                                               .is_attention = true};
+    return KILN_OK;
+}
+
+/* Activation buffers for T stacked tokens, carved out of one scratch allocation. */
+typedef struct llama_acts {
+    float *x;      /* [T, hidden] residual stream */
+    float *h;      /* [T, hidden] normed input */
+    float *q;      /* [T, n_heads*head_dim] */
+    float *k;      /* [T, n_kv_heads*head_dim] */
+    float *v;      /* [T, n_kv_heads*head_dim] */
+    float *attn;   /* [T, n_heads*head_dim] */
+    float *gate;   /* [T, ffn] */
+    float *up;     /* [T, ffn] */
+    float *rows;   /* [R, hidden] rows that need logits */
+    int32_t *tok;  /* [T] token ids */
+    int32_t *pos;  /* [T] positions */
+} llama_acts;
+
+static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
+    llama_state *s = m->family_state;
+    kiln_backend *be = m->be;
+    int64_t T = 0, R = 0;
+    for (int i = 0; i < n_entries; i++) {
+        T += e[i].n_tokens;
+        R += e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+    }
+    if (T == 0) return KILN_OK;
+    const int64_t H = s->hidden, QD = (int64_t)s->n_heads * s->head_dim,
+                  KVD = (int64_t)s->n_kv_heads * s->head_dim, F = s->ffn;
+    size_t floats = (size_t)(T * (2 * H + 2 * QD + 2 * KVD + 2 * F) + R * H);
+    KILN_TRY(kiln_scratch_reserve(be, &s->act, floats * sizeof(float)));
+    KILN_TRY(kiln_scratch_reserve(be, &s->ids, (size_t)(2 * T) * sizeof(int32_t)));
+    llama_acts a;
+    float *p = s->act.ptr;
+    a.x = p, p += T * H;
+    a.h = p, p += T * H;
+    a.q = p, p += T * QD;
+    a.k = p, p += T * KVD;
+    a.v = p, p += T * KVD;
+    a.attn = p, p += T * QD;
+    a.gate = p, p += T * F;
+    a.up = p, p += T * F;
+    a.rows = p;
+    a.tok = s->ids.ptr;
+    a.pos = a.tok + T;
+
+    /* Reserve cache room first so a full cache fails before any state changes. */
+    for (int i = 0; i < n_entries; i++) {
+        kiln_kv *kv = e[i].seq->kv;
+        kiln_status st = kv->vt->reserve(kv, e[i].n_tokens);
+        if (st != KILN_OK) return st;
+    }
+
+    int32_t *host_ids = malloc((size_t)(2 * T) * sizeof(int32_t));
+    if (!host_ids) return kiln_error(KILN_ERR_OOM, "out of memory");
+    for (int i = 0, t = 0; i < n_entries; i++)
+        for (int j = 0; j < e[i].n_tokens; j++, t++) {
+            host_ids[t] = e[i].tokens[j];
+            host_ids[T + t] = e[i].seq->kv->len + j;
+        }
+    be->upload(be, a.tok, host_ids, (size_t)(2 * T) * sizeof(int32_t));
+    free(host_ids);
+
+    be->embed(be, a.x, a.tok, T, &s->embed);
+    kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)};
+    int rot = 0;
+    {
+        float prf = m->cfg.rope.partial_rotary_factor > 0 ? m->cfg.rope.partial_rotary_factor : 1.0f;
+        rot = (int)(s->head_dim * prf);
+        rot -= rot % 2;
+    }
+    for (int l = 0; l < s->n_layers; l++) {
+        llama_layer *L = &s->layers[l];
+        be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, false);
+        be->matmul(be, a.q, a.h, T, &L->wq);
+        be->matmul(be, a.k, a.h, T, &L->wk);
+        be->matmul(be, a.v, a.h, T, &L->wv);
+        if (L->q_norm) {
+            be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, s->head_dim, s->eps, false);
+            be->rmsnorm(be, a.k, a.k, L->k_norm, T * s->n_kv_heads, s->head_dim, s->eps, false);
+        }
+        be->rope(be, a.q, a.pos, T, s->n_heads, s->head_dim, rot, s->inv_freq);
+        be->rope(be, a.k, a.pos, T, s->n_kv_heads, s->head_dim, rot, s->inv_freq);
+        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+            kiln_kv *kv = e[i].seq->kv;
+            kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
+            kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
+        }
+        be->matmul(be, a.h, a.attn, T, &L->wo);
+        be->add(be, a.x, a.x, a.h, T * H);
+        be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, false);
+        be->matmul(be, a.gate, a.h, T, &L->w_gate);
+        be->matmul(be, a.up, a.h, T, &L->w_up);
+        be->silu_mul(be, a.gate, a.gate, a.up, T * F);
+        be->matmul(be, a.h, a.gate, T, &L->w_down);
+        be->add(be, a.x, a.x, a.h, T * H);
+    }
+    for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+    if (R == 0) return KILN_OK;
+
+    /* Final norm only on the rows that need logits, then the LM head. */
+    int64_t r = 0;
+    for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+        if (e[i].logits == KILN_LOGITS_ALL) {
+            be->rmsnorm(be, a.rows + r * H, a.x + (int64_t)t * H, s->final_norm, e[i].n_tokens, H,
+                        s->eps, false);
+            r += e[i].n_tokens;
+        } else if (e[i].logits == KILN_LOGITS_LAST) {
+            be->rmsnorm(be, a.rows + r * H, a.x + (int64_t)(t + e[i].n_tokens - 1) * H,
+                        s->final_norm, 1, H, s->eps, false);
+            r += 1;
+        }
+    }
+    /* logits [R, vocab]: reuse the gate/up region if large enough, else a temporary. */
+    size_t need = (size_t)(R * s->vocab);
+    float *logits = NULL;
+    bool temp = need > (size_t)(2 * T * F);
+    logits = temp ? be->alloc(be, need * sizeof(float)) : a.gate;
+    if (!logits) return kiln_error(KILN_ERR_OOM, "out of memory for logits");
+    be->matmul(be, logits, a.rows, R, &s->lm_head);
+    r = 0;
+    for (int i = 0; i < n_entries; i++) {
+        int64_t rows = e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+        if (rows && e[i].logits_out)
+            be->download(be, e[i].logits_out, logits + r * s->vocab,
+                         (size_t)(rows * s->vocab) * sizeof(float));
+        r += rows;
+    }
+    if (temp) be->free(be, logits);
+    return KILN_OK;
+}
+
+const kiln_family kiln_family_llama = {
+    .name = "llama",
+    .matches = llama_matches,
+    .load = llama_load,
+    .forward = llama_forward,
+    .free = llama_free,
+};

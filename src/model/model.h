@@ -1,0 +1,77 @@
+/* model.h — the loaded model: config, mapped weights, backend, and the family that runs it.
+ * A family (llama.c, ...) maps tensor names to weights at load and implements the batched
+ * forward. Everything per-sequence lives in kiln_seq (its KV cache). */
+#ifndef KILN_MODEL_H
+#define KILN_MODEL_H
+
+#include "backend/backend.h"
+#include "format/model_config.h"
+#include "format/safetensors.h"
+#include "kiln.h"
+
+typedef struct kiln_model kiln_model;
+
+typedef struct kiln_family {
+    const char *name;
+    /* Does this family run config->model_type? */
+    bool (*matches)(const kiln_config *cfg);
+    /* Maps weights (m->archive) into m->family_state and fills m->kv_layers / m->info. */
+    kiln_status (*load)(kiln_model *m);
+    /* Batched forward; entries validated by the engine (distinct seqs, ids in range). */
+    kiln_status (*forward)(kiln_model *m, kiln_batch_entry *entries, int n_entries);
+    void (*free)(kiln_model *m);
+} kiln_family;
+
+struct kiln_seq {
+    kiln_model *model;
+    kiln_kv *kv;
+};
+
+struct kiln_model {
+    char *dir;
+    kiln_config cfg;
+    kiln_st_archive *archive;
+    kiln_backend *be;
+    const kiln_family *family;
+    void *family_state;
+    kiln_kv_options kv_opts;
+    int n_kv_layers;
+    kiln_kv_layer_desc *kv_layers; /* [n_layers] geometry for caches */
+    int max_tokens;                /* context limit per sequence */
+    kiln_model_info info;
+    char *quant_summary;           /* owned string behind info.quant_summary */
+    char *layer_pattern;           /* owned string behind info.layer_pattern */
+    int32_t eos_ids[KILN_MAX_EOS];
+};
+
+/* ---- weight mapping helpers (weights.c) ---- */
+
+/* Loads module `<name>` (".weight" and, if quantized, ".scales"/".biases"; ".bias" if present and
+ * want_bias) as a [rows, cols] matrix, checking shapes; uploads to the backend. rows/cols are the
+ * expected logical shape. */
+kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows, int64_t cols,
+                                bool want_bias, kiln_matrix *out);
+/* Loads a 1-D tensor `<name>` of n elements as f32 on the backend (norm weights, biases).
+ * add_one: store 1+w. Returns a backend pointer in *out. */
+kiln_status kiln_weights_vector(kiln_model *m, const char *name, int64_t n, bool add_one,
+                                float **out);
+bool kiln_weights_has(const kiln_model *m, const char *name);
+void kiln_weights_free_matrix(kiln_model *m, kiln_matrix *w);
+void kiln_weights_free_vector(kiln_model *m, float *v);
+
+/* RoPE inverse frequencies for rot_dim rotated dims, with the config's scaling (default, linear,
+ * llama3, ...). out: host array [rot_dim/2]. */
+kiln_status kiln_rope_inv_freq(const kiln_rope_config *rope, int rot_dim, float *out);
+
+/* Registered families (families.c). */
+const kiln_family *kiln_family_find(const kiln_config *cfg);
+
+/* Scratch memory on the model's backend that grows as needed. */
+typedef struct kiln_scratch {
+    void *ptr;
+    size_t cap;
+} kiln_scratch;
+kiln_status kiln_scratch_reserve(kiln_backend *be, kiln_scratch *s, size_t bytes);
+void kiln_scratch_free(kiln_backend *be, kiln_scratch *s);
+
+#endif

@@ -1,0 +1,47 @@
+/* rope.c — rotary-embedding inverse frequencies for each scaling scheme transformers implements
+ * (default, linear, llama3, proportional), computed in double and rounded to f32. */
+#include "model/model.h"
+
+#include "util/status.h"
+
+#include <math.h>
+#include <string.h>
+
+kiln_status kiln_rope_inv_freq(const kiln_rope_config *rope, int rot_dim, float *out) {
+    if (rot_dim <= 0 || rot_dim % 2)
+        return kiln_error(KILN_ERR_FORMAT, "rope: rotary dimension %d must be positive and even",
+                          rot_dim);
+    double theta = rope->theta > 0 ? rope->theta : 10000.0;
+    const char *type = rope->type[0] ? rope->type : "default";
+    int half = rot_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* transformers computes base ** (arange(0, dim, 2) / dim) in float32 */
+        float expo = (float)(2 * i) / (float)rot_dim;
+        out[i] = (float)(1.0 / pow(theta, (double)expo));
+    }
+    if (strcmp(type, "default") == 0 || strcmp(type, "proportional") == 0) return KILN_OK;
+    if (strcmp(type, "linear") == 0) {
+        double f = rope->factor > 0 ? rope->factor : 1.0;
+        for (int i = 0; i < half; i++) out[i] = (float)(out[i] / f);
+        return KILN_OK;
+    }
+    if (strcmp(type, "llama3") == 0) {
+        double factor = rope->factor > 0 ? rope->factor : 8.0;
+        double lo = rope->low_freq_factor > 0 ? rope->low_freq_factor : 1.0;
+        double hi = rope->high_freq_factor > 0 ? rope->high_freq_factor : 4.0;
+        double old_ctx = rope->original_max_position > 0 ? rope->original_max_position : 8192;
+        double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+        for (int i = 0; i < half; i++) {
+            double f = out[i];
+            double wavelen = 2.0 * M_PI / f;
+            double scaled = wavelen > lo_wavelen ? f / factor : f;
+            if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
+                double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+                scaled = (1.0 - smooth) * scaled / factor + smooth * scaled;
+            }
+            out[i] = (float)scaled;
+        }
+        return KILN_OK;
+    }
+    return kiln_error(KILN_ERR_UNSUPPORTED, "rope: scaling type '%s' is not supported", type);
+}
