@@ -749,12 +749,36 @@ static int entry_cmp(const void *a, const void *b) {
     return strcmp(((const writer_entry *)a)->name, ((const writer_entry *)b)->name);
 }
 
+/* Data layout order (as HF's serializer): larger element size first, then by name, so every
+ * tensor starts aligned to its element size (the data section itself starts 8-aligned). */
+static int layout_cmp(const void *a, const void *b) {
+    const writer_entry *x = *(const writer_entry *const *)a, *y = *(const writer_entry *const *)b;
+    size_t sx = kiln_dtype_size(x->dtype), sy = kiln_dtype_size(y->dtype);
+    if (sx != sy) return sx > sy ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
 kiln_status kiln_st_writer_finish(kiln_st_writer *w, const char *path) {
     qsort(w->entries, (size_t)w->n, sizeof *w->entries, entry_cmp);
     for (int i = 1; i < w->n; i++)
         if (strcmp(w->entries[i - 1].name, w->entries[i].name) == 0)
             return kiln_error(KILN_ERR_INVALID_ARG, "%s: tensor '%s' added twice", path,
                               w->entries[i].name);
+    /* offsets in layout order; header keys in name order */
+    const writer_entry **layout = malloc(((size_t)w->n + 1) * sizeof *layout);
+    uint64_t *offsets = malloc(((size_t)w->n + 1) * sizeof *offsets);
+    if (!layout || !offsets) {
+        free(layout);
+        free(offsets);
+        return kiln_error(KILN_ERR_OOM, "%s: out of memory", path);
+    }
+    for (int i = 0; i < w->n; i++) layout[i] = &w->entries[i];
+    qsort(layout, (size_t)w->n, sizeof *layout, layout_cmp);
+    uint64_t offset = 0;
+    for (int i = 0; i < w->n; i++) {
+        offsets[layout[i] - w->entries] = offset;
+        offset += layout[i]->nbytes;
+    }
     text_buf b = {0};
     char num[64];
     tb_str(&b, "{");
@@ -770,7 +794,6 @@ kiln_status kiln_st_writer_finish(kiln_st_writer *w, const char *path) {
         tb_str(&b, "}");
         first = false;
     }
-    uint64_t offset = 0;
     for (int i = 0; i < w->n; i++) {
         const writer_entry *e = &w->entries[i];
         if (!first) tb_str(&b, ",");
@@ -783,28 +806,31 @@ kiln_status kiln_st_writer_finish(kiln_st_writer *w, const char *path) {
             snprintf(num, sizeof num, d ? ",%lld" : "%lld", (long long)e->shape[d]);
             tb_str(&b, num);
         }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
-                 (unsigned long long)(offset + e->nbytes));
+        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offsets[i],
+                 (unsigned long long)(offsets[i] + e->nbytes));
         tb_str(&b, num);
-        offset += e->nbytes;
     }
+    free(offsets);
     tb_str(&b, "}");
     while (!b.failed && b.len % 8 != 0) tb_str(&b, " ");
     if (b.failed) {
         free(b.s);
+        free(layout);
         return kiln_error(KILN_ERR_OOM, "%s: out of memory building header", path);
     }
     FILE *f = fopen(path, "wb");
     if (!f) {
         free(b.s);
+        free(layout);
         return kiln_error(KILN_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     }
     uint8_t len_bytes[8];
     for (int i = 0; i < 8; i++) len_bytes[i] = (uint8_t)((uint64_t)b.len >> (8 * i));
     bool ok = fwrite(len_bytes, 1, 8, f) == 8 && fwrite(b.s, 1, b.len, f) == b.len;
     for (int i = 0; i < w->n && ok; i++)
-        if (w->entries[i].nbytes)
-            ok = fwrite(w->entries[i].data, 1, w->entries[i].nbytes, f) == w->entries[i].nbytes;
+        if (layout[i]->nbytes)
+            ok = fwrite(layout[i]->data, 1, layout[i]->nbytes, f) == layout[i]->nbytes;
+    free(layout);
     int saved = errno;
     if (fclose(f) != 0) ok = false;
     free(b.s);
