@@ -2,13 +2,16 @@
  * (code j at bit j*bits; for 3/5/6 bits MLX's byte packs of 8 codes in 3/5 bytes and 4 codes in
  * 3 bytes are exactly this stream), quantize as mlx.core.quantize does on the CPU, dequantize.
  *
- * MLX's affine quantize, per group of group_size values (all arithmetic in f32):
- *   scale = max((max - min) / (2^bits - 1), 1e-7), negated unless |min| > |max|;
- *   edge  = min if |min| > |max| else max;   q0 = rint(edge / scale);
- *   if q0 != 0: scale = edge / q0, bias = edge   (so the edge value is represented exactly)
- *   else:       bias = 0;
- *   code  = clamp(rint((w - bias) / scale), 0, 2^bits - 1), using the f32 scale and bias;
- * then scale and bias are stored rounded to the scale dtype. */
+ * Affine quantize, per group of group_size values, as mlx-lm wrote the team's fixtures (checked
+ * bit-exact against the shared fixtures <family>-mlx-q4g32 and -q8g64):
+ *   scale = max((max - min) / (2^bits - 1), 1e-7) in f32, then rounded to the scale dtype; a
+ *           constant group (max == min, e.g. an all-zero padding row) gets scale 1;
+ *   bias  = min, rounded to the scale dtype;
+ *   code  = clamp(rint((w - bias) / scale), 0, 2^bits - 1) in f32 with the ROUNDED scale/bias.
+ * (Recent MLX releases instead anchor the zero point: they negate the scale unless |min| > |max|,
+ * take edge = min or max accordingly and, when q0 = rint(edge/scale) != 0, use scale = edge/q0 and
+ * bias = edge. Those codes differ from the fixtures' in ~60% of places, so kiln follows the
+ * fixtures; both decode with the same w = scale*code + bias.) */
 #include "format/mlx_quant.h"
 
 #include "util/half.h"
@@ -90,23 +93,17 @@ kiln_status kiln_quant_quantize(const float *w, int64_t rows, int64_t cols, int 
                 lo = fminf(lo, v[j]);
                 hi = fmaxf(hi, v[j]);
             }
-            bool edge_is_min = fabsf(lo) > fabsf(hi);
-            float scale = fmaxf((hi - lo) / n_bins, min_scale);
-            if (!edge_is_min) scale = -scale;
-            float edge = edge_is_min ? lo : hi;
-            float q0 = rintf(edge / scale);
-            float bias = 0.0f;
-            if (q0 != 0.0f) {
-                scale = edge / q0;
-                bias = edge;
-            }
+            int64_t gi = r * groups_per_row + g;
+            store_scale(scales, scale_dtype, gi,
+                        hi > lo ? fmaxf((hi - lo) / n_bins, min_scale) : 1.0f);
+            store_scale(biases, scale_dtype, gi, lo);
+            float scale = load_scale(scales, scale_dtype, gi);
+            float bias = load_scale(biases, scale_dtype, gi);
             for (int j = 0; j < group_size; j++) {
                 float q = rintf((v[j] - bias) / scale);
                 q = fminf(fmaxf(q, 0.0f), n_bins);
                 kiln_quant_set_code(row_words, g * group_size + j, bits, (uint32_t)q);
             }
-            store_scale(scales, scale_dtype, r * groups_per_row + g, scale);
-            store_scale(biases, scale_dtype, r * groups_per_row + g, bias);
         }
     }
     return KILN_OK;
