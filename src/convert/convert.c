@@ -137,7 +137,7 @@ static kiln_status add_quantized(kiln_st_writer *w, const kiln_st_tensor *t, con
     }
     int64_t shape[KILN_ST_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
-    char name[1024];
+    char name[1100];
     shape[t->ndim - 1] = words_per_row;
     snprintf(name, sizeof name, "%s.weight", module);
     KILN_TRY(kiln_st_writer_add(w, name, KILN_DT_U32, t->ndim, shape, words, true));
@@ -248,6 +248,10 @@ kiln_status kiln_convert(const kiln_convert_options *o) {
         if (tied && strcmp(t->name, "lm_head.weight") == 0) continue;
         int bits = o->bits, group = o->group_size;
         char module[1024];
+        if (strlen(t->name) >= sizeof module) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED, "tensor '%.64s...': name too long", t->name);
+            break;
+        }
         snprintf(module, sizeof module, "%.*s",
                  (int)(strlen(t->name) - (ends_with(t->name, ".weight") ? 7 : 0)), t->name);
         if (bits && is_router(module) && !(bits == 8 && group == 64)) {
