@@ -1,0 +1,245 @@
+/* attention.cu — attention of new queries against a contiguous device KV cache.
+ *
+ * One kernel serves decode and prefill, flash-attention style on CUDA cores: a block owns one KV
+ * head and a tile of "rows" (query token x query head of that KV head's GQA group), so every K/V
+ * tile it stages in shared memory (32 keys, f32) is reused by all the group's heads and tokens.
+ * Each warp owns RPW rows; lane j scores key j of the tile, the warp keeps an online softmax
+ * (running max m, sum l) and each lane accumulates the output dims lane, lane+32, ... .
+ * Long key ranges with few blocks (decode) are split over gridDim.z; the partial (m, l, acc) of
+ * each split are merged by log-sum-exp in a second kernel. */
+#include "backend/cuda/attention.cuh"
+
+#define ATT_WARPS 4
+#define ATT_KT    32
+
+struct att_launch {
+    kcu_attn_args a;
+    int rows_total; /* n * group */
+    int group;
+    int kbeg, kps;  /* split z covers keys [kbeg + z*kps, kbeg + (z+1)*kps) */
+    float *part_o;  /* [splits, n_kv_heads, rows_total, v_head_dim] (splits > 1) */
+    float *part_ml; /* [splits, n_kv_heads, rows_total, 2] */
+};
+
+template <int DPL, int RPW> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(att_launch L) {
+    const kcu_attn_args &a = L.a;
+    const int ROWS = ATT_WARPS * RPW, hd = a.head_dim, vhd = a.v_head_dim;
+    extern __shared__ float sm[];
+    float *Qs = sm;                     /* [ROWS][hd] */
+    float *Ks = Qs + ROWS * hd;         /* [KT][hd+1] (padded: lanes read different banks) */
+    float *Vs = Ks + ATT_KT * (hd + 1); /* [KT][vhd] */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvh = blockIdx.y, z = blockIdx.z, row0 = blockIdx.x * ROWS;
+    int n_heads = a.p.n_heads, G = L.group;
+    int64_t kstride = (int64_t)a.n_kv_heads * hd, vstride = (int64_t)a.n_kv_heads * vhd;
+
+    for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x) {
+        int r = row0 + i / hd, d = i % hd;
+        float v = 0.0f;
+        if (r < L.rows_total) {
+            int t = r / G, h = kvh * G + r % G;
+            v = a.q[((int64_t)t * n_heads + h) * hd + d] * a.p.scale;
+        }
+        Qs[i] = v;
+    }
+
+    /* rows of this warp: their token, and visible keys [lo, hi) */
+    int lo[RPW], hi[RPW];
+    bool live[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        int row = row0 + warp * RPW + r;
+        live[r] = row < L.rows_total;
+        int p = a.pos0 + (live[r] ? row / G : 0);
+        hi[r] = p + 1;
+        lo[r] = a.window > 0 ? max(0, p - a.window + 1) : 0;
+    }
+    /* keys this block looks at: the split's range clipped to the union of its rows' ranges */
+    int last_row = min(row0 + ROWS, L.rows_total) - 1;
+    int blk_lo = a.window > 0 ? max(0, a.pos0 + row0 / G - a.window + 1) : 0;
+    int blk_hi = a.pos0 + last_row / G + 1;
+    int s_lo = L.kbeg + z * L.kps, s_hi = s_lo + L.kps;
+    int k0 = max(blk_lo, s_lo), k1 = min(blk_hi, s_hi);
+
+    float m[RPW], l[RPW], acc[RPW][DPL];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
+    }
+
+    for (int ks = k0; ks < k1; ks += ATT_KT) {
+        __syncthreads(); /* Q staged / previous tile consumed */
+        for (int i = threadIdx.x; i < ATT_KT * hd; i += blockDim.x) {
+            int j = i / hd, d = i % hd;
+            Ks[j * (hd + 1) + d] =
+                ks + j < k1 ? kcu_load(a.k, (int64_t)(ks + j) * kstride + kvh * hd + d, a.kv_dtype)
+                            : 0.0f;
+        }
+        for (int i = threadIdx.x; i < ATT_KT * vhd; i += blockDim.x) {
+            int j = i / vhd, d = i % vhd;
+            Vs[i] = ks + j < k1
+                        ? kcu_load(a.v, (int64_t)(ks + j) * vstride + kvh * vhd + d, a.kv_dtype)
+                        : 0.0f;
+        }
+        __syncthreads();
+        float s[RPW];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) s[r] = 0.0f;
+        const float *kr = Ks + lane * (hd + 1);
+        const float *qw = Qs + warp * RPW * hd;
+        for (int d = 0; d < hd; d++) {
+            float kd = kr[d];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) s[r] = fmaf(qw[r * hd + d], kd, s[r]);
+        }
+        int j = ks + lane;
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            bool ok = live[r] && j < k1 && j >= lo[r] && j < hi[r];
+            float sc = s[r];
+            if (a.p.softcap > 0.0f) sc = a.p.softcap * kcu_tanh(sc / a.p.softcap);
+            sc = ok ? sc : -INFINITY;
+            float mt = kcu_warp_max(sc);
+            float mn = fmaxf(m[r], mt);
+            if (mn == -INFINITY) continue; /* nothing visible yet for this row (warp-uniform) */
+            float alpha = __expf(m[r] - mn);
+            float pj = ok ? __expf(sc - mn) : 0.0f;
+            l[r] = l[r] * alpha + kcu_warp_sum(pj);
+            m[r] = mn;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[r][i] *= alpha;
+            for (int jj = 0; jj < ATT_KT; jj++) {
+                float pb = __shfl_sync(0xffffffffu, pj, jj);
+                const float *vr = Vs + jj * vhd;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < vhd) acc[r][i] = fmaf(pb, vr[d], acc[r][i]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        if (!live[r]) continue;
+        int row = row0 + warp * RPW + r;
+        int t = row / G, h = kvh * G + row % G;
+        if (gridDim.z == 1) {
+            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            float *o = a.out + ((int64_t)t * n_heads + h) * vhd;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i] * inv;
+        } else {
+            int64_t pi = ((int64_t)z * a.n_kv_heads + kvh) * L.rows_total + row;
+            float *o = L.part_o + pi * vhd;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i];
+            if (lane == 0) L.part_ml[2 * pi] = m[r], L.part_ml[2 * pi + 1] = l[r];
+        }
+    }
+}
+
+/* One block per (row, kv head): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M). */
+__global__ void k_attn_merge(att_launch L, int splits) {
+    const kcu_attn_args &a = L.a;
+    int row = blockIdx.x, kvh = blockIdx.y, vhd = a.v_head_dim, G = L.group;
+    int64_t per_split = (int64_t)a.n_kv_heads * L.rows_total;
+    int64_t base = (int64_t)kvh * L.rows_total + row;
+    float M = -INFINITY;
+    for (int z = 0; z < splits; z++) M = fmaxf(M, L.part_ml[2 * (z * per_split + base)]);
+    float den = 0.0f;
+    for (int z = 0; z < splits; z++) {
+        float mz = L.part_ml[2 * (z * per_split + base)];
+        if (mz != -INFINITY) den += L.part_ml[2 * (z * per_split + base) + 1] * __expf(mz - M);
+    }
+    int t = row / G, h = kvh * G + row % G;
+    float *o = a.out + ((int64_t)t * a.p.n_heads + h) * vhd;
+    for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
+        float num = 0.0f;
+        for (int z = 0; z < splits; z++) {
+            float mz = L.part_ml[2 * (z * per_split + base)];
+            if (mz != -INFINITY) num += L.part_o[(z * per_split + base) * vhd + d] * __expf(mz - M);
+        }
+        o[d] = den > 0.0f ? num / den : 0.0f;
+    }
+}
+
+template <int DPL, int RPW> static void launch(kcu_state *st, const att_launch &L, dim3 grid) {
+    int hd = L.a.head_dim, vhd = L.a.v_head_dim;
+    size_t smem = sizeof(float) *
+                  ((size_t)ATT_WARPS * RPW * hd + (size_t)ATT_KT * (hd + 1) + (size_t)ATT_KT * vhd);
+    static size_t raised = 48 * 1024;
+    if (smem > raised) {
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn<DPL, RPW>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)smem)))
+            return;
+        raised = smem;
+    }
+    k_attn<DPL, RPW><<<grid, ATT_WARPS * 32, smem, st->stream>>>(L);
+    KCU_LAUNCHED(st);
+}
+
+template <int RPW> static void launch_dpl(kcu_state *st, const att_launch &L, dim3 grid) {
+    int d = L.a.head_dim > L.a.v_head_dim ? L.a.head_dim : L.a.v_head_dim;
+    (void)d;
+    int vhd = L.a.v_head_dim;
+    if (vhd <= 64)
+        launch<2, RPW>(st, L, grid);
+    else if (vhd <= 128)
+        launch<4, RPW>(st, L, grid);
+    else if (vhd <= 256)
+        launch<8, RPW>(st, L, grid);
+    else
+        launch<16, RPW>(st, L, grid);
+}
+
+void kcu_attention(kcu_state *st, const kcu_attn_args *a) {
+    if (a->n <= 0) return;
+    if (a->v_head_dim > 512 || a->p.n_heads % a->n_kv_heads) {
+        kcu_report(st, "kcu_attention", "unsupported head geometry", __FILE__, __LINE__);
+        return;
+    }
+    att_launch L;
+    L.a = *a;
+    L.group = a->p.n_heads / a->n_kv_heads;
+    L.rows_total = a->n * L.group;
+    int rpw = L.rows_total <= 2 * ATT_WARPS ? 1 : 4;
+    int rows_per_block = ATT_WARPS * rpw;
+    int tiles = (L.rows_total + rows_per_block - 1) / rows_per_block;
+    int kend = a->pos0 + a->n;
+    L.kbeg = a->window > 0 ? (a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0) : 0;
+    int keys = kend - L.kbeg;
+    int blocks = tiles * a->n_kv_heads, splits = 1;
+    if (blocks < st->n_sms && keys > 512) {
+        splits = (2 * st->n_sms + blocks - 1) / blocks;
+        int max_splits = (keys + 255) / 256;
+        if (splits > max_splits) splits = max_splits;
+    }
+    L.kps = (keys + splits - 1) / splits;
+    L.kps = (L.kps + ATT_KT - 1) / ATT_KT * ATT_KT;
+    splits = (keys + L.kps - 1) / L.kps;
+    L.part_o = L.part_ml = NULL;
+    if (splits > 1) {
+        size_t n_part = (size_t)splits * a->n_kv_heads * L.rows_total;
+        float *scr = (float *)kcu_scratch(st, n_part * (a->v_head_dim + 2) * sizeof(float));
+        if (!scr) return;
+        L.part_o = scr;
+        L.part_ml = scr + n_part * a->v_head_dim;
+    }
+    dim3 grid(tiles, a->n_kv_heads, splits);
+    if (rpw == 1)
+        launch_dpl<1>(st, L, grid);
+    else
+        launch_dpl<4>(st, L, grid);
+    if (splits > 1) {
+        k_attn_merge<<<dim3(L.rows_total, a->n_kv_heads), 128, 0, st->stream>>>(L, splits);
+        KCU_LAUNCHED(st);
+    }
+}

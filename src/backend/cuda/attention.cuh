@@ -1,0 +1,21 @@
+/* attention.cuh — the attention launcher shared by the device KV caches (internal). */
+#ifndef KILN_CUDA_ATTENTION_CUH
+#define KILN_CUDA_ATTENTION_CUH
+
+#include "backend/cuda/cuda_common.cuh"
+
+typedef struct kcu_attn_args {
+    const float *q; /* [n, n_heads*head_dim], queries at positions pos0..pos0+n-1 */
+    float *out;     /* [n, n_heads*v_head_dim] */
+    int n, pos0;
+    const void *k, *v; /* [>= pos0+n, n_kv_heads*head_dim | *v_head_dim], key i at position i */
+    int kv_dtype;      /* F32, F16 or BF16 */
+    int n_kv_heads, head_dim, v_head_dim, window;
+    kiln_attn_params p;
+} kcu_attn_args;
+
+/* Causal (window-limited) GQA attention, optional logit softcap; splits long key ranges over
+ * blocks and merges them by log-sum-exp. */
+void kcu_attention(kcu_state *st, const kcu_attn_args *a);
+
+#endif

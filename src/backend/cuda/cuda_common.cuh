@@ -1,0 +1,96 @@
+/* cuda_common.cuh — what every CUDA kernel file of the backend shares: the C headers under C
+ * linkage, the check macro (file:line, sticky error), the backend's private state and the small
+ * device helpers (16-bit float loads, warp reductions). Internal to src/backend/cuda/. */
+#ifndef KILN_CUDA_COMMON_CUH
+#define KILN_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "util/log.h"
+#include "util/status.h"
+}
+
+/* The backend's private state (kiln_backend.impl). One stream: every op and copy is ordered on it,
+ * so scratch buffers can be reused from op to op without further synchronization. */
+typedef struct kcu_state {
+    int device;
+    int n_sms;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *scratch; /* growable device scratch (bf16 copies of x / W tiles, attention partials) */
+    size_t scratch_bytes;
+    kiln_status sticky; /* first failure seen by an op (ops return void); reported by synchronize */
+    char sticky_msg[256];
+} kcu_state;
+
+static inline kcu_state *kcu_st(kiln_backend *be) {
+    return (kcu_state *)be->impl;
+}
+
+/* Records a failed CUDA / cuBLAS call: logs it with file:line and keeps the first as the sticky
+ * error that synchronize() returns. Returns true when the call succeeded. */
+bool kcu_report(kcu_state *st, const char *what, const char *err, const char *file, int line);
+
+static inline bool kcu_check_(kcu_state *st, cudaError_t e, const char *what, const char *file,
+                              int line) {
+    return e == cudaSuccess ? true : kcu_report(st, what, cudaGetErrorString(e), file, line);
+}
+static inline bool kcu_cublas_(kcu_state *st, cublasStatus_t s, const char *what, const char *file,
+                               int line) {
+    return s == CUBLAS_STATUS_SUCCESS ? true
+                                      : kcu_report(st, what, cublasGetStatusString(s), file, line);
+}
+#define KCU_CHECK(st, call)  kcu_check_((st), (call), #call, __FILE__, __LINE__)
+#define KCU_CUBLAS(st, call) kcu_cublas_((st), (call), #call, __FILE__, __LINE__)
+/* After every kernel launch: catches bad launch configurations at the launch site. */
+#define KCU_LAUNCHED(st) KCU_CHECK(st, cudaGetLastError())
+
+/* Device scratch of at least `bytes` (grows; contents not kept). NULL (and sticky error) on OOM. */
+void *kcu_scratch(kcu_state *st, size_t bytes);
+
+/* ---- device helpers ---- */
+__device__ __forceinline__ float kcu_bf16(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
+__device__ __forceinline__ float kcu_f16(uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
+/* Element i of a 16/32-bit float array of dtype dt (F32, F16, BF16). */
+__device__ __forceinline__ float kcu_load(const void *p, int64_t i, int dt) {
+    if (dt == KILN_DT_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dt == KILN_DT_BF16 ? kcu_bf16(h) : kcu_f16(h);
+}
+
+__device__ __forceinline__ float kcu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float kcu_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* tanh from exp, accurate to a few ulp also under --use_fast_math (tanh.approx is ~1e-3 off). */
+__device__ __forceinline__ float kcu_tanh(float x) {
+    float a = fabsf(x);
+    float t = a > 9.0f ? 1.0f : 1.0f - 2.0f / (__expf(2.0f * a) + 1.0f);
+    if (a < 0.004f) t = a * (1.0f - a * a * (1.0f / 3.0f)); /* avoids 1-(1-eps) cancellation */
+    return copysignf(t, x);
+}
+
+static inline unsigned kcu_blocks(int64_t n, int threads, int64_t max_blocks) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    return (unsigned)(b > max_blocks ? max_blocks : b);
+}
+
+#endif

@@ -1,0 +1,33 @@
+/* cuda_ops.h — the launchers each kernel file of the CUDA backend exports to cuda_backend.cu
+ * (internal; the public entry point is kiln_backend_cuda_new in backend/backend.h). All pointers
+ * are device pointers; every launcher enqueues on the backend's stream and returns at once. */
+#ifndef KILN_CUDA_OPS_H
+#define KILN_CUDA_OPS_H
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n, const kiln_matrix *w);
+void kcu_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t n, const kiln_matrix *w);
+void kcu_rmsnorm(kiln_backend *be, float *y, const float *x, const float *w, int64_t n, int64_t dim,
+                 float eps, bool plus_one);
+void kcu_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim,
+              int rot_dim, const float *inv_freq);
+void kcu_silu_mul(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
+void kcu_gelu_tanh_mul(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
+void kcu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
+kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
+                       const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
+
+/* Number of CUDA devices (0 when none); on 0 writes the reason into why. For tests and `kiln`. */
+int kiln_cuda_device_count(char *why, size_t why_len);
+/* Forces the matmul path for benchmarks and tests: 0 auto, 1 GEMV kernel, 2 GEMM (cuBLAS). */
+void kiln_cuda_force_matmul_path(int path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

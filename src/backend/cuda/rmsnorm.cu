@@ -1,0 +1,37 @@
+/* rmsnorm.cu — y = x * rsqrt(mean(x^2) + eps) * (w | 1+w | 1): one block per row, f32 sum of
+ * squares reduced through warp shuffles. y may alias x. */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+__global__ void k_rmsnorm(float *y, const float *x, const float *w, int64_t dim, float eps,
+                          int plus_one) {
+    __shared__ float part[32];
+    const float *xr = x + blockIdx.x * dim;
+    float *yr = y + blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = kcu_warp_sum(ss);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float v = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+        v = kcu_warp_sum(v);
+        if (lane == 0) part[0] = v;
+    }
+    __syncthreads();
+    float inv = rsqrtf(part[0] / (float)dim + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float g = w ? (plus_one ? 1.0f + w[i] : w[i]) : 1.0f;
+        yr[i] = xr[i] * inv * g;
+    }
+}
+
+extern "C" void kcu_rmsnorm(kiln_backend *be, float *y, const float *x, const float *w, int64_t n,
+                            int64_t dim, float eps, bool plus_one) {
+    kcu_state *st = kcu_st(be);
+    if (n <= 0 || dim <= 0) return;
+    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    k_rmsnorm<<<(unsigned)n, threads, 0, st->stream>>>(y, x, w, dim, eps, plus_one ? 1 : 0);
+    KCU_LAUNCHED(st);
+}

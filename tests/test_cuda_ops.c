@@ -1,0 +1,396 @@
+/* test_cuda_ops.c — every op of the CUDA backend against the CPU references of cpu_ops.h and
+ * kiln_attention_contiguous, on fresh random inputs at several shapes (including sizes that are
+ * not multiples of any tile), every weight format and bit width, by normalized L2 error. Outputs
+ * are poisoned (NaN) before each run, so an unwritten element fails. Without a GPU (or a build
+ * without CUDA) the test prints why and exits 77: skipped, never passed. */
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "kv/kv_cache.h"
+#include "test_util.h"
+#include "util/half.h"
+
+#ifdef KILN_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef KILN_HAVE_CUDA
+int main(void) {
+    return test_skip("built without CUDA (no nvcc at configure time)");
+}
+#else
+
+static kiln_backend *be;
+static uint64_t rng = 0x5eed1234abcdull;
+
+static float *rand_f32(int64_t n, float scale) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = scale * test_rand_normal(&rng);
+    return p;
+}
+
+static void *dev_copy(const void *host, size_t bytes) {
+    void *d = be->alloc(be, bytes ? bytes : 4);
+    if (bytes) be->upload(be, d, host, bytes);
+    return d;
+}
+
+/* A device buffer of n floats filled with NaN. */
+static float *dev_poisoned(int64_t n) {
+    float *d = be->alloc(be, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    uint8_t *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    memset(h, 0xff, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    be->upload(be, d, h, (size_t)n * sizeof(float));
+    free(h);
+    return d;
+}
+
+/* Downloads dev[n] and compares with ref: every element finite, rel L2 <= tol. */
+static double compare(const char *what, const float *dev, const float *ref, int64_t n, double tol) {
+    CHECK_OK(be->synchronize(be));
+    float *got = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    be->download(be, got, dev, (size_t)n * sizeof(float));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(got[i])) bad++;
+    double err = bad ? INFINITY : test_rel_l2(got, ref, (size_t)n);
+    CHECK_MSG(bad == 0 && err <= tol, "%s: %lld non-finite, rel err %.3g (tol %.1g)", what,
+              (long long)bad, err, tol);
+    free(got);
+    return err;
+}
+
+/* ---- weights ---- */
+
+typedef struct {
+    kiln_matrix host, dev;
+    void *data, *scales, *biases;
+    float *bias;
+} test_matrix;
+
+static uint16_t to_half(float f, kiln_dtype dt) {
+    return dt == KILN_DT_BF16 ? kiln_f32_to_bf16(f) : kiln_f32_to_f16(f);
+}
+
+static void make_dense(test_matrix *m, kiln_dtype dt, int64_t rows, int64_t cols, bool with_bias) {
+    memset(m, 0, sizeof *m);
+    size_t es = kiln_dtype_size(dt);
+    m->data = malloc((size_t)(rows * cols) * es);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        float v = 0.05f * test_rand_normal(&rng);
+        if (dt == KILN_DT_F32)
+            ((float *)m->data)[i] = v;
+        else
+            ((uint16_t *)m->data)[i] = to_half(v, dt);
+    }
+    m->host = (kiln_matrix){.dtype = dt, .rows = rows, .cols = cols, .data = m->data};
+    if (with_bias) m->host.bias = m->bias = rand_f32(rows, 0.5f);
+    CHECK_OK(be->upload_matrix(be, &m->host, &m->dev));
+}
+
+static void make_quant(test_matrix *m, int bits, int group, kiln_dtype sdt, int64_t rows,
+                       int64_t cols, bool with_bias) {
+    memset(m, 0, sizeof *m);
+    int64_t words = rows * cols * bits / 32, groups = rows * (cols / group);
+    uint32_t *q = malloc((size_t)words * 4);
+    for (int64_t i = 0; i < words; i++) q[i] = (uint32_t)test_rand_u64(&rng);
+    size_t ss = kiln_dtype_size(sdt);
+    m->scales = malloc((size_t)groups * ss);
+    m->biases = malloc((size_t)groups * ss);
+    for (int64_t g = 0; g < groups; g++) {
+        float s = test_rand_uniform(&rng, 0.005f, 0.02f);
+        float b = -s * (float)(1 << (bits - 1)) * test_rand_uniform(&rng, 0.8f, 1.2f);
+        if (sdt == KILN_DT_F32) {
+            ((float *)m->scales)[g] = s;
+            ((float *)m->biases)[g] = b;
+        } else {
+            ((uint16_t *)m->scales)[g] = to_half(s, sdt);
+            ((uint16_t *)m->biases)[g] = to_half(b, sdt);
+        }
+    }
+    m->data = q;
+    m->host = (kiln_matrix){.dtype = KILN_DT_U32,
+                            .rows = rows,
+                            .cols = cols,
+                            .data = q,
+                            .bits = bits,
+                            .group_size = group,
+                            .scale_dtype = sdt,
+                            .scales = m->scales,
+                            .biases = m->biases};
+    if (with_bias) m->host.bias = m->bias = rand_f32(rows, 0.5f);
+    CHECK_OK(be->upload_matrix(be, &m->host, &m->dev));
+}
+
+static void free_matrix(test_matrix *m) {
+    be->free_matrix(be, &m->dev);
+    free(m->data);
+    free(m->scales);
+    free(m->biases);
+    free(m->bias);
+}
+
+static void check_matmul(test_matrix *m, int64_t n, const char *label, int force_path) {
+    int64_t rows = m->host.rows, cols = m->host.cols;
+    float *x = rand_f32(n * cols, 1.0f);
+    float *ref = malloc((size_t)(n * rows) * sizeof(float));
+    kiln_cpu_matmul_ref(ref, x, n, &m->host);
+    float *dx = dev_copy(x, (size_t)(n * cols) * sizeof(float));
+    float *dy = dev_poisoned(n * rows);
+    kiln_cuda_force_matmul_path(force_path);
+    be->matmul(be, dy, dx, n, &m->dev);
+    kiln_cuda_force_matmul_path(0);
+    /* GEMV (n <= 8) and cuBLAS SGEMM (f32 weights) compute in f32; the other GEMMs round x and
+     * the weights to bf16. */
+    bool gemm = force_path == 2 || (force_path == 0 && n > 8);
+    bool bf16_operands = gemm && m->host.dtype != KILN_DT_F32;
+    double tol = bf16_operands ? 1e-2 : 1e-5;
+    char what[160];
+    snprintf(what, sizeof what, "matmul %s %lldx%lld n=%lld path=%d", label, (long long)rows,
+             (long long)cols, (long long)n, force_path);
+    double err = compare(what, dy, ref, n * rows, tol);
+    if (getenv("KILN_TEST_VERBOSE")) printf("  %-60s err %.2e\n", what, err);
+    be->free(be, dx);
+    be->free(be, dy);
+    free(x);
+    free(ref);
+}
+
+static void test_matmul(void) {
+    static const int64_t shapes[][2] = {{1, 32}, {13, 64}, {100, 1024}, {257, 2048}, {64, 4160}};
+    static const int64_t ns[] = {1, 2, 3, 5, 8, 17, 64};
+    const kiln_dtype dense[] = {KILN_DT_F32, KILN_DT_F16, KILN_DT_BF16};
+    for (int d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            test_matrix m;
+            make_dense(&m, dense[d], shapes[s][0], shapes[s][1], s % 2 == 1);
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+                check_matmul(&m, ns[i], kiln_dtype_name(dense[d]), 0);
+            check_matmul(&m, 4, kiln_dtype_name(dense[d]), 2); /* GEMM at small n */
+            free_matrix(&m);
+        }
+    /* odd widths: generic kernel for n <= 8, cuBLAS above */
+    for (int d = 0; d < 3; d++) {
+        test_matrix m;
+        make_dense(&m, dense[d], 37, 100, true);
+        check_matmul(&m, 1, "odd", 0);
+        check_matmul(&m, 7, "odd", 0);
+        check_matmul(&m, 19, "odd", 0);
+        free_matrix(&m);
+    }
+    static const int bits[] = {2, 3, 4, 5, 6, 8};
+    static const int groups[] = {32, 64, 128};
+    const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    for (size_t b = 0; b < 6; b++)
+        for (size_t g = 0; g < 3; g++) {
+            int64_t rows = g == 0 ? 129 : 64, cols = g == 2 ? 1152 : 2048 + 64 * (int64_t)g;
+            test_matrix m;
+            char label[64];
+            make_quant(&m, bits[b], groups[g], sdts[(b + g) % 3], rows, cols, g == 1);
+            snprintf(label, sizeof label, "q%dg%d/%s", bits[b], groups[g],
+                     kiln_dtype_name(sdts[(b + g) % 3]));
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) check_matmul(&m, ns[i], label, 0);
+            check_matmul(&m, 3, label, 3); /* generic per-element kernel */
+            free_matrix(&m);
+        }
+    /* a Llama-sized decode shape, once per main format */
+    {
+        test_matrix m;
+        make_quant(&m, 4, 32, KILN_DT_F16, 1024, 4096, false);
+        check_matmul(&m, 1, "q4g32 big", 0);
+        free_matrix(&m);
+        make_dense(&m, KILN_DT_BF16, 1024, 4096, false);
+        check_matmul(&m, 1, "bf16 big", 0);
+        check_matmul(&m, 33, "bf16 big", 0);
+        free_matrix(&m);
+    }
+}
+
+static void test_embed(void) {
+    test_matrix ms[4];
+    make_dense(&ms[0], KILN_DT_BF16, 300, 96, false);
+    make_dense(&ms[1], KILN_DT_F32, 50, 33, false);
+    make_quant(&ms[2], 4, 64, KILN_DT_F16, 300, 256, false);
+    make_quant(&ms[3], 3, 32, KILN_DT_BF16, 70, 96, false);
+    for (int k = 0; k < 4; k++) {
+        int64_t n = 11, cols = ms[k].host.cols;
+        int32_t ids[11];
+        for (int i = 0; i < 11; i++)
+            ids[i] = (int32_t)(test_rand_u64(&rng) % (uint64_t)ms[k].host.rows);
+        float *ref = malloc((size_t)(n * cols) * sizeof(float));
+        kiln_cpu_embed(ref, ids, n, &ms[k].host);
+        int32_t *dids = dev_copy(ids, sizeof ids);
+        float *dout = dev_poisoned(n * cols);
+        be->embed(be, dout, dids, n, &ms[k].dev);
+        compare("embed", dout, ref, n * cols, 1e-6);
+        be->free(be, dids);
+        be->free(be, dout);
+        free(ref);
+        free_matrix(&ms[k]);
+    }
+}
+
+static void test_rmsnorm(void) {
+    static const int64_t dims[] = {1, 7, 128, 1000, 4096, 5120};
+    for (size_t d = 0; d < 6; d++)
+        for (int mode = 0; mode < 3; mode++) {
+            int64_t n = 5, dim = dims[d];
+            float *x = rand_f32(n * dim, 3.0f), *w = rand_f32(dim, 0.3f);
+            float *ref = malloc((size_t)(n * dim) * sizeof(float));
+            const float *wp = mode == 2 ? NULL : w;
+            kiln_cpu_rmsnorm_ref(ref, x, wp, n, dim, 1e-6f, mode == 1);
+            float *dx = dev_copy(x, (size_t)(n * dim) * 4), *dw = dev_copy(w, (size_t)dim * 4);
+            float *dy = dev_poisoned(n * dim);
+            be->rmsnorm(be, dy, dx, mode == 2 ? NULL : dw, n, dim, 1e-6f, mode == 1);
+            compare("rmsnorm", dy, ref, n * dim, 1e-5);
+            be->rmsnorm(be, dx, dx, mode == 2 ? NULL : dw, n, dim, 1e-6f, mode == 1); /* in place */
+            compare("rmsnorm in place", dx, ref, n * dim, 1e-5);
+            be->free(be, dx), be->free(be, dw), be->free(be, dy);
+            free(x), free(w), free(ref);
+        }
+}
+
+static void test_rope(void) {
+    static const int cfg[][3] = {
+        {4, 64, 64}, {8, 128, 128}, {2, 128, 64}, {3, 96, 32}, {2, 256, 256}};
+    for (size_t c = 0; c < 5; c++) {
+        int heads = cfg[c][0], hd = cfg[c][1], rot = cfg[c][2];
+        int64_t n = 9, len = n * heads * hd;
+        float *x = rand_f32(len, 1.0f), *ref = malloc((size_t)len * 4);
+        float inv[256];
+        for (int i = 0; i < rot / 2; i++) inv[i] = powf(10000.0f, -2.0f * (float)i / (float)rot);
+        int32_t pos[9];
+        for (int i = 0; i < 9; i++) pos[i] = i < 3 ? i : (int32_t)(test_rand_u64(&rng) % 131072);
+        memcpy(ref, x, (size_t)len * 4);
+        kiln_cpu_rope(ref, pos, n, heads, hd, rot, inv);
+        float *dx = dev_copy(x, (size_t)len * 4), *dinv = dev_copy(inv, sizeof inv);
+        int32_t *dpos = dev_copy(pos, sizeof pos);
+        be->rope(be, dx, dpos, n, heads, hd, rot, dinv);
+        compare("rope", dx, ref, len, 1e-5);
+        be->free(be, dx), be->free(be, dinv), be->free(be, dpos);
+        free(x), free(ref);
+    }
+}
+
+static void test_elementwise(void) {
+    static const int64_t ns[] = {1, 1000, 100003};
+    for (size_t i = 0; i < 3; i++) {
+        int64_t n = ns[i];
+        float *a = rand_f32(n, 3.0f), *b = rand_f32(n, 1.0f), *ref = malloc((size_t)n * 4);
+        float *da = dev_copy(a, (size_t)n * 4), *db = dev_copy(b, (size_t)n * 4);
+        float *dy = dev_poisoned(n);
+        kiln_cpu_silu_mul(ref, a, b, n);
+        be->silu_mul(be, dy, da, db, n);
+        compare("silu_mul", dy, ref, n, 1e-5);
+        kiln_cpu_gelu_tanh_mul(ref, a, b, n);
+        be->free(be, dy);
+        dy = dev_poisoned(n);
+        be->gelu_tanh_mul(be, dy, da, db, n);
+        compare("gelu_tanh_mul", dy, ref, n, 1e-5);
+        kiln_cpu_add(ref, a, b, n);
+        be->add(be, da, da, db, n); /* y aliases a */
+        compare("add", da, ref, n, 1e-6);
+        be->free(be, da), be->free(be, db), be->free(be, dy);
+        free(a), free(b), free(ref);
+    }
+}
+
+/* ---- attention through the device KV cache ---- */
+
+static float round_kv(float v, const char *kind) {
+    if (!strcmp(kind, "f16")) return kiln_f16_to_f32(kiln_f32_to_f16(v));
+    if (!strcmp(kind, "bf16")) return kiln_bf16_to_f32(kiln_f32_to_bf16(v));
+    return v;
+}
+
+static void test_attention_case(const char *kind, int n_kv, int group, int hd, int vhd, int window,
+                                float softcap, const int *steps, int n_steps) {
+    kiln_kv_layer_desc layers[2] = {
+        {.n_kv_heads = n_kv, .head_dim = hd, .v_head_dim = vhd, .window = 0, .is_attention = false},
+        {.n_kv_heads = n_kv,
+         .head_dim = hd,
+         .v_head_dim = vhd,
+         .window = window,
+         .is_attention = true},
+    };
+    kiln_kv_options opts;
+    memset(&opts, 0, sizeof opts);
+    snprintf(opts.kind, sizeof opts.kind, "%s", kind);
+    int total = 0;
+    for (int s = 0; s < n_steps; s++) total += steps[s];
+    kiln_kv *kv = NULL;
+    CHECK_OK(be->kv_new(be, layers, 2, &opts, total, &kv));
+    if (!kv) return;
+    int heads = n_kv * group;
+    kiln_attn_params p = {.n_heads = heads, .scale = 1.0f / sqrtf((float)hd), .softcap = softcap};
+    int64_t kw = (int64_t)n_kv * hd, vw = (int64_t)n_kv * vhd;
+    float *all_k = malloc((size_t)(total * kw) * 4), *all_v = malloc((size_t)(total * vw) * 4);
+    int len = 0;
+    for (int s = 0; s < n_steps; s++) {
+        int n = steps[s];
+        float *q = rand_f32(n * heads * hd, 1.0f), *k = rand_f32(n * kw, 1.0f),
+              *v = rand_f32(n * vw, 1.0f);
+        for (int64_t i = 0; i < n * kw; i++) all_k[len * kw + i] = round_kv(k[i], kind);
+        for (int64_t i = 0; i < n * vw; i++) all_v[len * vw + i] = round_kv(v[i], kind);
+        float *ref = malloc((size_t)(n * heads * vhd) * 4);
+        kiln_attention_contiguous(q, n, len, all_k, all_v, len + n, 0, n_kv, hd, vhd, window, ref,
+                                  &p, NULL);
+        float *dq = dev_copy(q, (size_t)(n * heads * hd) * 4),
+              *dk = dev_copy(k, (size_t)(n * kw) * 4);
+        float *dv = dev_copy(v, (size_t)(n * vw) * 4), *dout = dev_poisoned(n * heads * vhd);
+        CHECK_OK(kv->vt->reserve(kv, n));
+        kv->vt->store(kv, 1, dk, dv, n);
+        kv->vt->attend(kv, 1, dq, n, dout, &p, NULL);
+        kv->vt->commit(kv, n);
+        char what[160];
+        snprintf(what, sizeof what, "attention %s kv=%d g=%d hd=%d/%d win=%d cap=%g pos=%d n=%d",
+                 kind, n_kv, group, hd, vhd, window, softcap, len, n);
+        double err = compare(what, dout, ref, n * heads * vhd, 1e-5);
+        if (getenv("KILN_TEST_VERBOSE")) printf("  %-70s err %.2e\n", what, err);
+        len += n;
+        be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dout);
+        free(q), free(k), free(v), free(ref);
+    }
+    CHECK(kv->len == total);
+    CHECK_ERR(kv->vt->reserve(kv, 1), KILN_ERR_CACHE_FULL, NULL);
+    CHECK_OK(kv->vt->truncate(kv, 3));
+    CHECK(kv->len == 3);
+    kiln_kv_free(kv);
+    free(all_k);
+    free(all_v);
+}
+
+static void test_attention(void) {
+    const int short_steps[] = {37, 1, 1, 1, 3, 1};
+    const int long_steps[] = {1200, 1, 2, 700, 1};
+    test_attention_case("f32", 2, 4, 64, 64, 0, 0.0f, short_steps, 6);
+    test_attention_case("f32", 8, 4, 128, 128, 0, 0.0f, long_steps, 5);
+    test_attention_case("f32", 1, 8, 256, 256, 8, 50.0f, short_steps, 6);
+    test_attention_case("f32", 3, 1, 96, 96, 300, 0.0f, long_steps, 5);
+    test_attention_case("f16", 2, 2, 128, 64, 0, 0.0f, long_steps, 5);
+    test_attention_case("bf16", 1, 5, 80, 80, 0, 30.0f, short_steps, 6);
+    test_attention_case("f32", 1, 4, 512, 512, 0, 0.0f, short_steps, 6);
+}
+
+int main(void) {
+    char why[200];
+    if (kiln_cuda_device_count(why, sizeof why) == 0) return test_skip(why);
+    kiln_status st = kiln_backend_cuda_new(1, &be);
+    if (st != KILN_OK) {
+        fprintf(stderr, "kiln_backend_cuda_new: %s\n", kiln_last_error());
+        return 1;
+    }
+    test_elementwise();
+    test_rmsnorm();
+    test_rope();
+    test_embed();
+    test_matmul();
+    test_attention();
+    CHECK_OK(be->synchronize(be));
+    kiln_backend_free(be);
+    return test_finish();
+}
+#endif
