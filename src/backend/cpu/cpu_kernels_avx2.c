@@ -128,7 +128,8 @@ static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *p = (const uint8_t *)w->data + r * kiln_matrix_row_code_bytes(w);
         __m256 acc[KILN_GEMV_MAX_N][2];
-        for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm256_setzero_ps();
         for (int64_t g = 0; g < groups_per_row; g++) {
             __m256 s =
                 _mm256_set1_ps(group_value(w->scales, w->scale_dtype, r * groups_per_row + g));
@@ -138,14 +139,15 @@ static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const
                 __m256 lo, hi;
                 decode16(&d, p, &lo, &hi);
                 __m256 w0 = _mm256_fmadd_ps(lo, s, b), w1 = _mm256_fmadd_ps(hi, s, b);
-                for (int i = 0; i < n; i++) {
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
                     acc[i][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i * cols + k), acc[i][0]);
                     acc[i][1] =
                         _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i * cols + k + 8), acc[i][1]);
                 }
             }
         }
-        for (int i = 0; i < n; i++) y[i * ldy + r] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
     }
 }
 
@@ -154,28 +156,29 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
     const int64_t cols = w->cols;
     for (int64_t r = r0; r < r1; r++) {
         __m256 acc[KILN_GEMV_MAX_N][2];
-        for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm256_setzero_ps();
         int64_t base = r * cols, k = 0;
         for (; k + 16 <= cols; k += 16) {
             __m256 w0 = load_dense8(w->data, w->dtype, base + k);
             __m256 w1 = load_dense8(w->data, w->dtype, base + k + 8);
-            for (int i = 0; i < n; i++) {
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
                 acc[i][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i * cols + k), acc[i][0]);
                 acc[i][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i * cols + k + 8), acc[i][1]);
             }
         }
         for (; k + 8 <= cols; k += 8) {
             __m256 w0 = load_dense8(w->data, w->dtype, base + k);
-            for (int i = 0; i < n; i++)
-                acc[i][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i * cols + k), acc[i][0]);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] =
+                _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i * cols + k), acc[i][0]);
         }
         float tail[KILN_GEMV_MAX_N] = {0};
         for (; k < cols; k++) {
             float wv = kiln_dense_at(w, r, k);
-            for (int i = 0; i < n; i++) tail[i] += wv * x[i * cols + k];
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) tail[i] += wv * x[i * cols + k];
         }
-        for (int i = 0; i < n; i++)
-            y[i * ldy + r] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1])) + tail[i];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            hsum8(_mm256_add_ps(acc[i][0], acc[i][1])) + tail[i];
     }
 }
 
@@ -220,17 +223,18 @@ void kiln_tile_avx2(int64_t kc, const float *const *xrows, const float *wp, floa
     for (int i0 = 0; i0 < 8; i0 += 4) {
         for (int j0 = 0; j0 < 32; j0 += 16) {
             __m256 acc[4][2];
-            for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] =
+                _mm256_setzero_ps();
             for (int64_t k = 0; k < kc; k++) {
                 __m256 w0 = _mm256_load_ps(wp + k * 32 + j0);
                 __m256 w1 = _mm256_load_ps(wp + k * 32 + j0 + 8);
-                for (int i = 0; i < 4; i++) {
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
                     __m256 xv = _mm256_broadcast_ss(xrows[i0 + i] + k);
                     acc[i][0] = _mm256_fmadd_ps(xv, w0, acc[i][0]);
                     acc[i][1] = _mm256_fmadd_ps(xv, w1, acc[i][1]);
                 }
             }
-            for (int i = 0; i < 4; i++) {
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
                 _mm256_storeu_ps(c + (i0 + i) * 32 + j0, acc[i][0]);
                 _mm256_storeu_ps(c + (i0 + i) * 32 + j0 + 8, acc[i][1]);
             }

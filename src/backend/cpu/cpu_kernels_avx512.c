@@ -121,7 +121,8 @@ static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *p = (const uint8_t *)w->data + r * kiln_matrix_row_code_bytes(w);
         __m512 acc[KILN_GEMV_MAX_N][2];
-        for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm512_setzero_ps();
         for (int64_t g = 0; g < groups_per_row; g++) {
             __m512 s =
                 _mm512_set1_ps(group_value(w->scales, w->scale_dtype, r * groups_per_row + g));
@@ -130,15 +131,15 @@ static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const
             for (int64_t k = g * gs; k < (g + 1) * gs; k += 32, p += 2 * step_bytes) {
                 __m512 w0 = _mm512_fmadd_ps(decode16(&d, p), s, b);
                 __m512 w1 = _mm512_fmadd_ps(decode16(&d, p + step_bytes), s, b);
-                for (int i = 0; i < n; i++) {
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
                     acc[i][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i * cols + k), acc[i][0]);
                     acc[i][1] =
                         _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i * cols + k + 16), acc[i][1]);
                 }
             }
         }
-        for (int i = 0; i < n; i++)
-            y[i * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
     }
 }
 
@@ -148,12 +149,13 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
     const int64_t cols = w->cols;
     for (int64_t r = r0; r < r1; r++) {
         __m512 acc[KILN_GEMV_MAX_N][2];
-        for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm512_setzero_ps();
         int64_t base = r * cols, k = 0;
         for (; k + 32 <= cols; k += 32) {
             __m512 w0 = load_dense16(w->data, w->dtype, base + k, 0xffff);
             __m512 w1 = load_dense16(w->data, w->dtype, base + k + 16, 0xffff);
-            for (int i = 0; i < n; i++) {
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
                 acc[i][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i * cols + k), acc[i][0]);
                 acc[i][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i * cols + k + 16), acc[i][1]);
             }
@@ -161,12 +163,11 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
         for (; k < cols; k += 16) {
             __mmask16 m = tail_mask(cols - k);
             __m512 w0 = load_dense16(w->data, w->dtype, base + k, m);
-            for (int i = 0; i < n; i++)
-                acc[i][0] =
-                    _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + i * cols + k), acc[i][0]);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] =
+                _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + i * cols + k), acc[i][0]);
         }
-        for (int i = 0; i < n; i++)
-            y[i * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
     }
 }
 
@@ -209,16 +210,16 @@ void kiln_gemv_avx512(const kiln_matrix *w, const float *x, int n, float *y, int
 void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, float *c) {
     _Static_assert(KILN_GEMM_MR == 8 && KILN_GEMM_NR == 32, "tile shape");
     __m512 acc[8][2];
-    for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
         __m512 w0 = _mm512_load_ps(wp + k * 32), w1 = _mm512_load_ps(wp + k * 32 + 16);
-        for (int i = 0; i < 8; i++) {
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             __m512 xv = _mm512_set1_ps(xrows[i][k]);
             acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
             acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
         }
     }
-    for (int i = 0; i < 8; i++) {
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
         _mm512_storeu_ps(c + i * 32, acc[i][0]);
         _mm512_storeu_ps(c + i * 32 + 16, acc[i][1]);
     }

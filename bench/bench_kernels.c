@@ -1,0 +1,136 @@
+/* bench_kernels.c — throughput of the CPU matmul kernels against the machine's memory bandwidth.
+ * GEMV (decode, n=1): weight GB/s for bf16, q8g64 and q4g32 at 4096x4096 and 1024x3072; GEMM
+ * (prefill, n=128): GFLOP/s; memory read bandwidth measured with the same thread pool summing a
+ * 1 GiB buffer. Medians of several runs. Build (after building build-kernels):
+ *   gcc -O2 -std=c17 -D_GNU_SOURCE -Iinclude -Isrc bench/bench_kernels.c build-kernels/libkiln.a \
+ *       -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lpthread -lm -o build-kernels/bench_kernels
+ * Run: build-kernels/bench_kernels [threads=2] [simd level] */
+#include "backend/cpu/cpu_ops.h"
+#include "util/half.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* ---- memory read bandwidth: a SIMD dot of each slice with itself (one read stream) ---- */
+typedef struct {
+    const float *buf;
+    float sums[256];
+} read_job;
+
+static void read_slice(void *ctx, int64_t b, int64_t e, int thread) {
+    read_job *job = ctx;
+    job->sums[thread] += kiln_cpu_dot(job->buf + b, job->buf + b, e - b);
+}
+
+static double read_bandwidth(kiln_threadpool *pool) {
+    int64_t n = (int64_t)1 << 28; /* 1 GiB of floats */
+    float *buf = malloc((size_t)n * sizeof(float));
+    memset(buf, 0x3f, (size_t)n * sizeof(float)); /* 0.747f: no denormals */
+    read_job job = {buf, {0}};
+    double gbs[7];
+    for (int r = 0; r < 7; r++) {
+        double t0 = now_s();
+        kiln_parallel_for(pool, n, 1 << 16, read_slice, &job);
+        gbs[r] = (double)n * sizeof(float) / (now_s() - t0) / 1e9;
+    }
+    if (job.sums[0] == 42.0f) printf(" ");
+    free(buf);
+    return median(gbs, 7);
+}
+
+/* ---- matrices ---- */
+static kiln_matrix make(int64_t rows, int64_t cols, int bits, int group) {
+    kiln_matrix m = {.rows = rows, .cols = cols};
+    uint64_t state = 88172645463325252ull;
+    if (bits == 0) {
+        m.dtype = KILN_DT_BF16;
+        uint16_t *w = malloc((size_t)(rows * cols) * 2);
+        for (int64_t i = 0; i < rows * cols; i++) {
+            state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+            w[i] = kiln_f32_to_bf16((float)((int64_t)(state % 2001) - 1000) * 1e-4f);
+        }
+        m.data = w;
+        return m;
+    }
+    m.dtype = KILN_DT_U32, m.bits = bits, m.group_size = group, m.scale_dtype = KILN_DT_F16;
+    int64_t bytes = rows * cols * bits / 8, groups = rows * cols / group;
+    uint8_t *codes = malloc((size_t)bytes);
+    for (int64_t i = 0; i < bytes; i++) {
+        state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+        codes[i] = (uint8_t)state;
+    }
+    uint16_t *s = malloc((size_t)groups * 2), *b = malloc((size_t)groups * 2);
+    for (int64_t g = 0; g < groups; g++)
+        s[g] = kiln_f32_to_f16(0.01f), b[g] = kiln_f32_to_f16(-0.08f);
+    m.data = codes, m.scales = s, m.biases = b;
+    return m;
+}
+
+static void bench_matrix(kiln_threadpool *pool, const char *name, int64_t rows, int64_t cols,
+                         int bits, int group, double mem_gbs) {
+    kiln_matrix w = make(rows, cols, bits, group);
+    int64_t n_gemm = 128;
+    float *x = malloc(sizeof(float) * (size_t)(n_gemm * cols));
+    float *y = malloc(sizeof(float) * (size_t)(n_gemm * rows));
+    for (int64_t i = 0; i < n_gemm * cols; i++) x[i] = (float)(i % 17) * 0.01f;
+    double bytes = (double)kiln_matrix_bytes(&w);
+    /* GEMV: repeat enough times per sample that a sample lasts ~20 ms */
+    int reps = (int)(2e7 / bytes * 30) + 1;
+    double gemv[9];
+    for (int r = 0; r < 9; r++) {
+        double t0 = now_s();
+        for (int k = 0; k < reps; k++) kiln_cpu_matmul(pool, y, x, 1, &w);
+        gemv[r] = bytes * reps / (now_s() - t0) / 1e9;
+    }
+    double gemm[5];
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+        kiln_cpu_matmul(pool, y, x, n_gemm, &w);
+        gemm[r] = 2.0 * (double)n_gemm * rows * cols / (now_s() - t0) / 1e9;
+    }
+    double g = median(gemv, 9);
+    printf("%-6s %5lldx%-5lld  %7.1f MB  GEMV n=1 %6.1f GB/s (%3.0f%% of read bw, %6.2f ms)  "
+           "GEMM n=128 %6.1f GFLOP/s\n",
+           name, (long long)rows, (long long)cols, bytes / 1e6, g, 100.0 * g / mem_gbs,
+           bytes / g / 1e6, median(gemm, 5));
+    free((void *)w.data), free((void *)w.scales), free((void *)w.biases), free(x), free(y);
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 2;
+    if (argc > 2 && kiln_cpu_simd_force(argv[2]) != 0) {
+        fprintf(stderr, "SIMD level %s not available\n", argv[2]);
+        return 1;
+    }
+    kiln_threadpool *pool = NULL;
+    if (kiln_threadpool_new(threads, &pool) != KILN_OK) return 1;
+    double bw = read_bandwidth(pool);
+    printf("simd %s, %d threads, memory read bandwidth %.1f GB/s\n", kiln_cpu_simd_name(), threads,
+           bw);
+    static const int64_t shapes[][2] = {{4096, 4096}, {1024, 3072}};
+    for (int s = 0; s < 2; s++) {
+        bench_matrix(pool, "bf16", shapes[s][0], shapes[s][1], 0, 0, bw);
+        bench_matrix(pool, "q8g64", shapes[s][0], shapes[s][1], 8, 64, bw);
+        bench_matrix(pool, "q4g32", shapes[s][0], shapes[s][1], 4, 32, bw);
+    }
+    kiln_threadpool_free(pool);
+    return 0;
+}
