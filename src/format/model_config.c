@@ -214,20 +214,26 @@ static kiln_status parse_quantization(const cJSON *root, const char *label, kiln
 
 /* Copies every key of text_config over the top level (the text model's values win). */
 static kiln_status merge_text_config(cJSON *root, const char *label) {
-    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
-    if (!text || cJSON_IsNull(text)) return KILN_OK;
-    if (!cJSON_IsObject(text))
+    const cJSON *found = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (!found || cJSON_IsNull(found)) return KILN_OK;
+    if (!cJSON_IsObject(found))
         return kiln_error(KILN_ERR_FORMAT, "%s: key 'text_config': expected an object", label);
-    for (const cJSON *e = text->child; e; e = e->next) {
-        if (!e->string) continue;
+    /* detached while merging so a nested "text_config" key cannot replace it under our feet */
+    cJSON *text = cJSON_DetachItemFromObjectCaseSensitive(root, "text_config");
+    kiln_status st = KILN_OK;
+    for (const cJSON *e = text->child; e && st == KILN_OK; e = e->next) {
+        if (!e->string || strcmp(e->string, "text_config") == 0) continue;
         cJSON *copy = cJSON_Duplicate(e, 1);
-        if (!copy) return kiln_error(KILN_ERR_OOM, "%s: out of memory", label);
-        if (cJSON_GetObjectItemCaseSensitive(root, e->string))
+        if (!copy) {
+            st = kiln_error(KILN_ERR_OOM, "%s: out of memory", label);
+        } else if (cJSON_GetObjectItemCaseSensitive(root, e->string)) {
             cJSON_ReplaceItemInObjectCaseSensitive(root, e->string, copy);
-        else
+        } else {
             cJSON_AddItemToObject(root, e->string, copy);
+        }
     }
-    return KILN_OK;
+    cJSON_AddItemToObject(root, "text_config", text);
+    return st;
 }
 
 static kiln_status require_positive(int v, const char *key, const char *label) {
