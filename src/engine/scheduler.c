@@ -170,7 +170,8 @@ static void publish(kiln_sched *s, kiln_sched_req *r, const kiln_sched_token *t)
     if (r->out_head > 0 && r->out_head == r->n_out) r->out_head = r->n_out = 0;
     if (r->n_out == r->cap_out) {
         if (r->out_head > 0) {
-            memmove(r->out, r->out + r->out_head, sizeof *r->out * (size_t)(r->n_out - r->out_head));
+            memmove(r->out, r->out + r->out_head,
+                    sizeof *r->out * (size_t)(r->n_out - r->out_head));
             r->n_out -= r->out_head;
             r->out_head = 0;
         } else {
@@ -193,9 +194,12 @@ static void retire(kiln_sched *s, int slot, kiln_sched_finish why, const char *e
     s->reserved -= r->reserve;
     r->running = false;
     r->engine_done = true;
-    if (why == KILN_FINISH_CANCELLED) s->totals.requests_cancelled++;
-    else if (why == KILN_FINISH_ERROR) s->totals.requests_failed++;
-    else s->totals.requests_finished++;
+    if (why == KILN_FINISH_CANCELLED)
+        s->totals.requests_cancelled++;
+    else if (why == KILN_FINISH_ERROR)
+        s->totals.requests_failed++;
+    else
+        s->totals.requests_finished++;
     if (r->seq && why != KILN_FINISH_ERROR && kiln_seq_len(r->seq) == r->n_fed)
         kept_put(s, r->seq, r->tokens, r->n_fed);
     else
@@ -316,8 +320,10 @@ static void *engine_main(void *arg) {
                                           chunk == pending ? KILN_LOGITS_LAST : KILN_LOGITS_NONE,
                                           chunk == pending ? r->logits : NULL};
                 er[n++] = r;
-                if (decode) n_gen += chunk;
-                else n_prefill += chunk;
+                if (decode)
+                    n_gen += chunk;
+                else
+                    n_prefill += chunk;
             }
         }
         pthread_mutex_unlock(&s->mu);
@@ -351,7 +357,8 @@ static void *engine_main(void *arg) {
             s->ring[s->ring_pos].n_gen++;
             bool stop = false;
             for (int j = 0; j < r->n_stop; j++) stop |= r->stop_ids[j] == tok[i].id;
-            if (stop) retire(s, slot, KILN_FINISH_STOP, NULL);
+            if (stop)
+                retire(s, slot, KILN_FINISH_STOP, NULL);
             else if (r->st.n_generated >= r->max_tokens || r->n_tokens >= r->cap_tokens)
                 retire(s, slot, KILN_FINISH_LENGTH, NULL);
         }
@@ -380,8 +387,10 @@ kiln_status kiln_sched_new(kiln_model *model, const kiln_sched_options *o, kiln_
     if (s->o.ctx <= 0) s->o.ctx = info->max_position > 0 ? info->max_position : 4096;
     if (s->o.step_tokens < s->o.max_batch) s->o.step_tokens = s->o.max_batch;
     if (s->o.max_waiting <= 0) s->o.max_waiting = 256;
-    if (s->o.cache_entries < 0) s->o.cache_entries = 0;
-    else if (s->o.cache_entries == 0) s->o.cache_entries = s->o.max_batch;
+    if (s->o.cache_entries < 0)
+        s->o.cache_entries = 0;
+    else if (s->o.cache_entries == 0)
+        s->o.cache_entries = s->o.max_batch;
     if (s->o.kv_tokens <= 0) s->o.kv_tokens = (int64_t)s->o.max_batch * s->o.ctx;
     s->totals.kv_bytes_per_token = info->kv_bytes_per_token;
     s->run = calloc((size_t)s->o.max_batch, sizeof *s->run);
@@ -444,11 +453,13 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_params *p, kiln_sc
                           "the KV cache budget is %lld tokens; the request needs %d",
                           (long long)s->o.kv_tokens, p->n_prompt + p->max_tokens);
     if (p->top_logprobs > KILN_SCHED_MAX_TOP)
-        return kiln_error(KILN_ERR_INVALID_ARG, "top_logprobs must be at most %d", KILN_SCHED_MAX_TOP);
+        return kiln_error(KILN_ERR_INVALID_ARG, "top_logprobs must be at most %d",
+                          KILN_SCHED_MAX_TOP);
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= s->vocab)
-            return kiln_error(KILN_ERR_INVALID_ARG, "prompt token %d (id %d) is outside the vocabulary [0, %d)",
-                              i, p->prompt[i], s->vocab);
+            return kiln_error(KILN_ERR_INVALID_ARG,
+                              "prompt token %d (id %d) is outside the vocabulary [0, %d)", i,
+                              p->prompt[i], s->vocab);
     kiln_sched_req *r = calloc(1, sizeof *r);
     if (!r) return kiln_error(KILN_ERR_OOM, "request");
     r->cap_tokens = p->n_prompt + p->max_tokens;
@@ -459,7 +470,8 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_params *p, kiln_sc
         return kiln_error(KILN_ERR_OOM, "request");
     }
     memcpy(r->tokens, p->prompt, sizeof(int32_t) * (size_t)p->n_prompt);
-    if (p->n_stop_ids > 0) memcpy(r->stop_ids, p->stop_ids, sizeof(int32_t) * (size_t)p->n_stop_ids);
+    if (p->n_stop_ids > 0)
+        memcpy(r->stop_ids, p->stop_ids, sizeof(int32_t) * (size_t)p->n_stop_ids);
     r->n_stop = p->n_stop_ids;
     r->n_tokens = r->n_prompt = p->n_prompt;
     r->max_tokens = p->max_tokens;
@@ -478,8 +490,10 @@ kiln_status kiln_sched_submit(kiln_sched *s, const kiln_sched_params *p, kiln_sc
         return kiln_error(KILN_ERR_CACHE_FULL, "the server is overloaded: %d requests are waiting",
                           s->o.max_waiting);
     }
-    if (s->wait_tail) s->wait_tail->next = r;
-    else s->wait_head = r;
+    if (s->wait_tail)
+        s->wait_tail->next = r;
+    else
+        s->wait_head = r;
     s->wait_tail = r;
     s->n_waiting++;
     s->totals.requests_total++;

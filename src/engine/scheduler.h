@@ -5,7 +5,8 @@
  * Requests are admitted FIFO when a batch slot and KV room (prompt + max_tokens tokens) are free.
  * Finished sequences are kept (a small LRU) so a later prompt that shares a token prefix reuses the
  * cache: the kept sequence is truncated to the common prefix and only the rest is prefilled
- * (reported as cached_tokens). Callers submit token ids, poll sampled tokens, and cancel/release. */
+ * (reported as cached_tokens). Callers submit token ids, poll sampled tokens, and cancel/release.
+ */
 #ifndef KILN_ENGINE_SCHEDULER_H
 #define KILN_ENGINE_SCHEDULER_H
 
@@ -20,12 +21,12 @@ typedef struct kiln_sched_req kiln_sched_req;
 #define KILN_SCHED_MAX_TOP 20
 
 typedef struct kiln_sched_options {
-    int max_batch;        /* running sequences at once (default 8) */
-    int ctx;              /* max tokens per sequence, prompt + generated (default model max) */
-    int step_tokens;      /* tokens per forward step, decode + prefill chunks (default 256) */
-    int max_waiting;      /* queued requests before submit answers CACHE_FULL (default 256) */
-    int cache_entries;    /* finished sequences kept for prefix reuse (default max_batch) */
-    int64_t kv_tokens;    /* KV admission budget in tokens (default max_batch * ctx) */
+    int max_batch;     /* running sequences at once (default 8) */
+    int ctx;           /* max tokens per sequence, prompt + generated (default model max) */
+    int step_tokens;   /* tokens per forward step, decode + prefill chunks (default 256) */
+    int max_waiting;   /* queued requests before submit answers CACHE_FULL (default 256) */
+    int cache_entries; /* finished sequences kept for prefix reuse (default max_batch) */
+    int64_t kv_tokens; /* KV admission budget in tokens (default max_batch * ctx) */
 } kiln_sched_options;
 
 typedef struct kiln_sched_params {
@@ -33,7 +34,7 @@ typedef struct kiln_sched_params {
     int n_prompt;
     int max_tokens;
     kiln_sampler_params sampling;
-    int top_logprobs;   /* -1: no logprobs; 0..KILN_SCHED_MAX_TOP: chosen + that many alternatives */
+    int top_logprobs; /* -1: no logprobs; 0..KILN_SCHED_MAX_TOP: chosen + that many alternatives */
     const int32_t *stop_ids; /* copied; generation ends after emitting one of these */
     int n_stop_ids;
 } kiln_sched_params;
@@ -56,24 +57,24 @@ typedef enum {
 
 typedef struct kiln_sched_state {
     kiln_sched_finish finish;
-    int n_cached;       /* prompt tokens served from a kept cache */
-    int n_generated;    /* tokens sampled so far */
-    bool started;       /* admitted (prefill began) */
-    char error[256];    /* when finish == ERROR */
+    int n_cached;    /* prompt tokens served from a kept cache */
+    int n_generated; /* tokens sampled so far */
+    bool started;    /* admitted (prefill began) */
+    char error[256]; /* when finish == ERROR */
 } kiln_sched_state;
 
 typedef struct kiln_sched_stats {
     int running, waiting, prefilling;
-    int cached_seqs;          /* kept finished sequences */
-    int64_t kv_tokens_used;   /* tokens held by running + kept sequences */
+    int cached_seqs;        /* kept finished sequences */
+    int64_t kv_tokens_used; /* tokens held by running + kept sequences */
     int64_t kv_tokens_reserved;
     int64_t kv_tokens_budget;
     int64_t kv_bytes_per_token;
-    int64_t live_seqs;        /* kiln_seq objects alive (running + kept) */
+    int64_t live_seqs; /* kiln_seq objects alive (running + kept) */
     int64_t requests_total, requests_finished, requests_cancelled, requests_failed;
     int64_t prompt_tokens_total, cached_tokens_total, generated_tokens_total;
     int64_t steps_total;
-    double decode_tok_per_s;  /* generated tokens/s over the recent window */
+    double decode_tok_per_s; /* generated tokens/s over the recent window */
     double prefill_tok_per_s;
     int max_batch, ctx;
 } kiln_sched_stats;

@@ -26,7 +26,9 @@ void sb_append(strbuf *b, const char *s, size_t n) {
     b->data[b->len] = '\0';
 }
 
-void sb_puts(strbuf *b, const char *s) { sb_append(b, s, strlen(s)); }
+void sb_puts(strbuf *b, const char *s) {
+    sb_append(b, s, strlen(s));
+}
 
 void sb_printf(strbuf *b, const char *fmt, ...) {
     va_list ap, ap2;

@@ -12,6 +12,7 @@ void ts_init(textstream *t, const char *const *stops, int n_stops, bool think, b
     t->think = think;
     t->in_think = think && start_in_think;
     t->tools = tools;
+    t->matched_stop = -1;
 }
 
 void ts_free(textstream *t) {
@@ -79,8 +80,10 @@ static void route(textstream *t, const char *s, size_t n, bool final, strbuf *co
         }
         if (hit) {
             size_t pre = (size_t)(hit - buf);
-            if (t->in_think) sb_append(reasoning, buf, pre);
-            else emit_content(t, buf, pre, content);
+            if (t->in_think)
+                sb_append(reasoning, buf, pre);
+            else
+                emit_content(t, buf, pre, content);
             t->in_think = !t->in_think;
             size_t skip = pre + strlen(tag);
             if (!t->in_think) /* drop the newlines that follow </think> */
@@ -96,8 +99,10 @@ static void route(textstream *t, const char *s, size_t n, bool final, strbuf *co
                 if (h2 > hold) hold = h2;
             }
         }
-        if (t->in_think) sb_append(reasoning, buf, len - hold);
-        else emit_content(t, buf, len - hold, content);
+        if (t->in_think)
+            sb_append(reasoning, buf, len - hold);
+        else
+            emit_content(t, buf, len - hold, content);
         sb_consume(&t->tagbuf, len - hold);
         return;
     }
@@ -112,7 +117,7 @@ bool ts_push(textstream *t, const char *text, size_t len, strbuf *content, strbu
     const char *first = NULL;
     for (int i = 0; i < t->n_stops; i++) {
         const char *h = strstr(buf, t->stops[i]);
-        if (h && (!first || h < first)) first = h;
+        if (h && (!first || h < first)) first = h, t->matched_stop = i;
     }
     if (first) {
         route(t, buf, (size_t)(first - buf), false, content, reasoning);
@@ -131,7 +136,9 @@ bool ts_push(textstream *t, const char *text, size_t len, strbuf *content, strbu
 }
 
 void ts_finish(textstream *t, strbuf *content, strbuf *reasoning) {
-    if (!t->stopped && t->pending.len) route(t, t->pending.data, t->pending.len, true, content, reasoning);
-    else route(t, "", 0, true, content, reasoning);
+    if (!t->stopped && t->pending.len)
+        route(t, t->pending.data, t->pending.len, true, content, reasoning);
+    else
+        route(t, "", 0, true, content, reasoning);
     sb_clear(&t->pending);
 }

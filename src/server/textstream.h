@@ -14,14 +14,15 @@
 typedef struct textstream {
     char *stops[TS_MAX_STOPS];
     int n_stops;
-    bool think;     /* split <think>...</think> into reasoning */
-    bool in_think;  /* currently inside a think block */
-    bool tools;     /* withhold tool-call markup */
-    bool tool_mode; /* all further content goes to tool_text */
+    bool think;       /* split <think>...</think> into reasoning */
+    bool in_think;    /* currently inside a think block */
+    bool tools;       /* withhold tool-call markup */
+    bool tool_mode;   /* all further content goes to tool_text */
     bool saw_content; /* a non-space content byte was emitted (Llama JSON detection) */
-    bool stopped;   /* a stop string matched */
-    strbuf pending; /* decoded text not yet past the stop matcher */
-    strbuf tagbuf;  /* text past the stop matcher, held for a possible tag prefix */
+    bool stopped;     /* a stop string matched */
+    int matched_stop; /* index into stops of the match, -1 if none */
+    strbuf pending;   /* decoded text not yet past the stop matcher */
+    strbuf tagbuf;    /* text past the stop matcher, held for a possible tag prefix */
     strbuf tool_text;
 } textstream;
 

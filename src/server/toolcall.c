@@ -16,9 +16,12 @@ static cJSON *call_from_object(const cJSON *o) {
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, "arguments");
     if (!args) args = cJSON_GetObjectItemCaseSensitive(o, "parameters");
     char *args_text = NULL;
-    if (!args) args_text = strdup("{}");
-    else if (cJSON_IsString(args)) args_text = strdup(args->valuestring);
-    else args_text = cJSON_PrintUnformatted(args);
+    if (!args)
+        args_text = strdup("{}");
+    else if (cJSON_IsString(args))
+        args_text = strdup(args->valuestring);
+    else
+        args_text = cJSON_PrintUnformatted(args);
     if (!args_text) return NULL;
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "name", name->valuestring);
@@ -49,8 +52,10 @@ static bool add_json_calls(cJSON *out, const char *json, size_t len) {
         ok = ok && n > 0;
     } else {
         cJSON *c = call_from_object(v);
-        if (c) cJSON_AddItemToArray(out, c);
-        else ok = false;
+        if (c)
+            cJSON_AddItemToArray(out, c);
+        else
+            ok = false;
     }
     cJSON_Delete(v);
     return ok;
@@ -84,7 +89,8 @@ cJSON *toolcall_parse(const char *text) {
             ok = true;
             char *copy = strdup(p), *save = NULL;
             int n = 0;
-            for (char *tok = strtok_r(copy, ";", &save); tok && ok; tok = strtok_r(NULL, ";", &save)) {
+            for (char *tok = strtok_r(copy, ";", &save); tok && ok;
+                 tok = strtok_r(NULL, ";", &save)) {
                 const char *q = skip_ws(tok);
                 if (*q) ok = add_json_calls(out, q, strlen(q)), n++;
             }
