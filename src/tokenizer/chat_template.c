@@ -38,7 +38,8 @@ static bool render_guarded(jinja_ctx *c, const char *template_src, const char *m
     if (kwargs_json) {
         jv kw = jv_from_json(c, kwargs_json, "kwargs");
         if (kw.kind != JV_DICT) jinja_fail(c, 0, "kwargs must be a JSON object");
-        for (size_t i = 0; i < kw.u.dict->n; i++) jdict_set(c, g, kw.u.dict->keys[i], kw.u.dict->vals[i]);
+        for (size_t i = 0; i < kw.u.dict->n; i++)
+            jdict_set(c, g, kw.u.dict->keys[i], kw.u.dict->vals[i]);
     }
     size_t n;
     const char *text = jinja_run(c, template_src, &n);

@@ -15,11 +15,11 @@
 #include <stdint.h>
 
 /* ---- limits ------------------------------------------------------------------------------- */
-#define JINJA_MAX_ARENA (256u << 20)  /* bytes one render may allocate */
+#define JINJA_MAX_ARENA  (256u << 20) /* bytes one render may allocate */
 #define JINJA_MAX_OUTPUT (32u << 20)  /* bytes of rendered text */
-#define JINJA_MAX_DEPTH 200           /* parser nesting and interpreter call depth */
-#define JINJA_MAX_STEPS 20000000ull   /* evaluation steps (loop iterations, expressions) */
-#define JINJA_MAX_RANGE 1000000       /* elements range() may produce */
+#define JINJA_MAX_DEPTH  200          /* parser nesting and interpreter call depth */
+#define JINJA_MAX_STEPS  20000000ull  /* evaluation steps (loop iterations, expressions) */
+#define JINJA_MAX_RANGE  1000000      /* elements range() may produce */
 
 typedef struct jinja_ctx jinja_ctx;
 typedef struct jnode jnode;
@@ -81,7 +81,7 @@ struct jfunc {
     jfunc_kind kind;
     const char *name;
     jbuiltin_fn builtin;
-    const jnode *macro;  /* JN_MACRO / JN_CALLBLOCK node */
+    const jnode *macro;     /* JN_MACRO / JN_CALLBLOCK node */
     const jfunc *caller;    /* the {% call %} body passed to a macro (or NULL) */
     struct jframe *closure; /* scope the macro / call body was defined in */
 };
@@ -98,14 +98,14 @@ struct jargs {
 /* ---- AST ---------------------------------------------------------------------------------- */
 typedef enum {
     /* statements */
-    JN_TEXT,      /* lit */
-    JN_OUTPUT,    /* {{ a }} */
-    JN_IF,        /* a=cond, body, else_body (elif = nested IF) */
-    JN_FOR,       /* names (targets), a=iterable, b=filter or NULL, body, else_body */
-    JN_SET,       /* a=target (NAME, GETATTR or TUPLE of NAMEs), b=value */
-    JN_SET_BLOCK, /* a=target NAME, body, c=filter chain (FILTER nodes over a NULL operand) */
-    JN_MACRO,     /* name, params (names + defaults in args), body */
-    JN_CALLBLOCK, /* a=call expression, params, body */
+    JN_TEXT,         /* lit */
+    JN_OUTPUT,       /* {{ a }} */
+    JN_IF,           /* a=cond, body, else_body (elif = nested IF) */
+    JN_FOR,          /* names (targets), a=iterable, b=filter or NULL, body, else_body */
+    JN_SET,          /* a=target (NAME, GETATTR or TUPLE of NAMEs), b=value */
+    JN_SET_BLOCK,    /* a=target NAME, body, c=filter chain (FILTER nodes over a NULL operand) */
+    JN_MACRO,        /* name, params (names + defaults in args), body */
+    JN_CALLBLOCK,    /* a=call expression, params, body */
     JN_FILTER_BLOCK, /* c=filter chain, body */
     JN_BREAK,
     JN_CONTINUE,
@@ -224,7 +224,7 @@ jv jv_none(void);
 jv jv_bool(bool b);
 jv jv_int(int64_t i);
 jv jv_float(double f);
-jv jv_str(const char *s, size_t len); /* borrows s (must live in the arena or the AST) */
+jv jv_str(const char *s, size_t len);    /* borrows s (must live in the arena or the AST) */
 jv jv_cstr(jinja_ctx *c, const char *s); /* copies */
 jv jv_strdup(jinja_ctx *c, const char *s, size_t len);
 jv jv_list(jinja_ctx *c, size_t cap);

@@ -17,7 +17,9 @@ jv jargs_get(const jargs *a, int i, const char *name, jv def) {
     return def;
 }
 
-static jv need_str(jinja_ctx *c, jv v) { return jv_to_str(c, v); }
+static jv need_str(jinja_ctx *c, jv v) {
+    return jv_to_str(c, v);
+}
 
 static int64_t need_int(jinja_ctx *c, int line, jv v, const char *what) {
     if (v.kind == JV_INT) return v.u.i;
@@ -27,8 +29,10 @@ static int64_t need_int(jinja_ctx *c, int line, jv v, const char *what) {
 
 static jlist *as_seq(jinja_ctx *c, int line, jv v, const char *filter) {
     switch (v.kind) {
-    case JV_LIST: return v.u.list;
-    case JV_UNDEF: return jv_list(c, 0).u.list;
+    case JV_LIST:
+        return v.u.list;
+    case JV_UNDEF:
+        return jv_list(c, 0).u.list;
     case JV_DICT: {
         jlist *l = jv_list(c, v.u.dict->n).u.list;
         if (v.u.dict->n) memcpy(l->items, v.u.dict->keys, v.u.dict->n * sizeof(jv));
@@ -70,7 +74,8 @@ static jv attr_path(jinja_ctx *c, jv v, jv attr) {
         } else if (v.kind == JV_LIST && numeric) {
             size_t idx = (size_t)strtoull(p, NULL, 10);
             v = idx < v.u.list->n ? v.u.list->items[idx] : jv_undef(NULL);
-        } else v = jv_undef(NULL);
+        } else
+            v = jv_undef(NULL);
         if (dot == end) break;
         p = dot + 1;
     }
@@ -85,7 +90,9 @@ static jargs shift_args(const jargs *a, int skip) {
     return r;
 }
 
-static jv lowered(jinja_ctx *c, jv v) { return v.kind == JV_STR ? jinja_str_case(c, v, 'l') : v; }
+static jv lowered(jinja_ctx *c, jv v) {
+    return v.kind == JV_STR ? jinja_str_case(c, v, 'l') : v;
+}
 
 /* ---- sorting ------------------------------------------------------------------------------ */
 typedef struct sort_item {
@@ -129,12 +136,23 @@ static jv html_escape(jinja_ctx *c, jv s) {
     for (size_t i = 0; i < s.u.str.len; i++) {
         char ch = s.u.str.s[i];
         switch (ch) {
-        case '&': jbuf_puts(c, &b, "&amp;"); break;
-        case '<': jbuf_puts(c, &b, "&lt;"); break;
-        case '>': jbuf_puts(c, &b, "&gt;"); break;
-        case '"': jbuf_puts(c, &b, "&#34;"); break;
-        case '\'': jbuf_puts(c, &b, "&#39;"); break;
-        default: jbuf_putc(c, &b, ch);
+        case '&':
+            jbuf_puts(c, &b, "&amp;");
+            break;
+        case '<':
+            jbuf_puts(c, &b, "&lt;");
+            break;
+        case '>':
+            jbuf_puts(c, &b, "&gt;");
+            break;
+        case '"':
+            jbuf_puts(c, &b, "&#34;");
+            break;
+        case '\'':
+            jbuf_puts(c, &b, "&#39;");
+            break;
+        default:
+            jbuf_putc(c, &b, ch);
         }
     }
     return jv_str(b.s ? b.s : "", b.n);
@@ -159,7 +177,8 @@ static jv filter_indent(jinja_ctx *c, int line, jv v, const jargs *a) {
     bool first = jv_truthy(jargs_get(a, 1, "first", jv_bool(false)));
     bool blank = jv_truthy(jargs_get(a, 2, "blank", jv_bool(false)));
     jv ind;
-    if (width.kind == JV_STR) ind = width;
+    if (width.kind == JV_STR)
+        ind = width;
     else {
         int64_t w = need_int(c, line, width, "indent width");
         if (w < 0) w = 0;
@@ -218,12 +237,16 @@ static jv filter_round(jinja_ctx *c, int line, jv v, const jargs *a) {
     double x = jv_num(v), p = pow(10.0, (double)prec), r;
     const char *m = method.kind == JV_STR ? method.u.str.s : "common";
     if (!strncmp(m, "common", 6)) {
-        if (v.kind != JV_FLOAT) return prec >= 0 ? jv_int(v.kind == JV_BOOL ? v.u.b : v.u.i)
-                                                 : jv_float(nearbyint(x * p) / p);
+        if (v.kind != JV_FLOAT)
+            return prec >= 0 ? jv_int(v.kind == JV_BOOL ? v.u.b : v.u.i)
+                             : jv_float(nearbyint(x * p) / p);
         r = nearbyint(x * p) / p;
-    } else if (!strncmp(m, "floor", 5)) r = floor(x * p) / p;
-    else if (!strncmp(m, "ceil", 4)) r = ceil(x * p) / p;
-    else jinja_fail(c, line, "round: method must be common, ceil or floor");
+    } else if (!strncmp(m, "floor", 5))
+        r = floor(x * p) / p;
+    else if (!strncmp(m, "ceil", 4))
+        r = ceil(x * p) / p;
+    else
+        jinja_fail(c, line, "round: method must be common, ceil or floor");
     return jv_float(r);
 }
 
@@ -302,21 +325,21 @@ static jv minmax(jinja_ctx *c, int line, jv v, const jargs *a, bool want_max) {
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 static const char *const FILTERS[] = {
-    "abs",      "attr",      "batch",     "capitalize", "center", "count",     "d",
-    "default",  "dictsort",  "e",         "escape",     "first",  "float",     "forceescape",
-    "format",   "indent",    "int",       "items",      "join",   "keys",      "last",
-    "length",   "list",      "lower",     "map",        "max",    "min",       "reject",
-    "rejectattr", "replace", "reverse",   "round",      "safe",   "select",    "selectattr",
-    "sort",     "string",    "sum",       "title",      "tojson", "trim",      "unique",
-    "upper",    "values",    "wordcount", NULL};
+    "abs",        "attr",     "batch",     "capitalize", "center", "count",  "d",
+    "default",    "dictsort", "e",         "escape",     "first",  "float",  "forceescape",
+    "format",     "indent",   "int",       "items",      "join",   "keys",   "last",
+    "length",     "list",     "lower",     "map",        "max",    "min",    "reject",
+    "rejectattr", "replace",  "reverse",   "round",      "safe",   "select", "selectattr",
+    "sort",       "string",   "sum",       "title",      "tojson", "trim",   "unique",
+    "upper",      "values",   "wordcount", NULL};
 
 static const char *const TESTS[] = {
-    "boolean",  "callable", "defined",  "divisibleby", "eq",      "equalto", "escaped",
-    "even",     "false",    "filter",   "float",       "ge",      "gt",      "greaterthan",
-    "in",       "integer",  "iterable", "le",          "lessthan", "lower",  "lt",
-    "mapping",  "ne",       "none",     "number",      "odd",     "sameas",  "sequence",
-    "startingwith", "string", "test",   "true",        "undefined", "upper", "==",
-    "!=",       "<",        "<=",       ">",           ">=",      NULL};
+    "boolean",      "callable", "defined",  "divisibleby", "eq",        "equalto", "escaped",
+    "even",         "false",    "filter",   "float",       "ge",        "gt",      "greaterthan",
+    "in",           "integer",  "iterable", "le",          "lessthan",  "lower",   "lt",
+    "mapping",      "ne",       "none",     "number",      "odd",       "sameas",  "sequence",
+    "startingwith", "string",   "test",     "true",        "undefined", "upper",   "==",
+    "!=",           "<",        "<=",       ">",           ">=",        NULL};
 
 static bool listed(const char *const *list, const char *name) {
     for (int i = 0; list[i]; i++)
@@ -324,8 +347,12 @@ static bool listed(const char *const *list, const char *name) {
     return false;
 }
 
-bool jinja_has_filter(const char *name) { return listed(FILTERS, name); }
-bool jinja_has_test(const char *name) { return listed(TESTS, name); }
+bool jinja_has_filter(const char *name) {
+    return listed(FILTERS, name);
+}
+bool jinja_has_test(const char *name) {
+    return listed(TESTS, name);
+}
 
 static jv apply_test_list(jinja_ctx *c, int line, jv v, const jargs *a, bool by_attr, bool keep) {
     jlist *l = as_seq(c, line, v, by_attr ? "selectattr" : "select");
@@ -360,7 +387,8 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
     if (!strcmp(f, "tojson")) return filter_tojson(c, line, v, a);
     if (!strcmp(f, "safe")) return v;
     if (!strcmp(f, "string")) return jv_to_str(c, v);
-    if (!strcmp(f, "trim")) return jinja_str_strip(c, need_str(c, v), jargs_get(a, 0, "chars", jv_none()), true, true);
+    if (!strcmp(f, "trim"))
+        return jinja_str_strip(c, need_str(c, v), jargs_get(a, 0, "chars", jv_none()), true, true);
     if (!strcmp(f, "upper")) return jinja_str_case(c, need_str(c, v), 'u');
     if (!strcmp(f, "lower")) return jinja_str_case(c, need_str(c, v), 'l');
     if (!strcmp(f, "capitalize")) return jinja_str_case(c, need_str(c, v), 'c');
@@ -369,17 +397,23 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
         return html_escape(c, need_str(c, v));
     if (!strcmp(f, "replace")) {
         jv count = jargs_get(a, 2, "count", jv_none());
-        return jinja_str_replace(c, line, need_str(c, v), need_str(c, jargs_get(a, 0, "old", jv_str("", 0))),
+        return jinja_str_replace(c, line, need_str(c, v),
+                                 need_str(c, jargs_get(a, 0, "old", jv_str("", 0))),
                                  need_str(c, jargs_get(a, 1, "new", jv_str("", 0))),
                                  count.kind == JV_NONE ? -1 : need_int(c, line, count, "count"));
     }
     if (!strcmp(f, "length") || !strcmp(f, "count")) {
         switch (v.kind) {
-        case JV_STR: return jv_int((int64_t)jutf8_len(v.u.str.s, v.u.str.len));
-        case JV_LIST: return jv_int((int64_t)v.u.list->n);
-        case JV_DICT: return jv_int((int64_t)v.u.dict->n);
-        case JV_UNDEF: return jv_int(0);
-        default: jinja_fail(c, line, "object of type '%s' has no len()", jv_type_name(v));
+        case JV_STR:
+            return jv_int((int64_t)jutf8_len(v.u.str.s, v.u.str.len));
+        case JV_LIST:
+            return jv_int((int64_t)v.u.list->n);
+        case JV_DICT:
+            return jv_int((int64_t)v.u.dict->n);
+        case JV_UNDEF:
+            return jv_int(0);
+        default:
+            jinja_fail(c, line, "object of type '%s' has no len()", jv_type_name(v));
         }
     }
     if (!strcmp(f, "items") || !strcmp(f, "keys") || !strcmp(f, "values")) {
@@ -390,8 +424,10 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
         jv out = jv_list(c, v.u.dict->n);
         for (size_t i = 0; i < v.u.dict->n; i++) {
             jv x;
-            if (f[0] == 'k') x = v.u.dict->keys[i];
-            else if (f[0] == 'v') x = v.u.dict->vals[i];
+            if (f[0] == 'k')
+                x = v.u.dict->keys[i];
+            else if (f[0] == 'v')
+                x = v.u.dict->vals[i];
             else {
                 x = jv_list(c, 2);
                 x.u.list->tuple = true;
@@ -462,7 +498,8 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
             jv k = attr.kind == JV_NONE ? l->items[i] : attr_path(c, l->items[i], attr);
             if (!cs) k = lowered(c, k);
             bool dup = false;
-            for (size_t j = 0; j < seen.u.list->n && !dup; j++) dup = jv_eq(seen.u.list->items[j], k);
+            for (size_t j = 0; j < seen.u.list->n && !dup; j++)
+                dup = jv_eq(seen.u.list->items[j], k);
             if (dup) continue;
             jlist_push(c, seen.u.list, k);
             jlist_push(c, out.u.list, l->items[i]);
@@ -521,7 +558,8 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
             jv x = attr.kind == JV_NONE ? l->items[i] : attr_path(c, l->items[i], attr);
             if (!jv_is_num(x) || !jv_is_num(total))
                 jinja_fail(c, line, "sum: unsupported operand '%s'", jv_type_name(x));
-            if (x.kind == JV_FLOAT || total.kind == JV_FLOAT) total = jv_float(jv_num(total) + jv_num(x));
+            if (x.kind == JV_FLOAT || total.kind == JV_FLOAT)
+                total = jv_float(jv_num(total) + jv_num(x));
             else {
                 int64_t r;
                 if (__builtin_add_overflow((int64_t)jv_num(total), (int64_t)jv_num(x), &r))
@@ -574,16 +612,20 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
                 continue;
             }
             char spec = fmt.u.str.s[++i];
-            if (spec == '%') jbuf_putc(c, &b, '%');
+            if (spec == '%')
+                jbuf_putc(c, &b, '%');
             else if (spec == 's' || spec == 'd' || spec == 'r') {
                 if (k >= a->npos) jinja_fail(c, line, "format: not enough arguments");
                 jv x = a->pos[k++];
-                if (spec == 'r') jv_repr_buf(c, &b, x);
+                if (spec == 'r')
+                    jv_repr_buf(c, &b, x);
                 else if (spec == 'd') {
                     if (!jv_is_num(x)) jinja_fail(c, line, "format: %%d needs a number");
                     jv_to_buf(c, &b, jv_int((int64_t)jv_num(x)));
-                } else jv_to_buf(c, &b, x);
-            } else jinja_fail(c, line, "format: unsupported conversion '%%%c'", spec);
+                } else
+                    jv_to_buf(c, &b, x);
+            } else
+                jinja_fail(c, line, "format: unsupported conversion '%%%c'", spec);
         }
         return jv_str(b.s ? b.s : "", b.n);
     }

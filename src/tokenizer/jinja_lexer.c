@@ -122,21 +122,51 @@ static void lex_string(lexer *L) {
         char e = L->s[L->p++];
         int digits = 0;
         switch (e) {
-        case 'n': out[o++] = '\n'; break;
-        case 't': out[o++] = '\t'; break;
-        case 'r': out[o++] = '\r'; break;
-        case 'b': out[o++] = '\b'; break;
-        case 'f': out[o++] = '\f'; break;
-        case 'v': out[o++] = '\v'; break;
-        case 'a': out[o++] = '\a'; break;
-        case '0': out[o++] = '\0'; break;
-        case '\\': out[o++] = '\\'; break;
-        case '\'': out[o++] = '\''; break;
-        case '"': out[o++] = '"'; break;
-        case '\n': L->line++; break; /* line continuation */
-        case 'x': digits = 2; break;
-        case 'u': digits = 4; break;
-        case 'U': digits = 8; break;
+        case 'n':
+            out[o++] = '\n';
+            break;
+        case 't':
+            out[o++] = '\t';
+            break;
+        case 'r':
+            out[o++] = '\r';
+            break;
+        case 'b':
+            out[o++] = '\b';
+            break;
+        case 'f':
+            out[o++] = '\f';
+            break;
+        case 'v':
+            out[o++] = '\v';
+            break;
+        case 'a':
+            out[o++] = '\a';
+            break;
+        case '0':
+            out[o++] = '\0';
+            break;
+        case '\\':
+            out[o++] = '\\';
+            break;
+        case '\'':
+            out[o++] = '\'';
+            break;
+        case '"':
+            out[o++] = '"';
+            break;
+        case '\n':
+            L->line++;
+            break; /* line continuation */
+        case 'x':
+            digits = 2;
+            break;
+        case 'u':
+            digits = 4;
+            break;
+        case 'U':
+            digits = 8;
+            break;
         default:
             out[o++] = '\\';
             out[o++] = e;
@@ -161,7 +191,8 @@ static void lex_number(lexer *L) {
     bool is_float = false;
     while (L->p < L->n) {
         char ch = L->s[L->p];
-        if (isdigit((unsigned char)ch)) buf[k < 127 ? k++ : k] = ch;
+        if (isdigit((unsigned char)ch))
+            buf[k < 127 ? k++ : k] = ch;
         else if (ch == '_' && L->p > a && L->p + 1 < L->n && isdigit((unsigned char)L->s[L->p + 1]))
             ;
         else if (ch == '.' && !is_float && L->p + 1 < L->n &&
@@ -176,7 +207,8 @@ static void lex_number(lexer *L) {
             buf[k < 127 ? k++ : k] = ch;
             L->p++;
             buf[k < 127 ? k++ : k] = L->s[L->p];
-        } else break;
+        } else
+            break;
         L->p++;
     }
     buf[k] = 0;
@@ -282,7 +314,8 @@ static bool lex_raw(lexer *L, size_t tag_start, bool *strip_after) {
         size_t a = body, b = i;
         if (strip_body_left)
             while (a < b && is_ws(L->s[a])) a++;
-        else if (a < b && L->s[a] == '\n') a++; /* trim_blocks after {% raw %} */
+        else if (a < b && L->s[a] == '\n')
+            a++; /* trim_blocks after {% raw %} */
         if (strip_body_right)
             while (b > a && is_ws(L->s[b - 1])) b--;
         L->line += count_lines(L->s + tag_start, a - tag_start);
@@ -307,7 +340,8 @@ void jinja_lex(jinja_ctx *c, const char *src, size_t len, jtok **toks, int *ntok
         if (src[i] == '\r') {
             s[n++] = '\n';
             if (i + 1 < len && src[i + 1] == '\n') i++;
-        } else s[n++] = src[i];
+        } else
+            s[n++] = src[i];
     }
     if (n && s[n - 1] == '\n') n--;
     lexer L = {.c = c, .s = s, .n = n, .line = 1};
@@ -322,8 +356,10 @@ void jinja_lex(jinja_ctx *c, const char *src, size_t len, jtok **toks, int *ntok
         char kind = s[open + 1];
         char mod = open + 2 < n ? s[open + 2] : 0;
         int strip_right = 0;
-        if (mod == '-') strip_right = 1;
-        else if (mod != '+' && kind != '{') strip_right = 2;
+        if (mod == '-')
+            strip_right = 1;
+        else if (mod != '+' && kind != '{')
+            strip_right = 2;
         emit_text(&L, L.p, open, strip_next, strip_right);
         L.p = open + 2 + (mod == '-' || mod == '+');
         strip_next = false;
@@ -334,7 +370,8 @@ void jinja_lex(jinja_ctx *c, const char *src, size_t len, jtok **toks, int *ntok
             bool minus = i > L.p && s[i - 1] == '-', plus = i > L.p && s[i - 1] == '+';
             L.line += count_lines(s + L.p, i - L.p);
             L.p = i + 2;
-            if (minus) strip_next = true;
+            if (minus)
+                strip_next = true;
             else if (!plus && L.p < n && s[L.p] == '\n') {
                 L.p++;
                 L.line++;
@@ -347,7 +384,8 @@ void jinja_lex(jinja_ctx *c, const char *src, size_t len, jtok **toks, int *ntok
         bool strip_after = false, plus_after = false;
         lex_tag(&L, block, &strip_after, &plus_after);
         emit(&L, block ? JT_BLOCK_END : JT_VAR_END, NULL, 0);
-        if (strip_after) strip_next = true;
+        if (strip_after)
+            strip_next = true;
         else if (block && !plus_after && L.p < n && s[L.p] == '\n') {
             L.p++;
             L.line++;

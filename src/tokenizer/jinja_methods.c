@@ -35,8 +35,10 @@ static bool py_isspace(int32_t cp) {
            cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }
 
-static bool is_cased_letter(int32_t cp) { return utf8proc_islower(cp) || utf8proc_isupper(cp) ||
-                                                 utf8proc_category(cp) == UTF8PROC_CATEGORY_LT; }
+static bool is_cased_letter(int32_t cp) {
+    return utf8proc_islower(cp) || utf8proc_isupper(cp) ||
+           utf8proc_category(cp) == UTF8PROC_CATEGORY_LT;
+}
 
 jv jinja_str_case(jinja_ctx *c, jv s, int mode) {
     jbuf b = {0};
@@ -46,8 +48,12 @@ jv jinja_str_case(jinja_ctx *c, jv s, int mode) {
         int32_t cp = next_cp(s.u.str.s, s.u.str.len, &i);
         int32_t o = cp;
         switch (mode) {
-        case 'u': o = utf8proc_toupper(cp); break;
-        case 'l': o = utf8proc_tolower(cp); break;
+        case 'u':
+            o = utf8proc_toupper(cp);
+            break;
+        case 'l':
+            o = utf8proc_tolower(cp);
+            break;
         case 'c':
             o = start ? utf8proc_toupper(cp) : utf8proc_tolower(cp);
             start = false;
@@ -149,12 +155,14 @@ static jv str_split(jinja_ctx *c, int line, jv s, jv sep, int64_t maxsplit, bool
                         break;
                     }
                 if (!hit) break;
-                jlist_push(c, rev.u.list, jv_str(hit + sep.u.str.len, (size_t)(e - hit - sep.u.str.len)));
+                jlist_push(c, rev.u.list,
+                           jv_str(hit + sep.u.str.len, (size_t)(e - hit - sep.u.str.len)));
                 e = hit;
                 k++;
             }
             jlist_push(c, rev.u.list, jv_str(p, (size_t)(e - p)));
-            for (size_t i = rev.u.list->n; i-- > 0;) jlist_push(c, out.u.list, rev.u.list->items[i]);
+            for (size_t i = rev.u.list->n; i-- > 0;)
+                jlist_push(c, out.u.list, rev.u.list->items[i]);
             return out;
         }
         int64_t k = 0;
@@ -227,8 +235,10 @@ static jv str_format(jinja_ctx *c, int line, jv fmt, const jargs *a) {
             const char *colon = memchr(field, ':', flen);
             if (colon) flen = (size_t)(colon - field); /* format specs are ignored */
             jv v;
-            if (flen == 0) v = jargs_get(a, auto_idx++, NULL, jv_undef(NULL));
-            else if (field[0] >= '0' && field[0] <= '9') v = jargs_get(a, atoi(field), NULL, jv_undef(NULL));
+            if (flen == 0)
+                v = jargs_get(a, auto_idx++, NULL, jv_undef(NULL));
+            else if (field[0] >= '0' && field[0] <= '9')
+                v = jargs_get(a, atoi(field), NULL, jv_undef(NULL));
             else {
                 char name[64];
                 snprintf(name, sizeof name, "%.*s", (int)(flen < 63 ? flen : 63), field);
@@ -237,7 +247,8 @@ static jv str_format(jinja_ctx *c, int line, jv fmt, const jargs *a) {
             if (v.kind == JV_UNDEF) jinja_fail(c, line, "format: missing argument for a field");
             jv_to_buf(c, &b, v);
             i = (size_t)(close - s);
-        } else jbuf_putc(c, &b, s[i]);
+        } else
+            jbuf_putc(c, &b, s[i]);
     }
     return jv_str(b.s ? b.s : "", b.n);
 }
@@ -259,14 +270,20 @@ static bool str_method(jinja_ctx *c, int line, jv s, const char *m, const jargs 
         if (a0.kind == JV_LIST) {
             for (size_t i = 0; i < a0.u.list->n && !hit; i++)
                 hit = affix_match(s, a0.u.list->items[i], prefix);
-        } else if (a0.kind == JV_STR) hit = affix_match(s, a0, prefix);
-        else jinja_fail(c, line, "%s: argument must be str or a tuple of str", m);
+        } else if (a0.kind == JV_STR)
+            hit = affix_match(s, a0, prefix);
+        else
+            jinja_fail(c, line, "%s: argument must be str or a tuple of str", m);
         *out = jv_bool(hit);
         return true;
     }
     if (!strcmp(m, "upper") || !strcmp(m, "lower") || !strcmp(m, "title") ||
         !strcmp(m, "capitalize")) {
-        *out = jinja_str_case(c, s, m[0] == 'u' ? 'u' : m[0] == 'l' ? 'l' : m[0] == 't' ? 't' : 'c');
+        *out = jinja_str_case(c, s,
+                              m[0] == 'u'   ? 'u'
+                              : m[0] == 'l' ? 'l'
+                              : m[0] == 't' ? 't'
+                                            : 'c');
         return true;
     }
     if (!strcmp(m, "replace")) {
@@ -296,15 +313,17 @@ static bool str_method(jinja_ctx *c, int line, jv s, const char *m, const jargs 
     if (!strcmp(m, "find") || !strcmp(m, "count")) {
         if (a0.kind != JV_STR) jinja_fail(c, line, "%s: argument must be str", m);
         if (m[0] == 'f') {
-            const char *q = a0.u.str.len ? memmem(s.u.str.s, s.u.str.len, a0.u.str.s, a0.u.str.len)
-                                         : s.u.str.s;
+            const char *q =
+                a0.u.str.len ? memmem(s.u.str.s, s.u.str.len, a0.u.str.s, a0.u.str.len) : s.u.str.s;
             *out = jv_int(q ? (int64_t)jutf8_len(s.u.str.s, (size_t)(q - s.u.str.s)) : -1);
         } else {
             int64_t k = 0;
-            if (a0.u.str.len == 0) k = (int64_t)jutf8_len(s.u.str.s, s.u.str.len) + 1;
+            if (a0.u.str.len == 0)
+                k = (int64_t)jutf8_len(s.u.str.s, s.u.str.len) + 1;
             else
                 for (const char *p = s.u.str.s, *end = p + s.u.str.len;
-                     (p = memmem(p, (size_t)(end - p), a0.u.str.s, a0.u.str.len)); p += a0.u.str.len)
+                     (p = memmem(p, (size_t)(end - p), a0.u.str.s, a0.u.str.len));
+                     p += a0.u.str.len)
                     k++;
             *out = jv_int(k);
         }
@@ -332,10 +351,14 @@ static bool str_method(jinja_ctx *c, int line, jv s, const char *m, const jargs 
             utf8proc_category_t cat = utf8proc_category(cp);
             bool digit = cat == UTF8PROC_CATEGORY_ND;
             bool alpha = cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO;
-            if (m[2] == 'd') ok = digit;
-            else if (m[2] == 's') ok = py_isspace(cp);
-            else if (!strcmp(m, "isalpha")) ok = alpha;
-            else ok = alpha || digit;
+            if (m[2] == 'd')
+                ok = digit;
+            else if (m[2] == 's')
+                ok = py_isspace(cp);
+            else if (!strcmp(m, "isalpha"))
+                ok = alpha;
+            else
+                ok = alpha || digit;
         }
         *out = jv_bool(ok);
         return true;
@@ -421,12 +444,15 @@ static bool list_method(jinja_ctx *c, int line, jv l, const char *m, const jargs
 bool jinja_method(jinja_ctx *c, int line, jv obj, const char *name, const jargs *a, jv *out) {
     jinja_step(c, line);
     switch (obj.kind) {
-    case JV_STR: return str_method(c, line, obj, name, a, out);
+    case JV_STR:
+        return str_method(c, line, obj, name, a, out);
     case JV_DICT:
         if (obj.u.dict->flavor == JD_PLAIN) return dict_method(c, line, obj, name, a, out);
         return false;
-    case JV_LIST: return list_method(c, line, obj, name, a, out);
-    default: return false;
+    case JV_LIST:
+        return list_method(c, line, obj, name, a, out);
+    default:
+        return false;
     }
 }
 

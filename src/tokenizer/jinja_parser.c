@@ -14,31 +14,46 @@ typedef struct parser {
     int depth;
 } parser;
 
-static const jtok *peek(parser *P) { return &P->t[P->p]; }
-static const jtok *peek2(parser *P) { return &P->t[P->p + 1 < P->n ? P->p + 1 : P->p]; }
+static const jtok *peek(parser *P) {
+    return &P->t[P->p];
+}
+static const jtok *peek2(parser *P) {
+    return &P->t[P->p + 1 < P->n ? P->p + 1 : P->p];
+}
 static const jtok *next_tok(parser *P) {
     const jtok *t = &P->t[P->p];
     if (P->p + 1 < P->n) P->p++;
     return t;
 }
-static bool is_op(const jtok *t, const char *op) { return t->type == JT_OP && !strcmp(t->s, op); }
+static bool is_op(const jtok *t, const char *op) {
+    return t->type == JT_OP && !strcmp(t->s, op);
+}
 static bool is_name(const jtok *t, const char *nm) {
     return t->type == JT_NAME && !strcmp(t->s, nm);
 }
 
 static const char *tok_desc(const jtok *t) {
     switch (t->type) {
-    case JT_TEXT: return "template text";
-    case JT_VAR_BEGIN: return "'{{'";
-    case JT_VAR_END: return "'}}'";
-    case JT_BLOCK_BEGIN: return "'{%'";
-    case JT_BLOCK_END: return "'%}'";
+    case JT_TEXT:
+        return "template text";
+    case JT_VAR_BEGIN:
+        return "'{{'";
+    case JT_VAR_END:
+        return "'}}'";
+    case JT_BLOCK_BEGIN:
+        return "'{%'";
+    case JT_BLOCK_END:
+        return "'%}'";
     case JT_NAME:
-    case JT_OP: return t->s;
-    case JT_STRING: return "string literal";
+    case JT_OP:
+        return t->s;
+    case JT_STRING:
+        return "string literal";
     case JT_INT:
-    case JT_FLOAT: return "number";
-    case JT_EOF: return "end of template";
+    case JT_FLOAT:
+        return "number";
+    case JT_EOF:
+        return "end of template";
     }
     return "?";
 }
@@ -122,7 +137,8 @@ static void parse_call_args(parser *P, jnode *n) {
             n->kw_names[nkw++] = k;
             list_push(P, &n->kw_values, parse_expr(P));
         } else {
-            if (nkw) jinja_fail(P->c, peek(P)->line, "positional argument follows keyword argument");
+            if (nkw)
+                jinja_fail(P->c, peek(P)->line, "positional argument follows keyword argument");
             list_push(P, &n->args, parse_expr(P));
         }
     }
@@ -137,9 +153,12 @@ static jnode *parse_primary(parser *P) {
     if (t->type == JT_NAME) {
         next_tok(P);
         n = node(P, JN_LIT, line);
-        if (!strcmp(t->s, "true") || !strcmp(t->s, "True")) n->lit = jv_bool(true);
-        else if (!strcmp(t->s, "false") || !strcmp(t->s, "False")) n->lit = jv_bool(false);
-        else if (!strcmp(t->s, "none") || !strcmp(t->s, "None")) n->lit = jv_none();
+        if (!strcmp(t->s, "true") || !strcmp(t->s, "True"))
+            n->lit = jv_bool(true);
+        else if (!strcmp(t->s, "false") || !strcmp(t->s, "False"))
+            n->lit = jv_bool(false);
+        else if (!strcmp(t->s, "none") || !strcmp(t->s, "None"))
+            n->lit = jv_none();
         else {
             n->type = JN_NAME;
             n->name = t->s;
@@ -258,7 +277,8 @@ static jnode *parse_postfix(parser *P, jnode *n) {
                 g->b = node(P, JN_LIT, t->line);
                 g->b->lit = jv_int(a->i);
                 n = g;
-            } else unexpected(P, "an attribute name");
+            } else
+                unexpected(P, "an attribute name");
         } else if (is_op(t, "[")) {
             next_tok(P);
             n = parse_subscript(P, n, t->line);
@@ -267,7 +287,8 @@ static jnode *parse_postfix(parser *P, jnode *n) {
             call->a = n;
             parse_call_args(P, call);
             n = call;
-        } else break;
+        } else
+            break;
     }
     return n;
 }
@@ -287,8 +308,7 @@ static jnode *parse_filter(parser *P, jnode *operand) {
         memcpy(nm + l1 + 1, rest, l2);
         f->name = nm;
     }
-    if (!jinja_has_filter(f->name))
-        jinja_fail(P->c, t->line, "unknown filter '%s'", f->name);
+    if (!jinja_has_filter(f->name)) jinja_fail(P->c, t->line, "unknown filter '%s'", f->name);
     if (is_op(peek(P), "(")) parse_call_args(P, f);
     return f;
 }
@@ -323,7 +343,8 @@ static jnode *parse_filter_expr(parser *P, jnode *n) {
                 list_push(P, &test->args, arg);
             }
             n = test;
-        } else break;
+        } else
+            break;
     }
     return n;
 }
@@ -366,9 +387,11 @@ static jnode *parse_math2(parser *P) {
     jnode *n = parse_pow(P);
     while (true) {
         const jtok *t = peek(P);
-        int op = is_op(t, "*") ? '*' : is_op(t, "/") ? '/' : is_op(t, "//") ? 'F'
-                                                          : is_op(t, "%")  ? '%'
-                                                                           : 0;
+        int op = is_op(t, "*")    ? '*'
+                 : is_op(t, "/")  ? '/'
+                 : is_op(t, "//") ? 'F'
+                 : is_op(t, "%")  ? '%'
+                                  : 0;
         if (!op) break;
         next_tok(P);
         n = binop(P, op, t->line, n, parse_pow(P));
@@ -400,13 +423,20 @@ static jnode *parse_compare(parser *P) {
     while (true) {
         const jtok *t = peek(P);
         int op = 0;
-        if (is_op(t, "==")) op = 'e';
-        else if (is_op(t, "!=")) op = 'n';
-        else if (is_op(t, "<")) op = '<';
-        else if (is_op(t, ">")) op = '>';
-        else if (is_op(t, "<=")) op = 'l';
-        else if (is_op(t, ">=")) op = 'g';
-        else if (is_name(t, "in")) op = 'i';
+        if (is_op(t, "=="))
+            op = 'e';
+        else if (is_op(t, "!="))
+            op = 'n';
+        else if (is_op(t, "<"))
+            op = '<';
+        else if (is_op(t, ">"))
+            op = '>';
+        else if (is_op(t, "<="))
+            op = 'l';
+        else if (is_op(t, ">="))
+            op = 'g';
+        else if (is_name(t, "in"))
+            op = 'i';
         else if (is_name(t, "not") && is_name(peek2(P), "in")) {
             next_tok(P);
             op = 'I';
@@ -423,7 +453,8 @@ static jnode *parse_compare(parser *P) {
             and->a = result;
             and->b = cmp;
             result = and;
-        } else result = cmp;
+        } else
+            result = cmp;
         left = right;
     }
     return result ? result : left;
@@ -675,11 +706,16 @@ static jnode *parse_statement(parser *P) {
     const char *kw = next_tok(P)->s;
     enter(P);
     jnode *n;
-    if (!strcmp(kw, "if")) n = parse_if(P, line);
-    else if (!strcmp(kw, "for")) n = parse_for(P, line);
-    else if (!strcmp(kw, "set")) n = parse_set(P, line);
-    else if (!strcmp(kw, "macro")) n = parse_macro(P, line);
-    else if (!strcmp(kw, "call")) n = parse_call_block(P, line);
+    if (!strcmp(kw, "if"))
+        n = parse_if(P, line);
+    else if (!strcmp(kw, "for"))
+        n = parse_for(P, line);
+    else if (!strcmp(kw, "set"))
+        n = parse_set(P, line);
+    else if (!strcmp(kw, "macro"))
+        n = parse_macro(P, line);
+    else if (!strcmp(kw, "call"))
+        n = parse_call_block(P, line);
     else if (!strcmp(kw, "filter")) {
         n = node(P, JN_FILTER_BLOCK, line);
         n->c = parse_filter_chain(P);
@@ -759,8 +795,8 @@ static jnode_list parse_body(parser *P, const char *const *ends, const char *blo
             }
             if (kw->type == JT_NAME &&
                 (!strncmp(kw->s, "end", 3) || !strcmp(kw->s, "else") || !strcmp(kw->s, "elif")))
-                jinja_fail(P->c, kw->line, "unexpected '%s'%s%s%s", kw->s,
-                           block ? " inside '" : "", block ? block : "", block ? "' block" : "");
+                jinja_fail(P->c, kw->line, "unexpected '%s'%s%s%s", kw->s, block ? " inside '" : "",
+                           block ? block : "", block ? "' block" : "");
             list_push(P, &body, parse_statement(P));
         } else {
             unexpected(P, NULL);

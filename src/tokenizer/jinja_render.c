@@ -54,7 +54,8 @@ static jframe *push_frame(jinja_ctx *c, jframe *parent) {
 /* ---- access ------------------------------------------------------------------------------- */
 static jv get_item(jinja_ctx *c, int line, jv obj, jv key, const char *what) {
     switch (obj.kind) {
-    case JV_UNDEF: fail_undefined(c, line, obj);
+    case JV_UNDEF:
+        fail_undefined(c, line, obj);
     case JV_DICT: {
         jv *v = jdict_find_v(obj.u.dict, key);
         return v ? *v : jv_undef(what);
@@ -78,7 +79,8 @@ static jv get_item(jinja_ctx *c, int line, jv obj, jv key, const char *what) {
             return jv_str(obj.u.str.s + off[i], off[i + 1] - off[i]);
         }
         return jv_undef(what);
-    default: return jv_undef(what);
+    default:
+        return jv_undef(what);
     }
 }
 
@@ -102,13 +104,15 @@ static int64_t slice_bound(jv v, int64_t n, int64_t step, bool is_start, jinja_c
     if (i < 0) {
         i += n;
         if (i < 0) i = step > 0 ? 0 : -1;
-    } else if (i >= n) i = step > 0 ? n : n - 1;
+    } else if (i >= n)
+        i = step > 0 ? n : n - 1;
     return i;
 }
 
 static jv do_slice(jinja_ctx *c, int line, jv obj, jv start, jv stop, jv stepv) {
     int64_t step = 1;
-    if (stepv.kind == JV_INT) step = stepv.u.i;
+    if (stepv.kind == JV_INT)
+        step = stepv.u.i;
     else if (stepv.kind != JV_NONE && stepv.kind != JV_UNDEF)
         jinja_fail(c, line, "slice indices must be integers or None");
     if (step == 0) jinja_fail(c, line, "slice step cannot be zero");
@@ -138,7 +142,9 @@ static jv do_slice(jinja_ctx *c, int line, jv obj, jv start, jv stop, jv stepv) 
 }
 
 /* ---- operators ---------------------------------------------------------------------------- */
-static int64_t as_int(jv v) { return v.kind == JV_BOOL ? v.u.b : v.u.i; }
+static int64_t as_int(jv v) {
+    return v.kind == JV_BOOL ? v.u.b : v.u.i;
+}
 
 static _Noreturn void bad_operands(jinja_ctx *c, int line, const char *op, jv a, jv b) {
     if (a.kind == JV_UNDEF) fail_undefined(c, line, a);
@@ -165,7 +171,7 @@ static jv repeat(jinja_ctx *c, int line, jv seq, int64_t k) {
 }
 
 static jv arith(jinja_ctx *c, int line, int op, jv a, jv b) {
-    static const char *const names[] = {['+'] = "+", ['-'] = "-", ['*'] = "*", ['/'] = "/",
+    static const char *const names[] = {['+'] = "+",  ['-'] = "-", ['*'] = "*", ['/'] = "/",
                                         ['F'] = "//", ['%'] = "%", ['P'] = "**"};
     const char *opname = names[op];
     if (op == '+' && a.kind == JV_STR && b.kind == JV_STR) {
@@ -180,9 +186,11 @@ static jv arith(jinja_ctx *c, int line, int op, jv a, jv b) {
         for (size_t i = 0; i < b.u.list->n; i++) jlist_push(c, out.u.list, b.u.list->items[i]);
         return out;
     }
-    if (op == '*' && (a.kind == JV_STR || a.kind == JV_LIST) && (b.kind == JV_INT || b.kind == JV_BOOL))
+    if (op == '*' && (a.kind == JV_STR || a.kind == JV_LIST) &&
+        (b.kind == JV_INT || b.kind == JV_BOOL))
         return repeat(c, line, a, as_int(b));
-    if (op == '*' && (b.kind == JV_STR || b.kind == JV_LIST) && (a.kind == JV_INT || a.kind == JV_BOOL))
+    if (op == '*' && (b.kind == JV_STR || b.kind == JV_LIST) &&
+        (a.kind == JV_INT || a.kind == JV_BOOL))
         return repeat(c, line, b, as_int(a));
     if (!jv_is_num(a) || !jv_is_num(b)) bad_operands(c, line, opname, a, b);
     bool ints = a.kind != JV_FLOAT && b.kind != JV_FLOAT;
@@ -228,9 +236,12 @@ static jv arith(jinja_ctx *c, int line, int op, jv a, jv b) {
     }
     double x = jv_num(a), y = jv_num(b);
     switch (op) {
-    case '+': return jv_float(x + y);
-    case '-': return jv_float(x - y);
-    case '*': return jv_float(x * y);
+    case '+':
+        return jv_float(x + y);
+    case '-':
+        return jv_float(x - y);
+    case '*':
+        return jv_float(x * y);
     case '/':
         if (y == 0) jinja_fail(c, line, "float division by zero");
         return jv_float(x / y);
@@ -243,7 +254,8 @@ static jv arith(jinja_ctx *c, int line, int op, jv a, jv b) {
         if (m != 0 && ((m < 0) != (y < 0))) m += y;
         return jv_float(m);
     }
-    case 'P': return jv_float(pow(x, y));
+    case 'P':
+        return jv_float(pow(x, y));
     }
     jinja_fail(c, line, "bad operator");
 }
@@ -260,8 +272,10 @@ static bool contains(jinja_ctx *c, int line, jv item, jv container) {
         for (size_t i = 0; i < container.u.list->n; i++)
             if (jv_eq(item, container.u.list->items[i])) return true;
         return false;
-    case JV_DICT: return jdict_find_v(container.u.dict, item) != NULL;
-    case JV_UNDEF: return false;
+    case JV_DICT:
+        return jdict_find_v(container.u.dict, item) != NULL;
+    case JV_UNDEF:
+        return false;
     default:
         jinja_fail(c, line, "argument of type '%s' is not iterable", jv_type_name(container));
     }
@@ -269,17 +283,25 @@ static bool contains(jinja_ctx *c, int line, jv item, jv container) {
 
 static bool compare(jinja_ctx *c, int line, int op, jv a, jv b) {
     switch (op) {
-    case 'e': return jv_eq(a, b);
-    case 'n': return !jv_eq(a, b);
-    case 'i': return contains(c, line, a, b);
-    case 'I': return !contains(c, line, a, b);
+    case 'e':
+        return jv_eq(a, b);
+    case 'n':
+        return !jv_eq(a, b);
+    case 'i':
+        return contains(c, line, a, b);
+    case 'I':
+        return !contains(c, line, a, b);
     }
     int r = jv_cmp(c, line, a, b);
     switch (op) {
-    case '<': return r < 0;
-    case '>': return r > 0;
-    case 'l': return r <= 0;
-    case 'g': return r >= 0;
+    case '<':
+        return r < 0;
+    case '>':
+        return r > 0;
+    case 'l':
+        return r <= 0;
+    case 'g':
+        return r >= 0;
     }
     return false;
 }
@@ -306,8 +328,10 @@ static jv call_macro(jinja_ctx *c, int line, const jfunc *fn, const jargs *a) {
     jv varargs = jv_list(c, 0);
     jv kwargs = jv_dict(c, JD_PLAIN);
     for (int i = 0; i < a->npos; i++) {
-        if (i < m->nnames) assign(c, m->names[i], a->pos[i]);
-        else jlist_push(c, varargs.u.list, a->pos[i]);
+        if (i < m->nnames)
+            assign(c, m->names[i], a->pos[i]);
+        else
+            jlist_push(c, varargs.u.list, a->pos[i]);
     }
     for (int i = 0; i < a->nkw; i++) {
         int k = -1;
@@ -316,8 +340,10 @@ static jv call_macro(jinja_ctx *c, int line, const jfunc *fn, const jargs *a) {
         if (k >= 0 && k < a->npos)
             jinja_fail(c, line, "macro '%s' got multiple values for argument '%s'", fn->name,
                        a->kw_names[i]);
-        if (k >= 0) assign(c, m->names[k], a->kw[i]);
-        else jdict_set_s(c, kwargs.u.dict, a->kw_names[i], a->kw[i]);
+        if (k >= 0)
+            assign(c, m->names[k], a->kw[i]);
+        else
+            jdict_set_s(c, kwargs.u.dict, a->kw_names[i], a->kw[i]);
     }
     for (int j = a->npos; j < m->nnames; j++) {
         if (jdict_find(f->vars, m->names[j], strlen(m->names[j]))) continue;
@@ -349,9 +375,8 @@ static jv eval_call(jinja_ctx *c, const jnode *n) {
     if (callee->type == JN_GETATTR) {
         jv obj = eval(c, callee->a);
         if (obj.kind == JV_UNDEF) fail_undefined(c, n->line, obj);
-        jv *member = obj.kind == JV_DICT
-                         ? jdict_find(obj.u.dict, callee->name, strlen(callee->name))
-                         : NULL;
+        jv *member =
+            obj.kind == JV_DICT ? jdict_find(obj.u.dict, callee->name, strlen(callee->name)) : NULL;
         jargs a = eval_args(c, n);
         if (member && member->kind == JV_FUNC) return jinja_call(c, n->line, *member, &a);
         jv out;
@@ -378,13 +403,20 @@ static jv eval(jinja_ctx *c, const jnode *n) {
     enter(c, n->line);
     jv r;
     switch (n->type) {
-    case JN_LIT: r = n->lit; break;
-    case JN_NAME: r = lookup(c, n->name); break;
-    case JN_GETATTR: r = get_attr(c, n->line, eval(c, n->a), n->name); break;
+    case JN_LIT:
+        r = n->lit;
+        break;
+    case JN_NAME:
+        r = lookup(c, n->name);
+        break;
+    case JN_GETATTR:
+        r = get_attr(c, n->line, eval(c, n->a), n->name);
+        break;
     case JN_GETITEM: {
         jv obj = eval(c, n->a);
         jv key = eval(c, n->b);
-        r = get_item(c, n->line, obj, key, key.kind == JV_STR ? jinja_strndup(c, key.u.str.s, key.u.str.len) : "item");
+        r = get_item(c, n->line, obj, key,
+                     key.kind == JV_STR ? jinja_strndup(c, key.u.str.s, key.u.str.len) : "item");
         break;
     }
     case JN_SLICE: {
@@ -395,7 +427,9 @@ static jv eval(jinja_ctx *c, const jnode *n) {
         r = do_slice(c, n->line, obj, parts[0], parts[1], parts[2]);
         break;
     }
-    case JN_CALL: r = eval_call(c, n); break;
+    case JN_CALL:
+        r = eval_call(c, n);
+        break;
     case JN_FILTER: {
         jv v = n->a ? eval(c, n->a) : jv_undef(NULL);
         jargs a = eval_args(c, n);
@@ -416,7 +450,8 @@ static jv eval(jinja_ctx *c, const jnode *n) {
             jv_to_buf(c, &s, a);
             jv_to_buf(c, &s, b);
             r = jv_str(s.s ? s.s : "", s.n);
-        } else r = arith(c, n->line, n->op, a, b);
+        } else
+            r = arith(c, n->line, n->op, a, b);
         break;
     }
     case JN_NEG:
@@ -427,8 +462,10 @@ static jv eval(jinja_ctx *c, const jnode *n) {
             jinja_fail(c, n->line, "bad operand type for unary %c: '%s'",
                        n->type == JN_NEG ? '-' : '+', jv_type_name(a));
         }
-        if (n->type == JN_POS) r = a.kind == JV_BOOL ? jv_int(a.u.b) : a;
-        else if (a.kind == JV_FLOAT) r = jv_float(-a.u.f);
+        if (n->type == JN_POS)
+            r = a.kind == JV_BOOL ? jv_int(a.u.b) : a;
+        else if (a.kind == JV_FLOAT)
+            r = jv_float(-a.u.f);
         else {
             int64_t x = as_int(a);
             if (x == INT64_MIN) jinja_fail(c, n->line, "integer overflow");
@@ -436,7 +473,9 @@ static jv eval(jinja_ctx *c, const jnode *n) {
         }
         break;
     }
-    case JN_NOT: r = jv_bool(!jv_truthy(eval(c, n->a))); break;
+    case JN_NOT:
+        r = jv_bool(!jv_truthy(eval(c, n->a)));
+        break;
     case JN_AND: {
         jv a = eval(c, n->a);
         r = jv_truthy(a) ? eval(c, n->b) : a;
@@ -453,8 +492,10 @@ static jv eval(jinja_ctx *c, const jnode *n) {
         break;
     }
     case JN_COND:
-        if (jv_truthy(eval(c, n->a))) r = eval(c, n->b);
-        else r = n->c ? eval(c, n->c) : jv_undef(NULL);
+        if (jv_truthy(eval(c, n->a)))
+            r = eval(c, n->b);
+        else
+            r = n->c ? eval(c, n->c) : jv_undef(NULL);
         break;
     case JN_LIST:
     case JN_TUPLE:
@@ -472,7 +513,8 @@ static jv eval(jinja_ctx *c, const jnode *n) {
             jdict_set(c, r.u.dict, k, eval(c, n->kw_values.items[i]));
         }
         break;
-    default: jinja_fail(c, n->line, "internal error: statement used as expression");
+    default:
+        jinja_fail(c, n->line, "internal error: statement used as expression");
     }
     c->depth--;
     return r;
@@ -488,7 +530,8 @@ static void emit_value(jinja_ctx *c, jv v) {
 /* The sequence a for loop (or a filter) walks over. */
 static jlist *iter_items(jinja_ctx *c, int line, jv v) {
     switch (v.kind) {
-    case JV_UNDEF: return jv_list(c, 0).u.list;
+    case JV_UNDEF:
+        return jv_list(c, 0).u.list;
     case JV_LIST: {
         jlist *l = jv_list(c, v.u.list->n).u.list;
         if (v.u.list->n) memcpy(l->items, v.u.list->items, v.u.list->n * sizeof(jv));
@@ -505,11 +548,13 @@ static jlist *iter_items(jinja_ctx *c, int line, jv v) {
         size_t np;
         size_t *off = jutf8_offsets(c, v.u.str.s, v.u.str.len, &np);
         jlist *l = jv_list(c, np).u.list;
-        for (size_t i = 0; i < np; i++) l->items[i] = jv_str(v.u.str.s + off[i], off[i + 1] - off[i]);
+        for (size_t i = 0; i < np; i++)
+            l->items[i] = jv_str(v.u.str.s + off[i], off[i + 1] - off[i]);
         l->n = np;
         return l;
     }
-    default: jinja_fail(c, line, "'%s' object is not iterable", jv_type_name(v));
+    default:
+        jinja_fail(c, line, "'%s' object is not iterable", jv_type_name(v));
     }
 }
 
@@ -519,9 +564,12 @@ static void bind_targets(jinja_ctx *c, int line, const char **names, int nnames,
         return;
     }
     jlist *parts;
-    if (item.kind == JV_LIST) parts = item.u.list;
-    else if (item.kind == JV_STR || item.kind == JV_DICT) parts = iter_items(c, line, item);
-    else jinja_fail(c, line, "cannot unpack non-iterable %s object", jv_type_name(item));
+    if (item.kind == JV_LIST)
+        parts = item.u.list;
+    else if (item.kind == JV_STR || item.kind == JV_DICT)
+        parts = iter_items(c, line, item);
+    else
+        jinja_fail(c, line, "cannot unpack non-iterable %s object", jv_type_name(item));
     if ((int)parts->n != nnames)
         jinja_fail(c, line, "cannot unpack %zu values into %d names", parts->n, nnames);
     for (int i = 0; i < nnames; i++) assign(c, names[i], parts->items[i]);
@@ -617,16 +665,23 @@ static jv capture(jinja_ctx *c, const jnode_list *body) {
 static int exec_stmt(jinja_ctx *c, const jnode *n) {
     jinja_step(c, n->line);
     switch (n->type) {
-    case JN_TEXT: jbuf_put(c, c->out, n->lit.u.str.s, n->lit.u.str.len); break;
-    case JN_OUTPUT: emit_value(c, eval(c, n->a)); break;
-    case JN_IF: return exec_body(c, jv_truthy(eval(c, n->a)) ? &n->body : &n->else_body);
+    case JN_TEXT:
+        jbuf_put(c, c->out, n->lit.u.str.s, n->lit.u.str.len);
+        break;
+    case JN_OUTPUT:
+        emit_value(c, eval(c, n->a));
+        break;
+    case JN_IF:
+        return exec_body(c, jv_truthy(eval(c, n->a)) ? &n->body : &n->else_body);
     case JN_FOR: {
         enter(c, n->line);
         int flow = exec_for(c, n);
         c->depth--;
         return flow == FLOW_NEXT ? FLOW_NEXT : flow;
     }
-    case JN_SET: exec_set(c, n, eval(c, n->b)); break;
+    case JN_SET:
+        exec_set(c, n, eval(c, n->b));
+        break;
     case JN_SET_BLOCK: {
         jv v = capture(c, &n->body);
         if (n->c) v = apply_chain(c, n->c, v);
@@ -658,11 +713,18 @@ static int exec_stmt(jinja_ctx *c, const jnode *n) {
         emit_value(c, call_macro(c, n->line, with, &a));
         break;
     }
-    case JN_FILTER_BLOCK: emit_value(c, apply_chain(c, n->c, capture(c, &n->body))); break;
-    case JN_BREAK: return FLOW_BREAK;
-    case JN_CONTINUE: return FLOW_CONTINUE;
-    case JN_DO: eval(c, n->a); break;
-    default: jinja_fail(c, n->line, "internal error: expression used as statement");
+    case JN_FILTER_BLOCK:
+        emit_value(c, apply_chain(c, n->c, capture(c, &n->body)));
+        break;
+    case JN_BREAK:
+        return FLOW_BREAK;
+    case JN_CONTINUE:
+        return FLOW_CONTINUE;
+    case JN_DO:
+        eval(c, n->a);
+        break;
+    default:
+        jinja_fail(c, n->line, "internal error: expression used as statement");
     }
     return FLOW_NEXT;
 }

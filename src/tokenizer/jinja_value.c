@@ -92,8 +92,12 @@ void jbuf_put(jinja_ctx *c, jbuf *b, const char *s, size_t n) {
     b->s[b->n] = 0;
 }
 
-void jbuf_puts(jinja_ctx *c, jbuf *b, const char *s) { jbuf_put(c, b, s, strlen(s)); }
-void jbuf_putc(jinja_ctx *c, jbuf *b, char ch) { jbuf_put(c, b, &ch, 1); }
+void jbuf_puts(jinja_ctx *c, jbuf *b, const char *s) {
+    jbuf_put(c, b, s, strlen(s));
+}
+void jbuf_putc(jinja_ctx *c, jbuf *b, char ch) {
+    jbuf_put(c, b, &ch, 1);
+}
 
 /* ---- UTF-8 -------------------------------------------------------------------------------- */
 size_t jutf8_len(const char *s, size_t n) {
@@ -115,13 +119,27 @@ size_t *jutf8_offsets(jinja_ctx *c, const char *s, size_t len, size_t *npoints) 
 }
 
 /* ---- construction ------------------------------------------------------------------------- */
-jv jv_undef(const char *name) { return (jv){.kind = JV_UNDEF, .u.undef_name = name}; }
-jv jv_none(void) { return (jv){.kind = JV_NONE}; }
-jv jv_bool(bool b) { return (jv){.kind = JV_BOOL, .u.b = b}; }
-jv jv_int(int64_t i) { return (jv){.kind = JV_INT, .u.i = i}; }
-jv jv_float(double f) { return (jv){.kind = JV_FLOAT, .u.f = f}; }
-jv jv_str(const char *s, size_t len) { return (jv){.kind = JV_STR, .u.str = {s ? s : "", len}}; }
-jv jv_cstr(jinja_ctx *c, const char *s) { return jv_strdup(c, s, strlen(s)); }
+jv jv_undef(const char *name) {
+    return (jv){.kind = JV_UNDEF, .u.undef_name = name};
+}
+jv jv_none(void) {
+    return (jv){.kind = JV_NONE};
+}
+jv jv_bool(bool b) {
+    return (jv){.kind = JV_BOOL, .u.b = b};
+}
+jv jv_int(int64_t i) {
+    return (jv){.kind = JV_INT, .u.i = i};
+}
+jv jv_float(double f) {
+    return (jv){.kind = JV_FLOAT, .u.f = f};
+}
+jv jv_str(const char *s, size_t len) {
+    return (jv){.kind = JV_STR, .u.str = {s ? s : "", len}};
+}
+jv jv_cstr(jinja_ctx *c, const char *s) {
+    return jv_strdup(c, s, strlen(s));
+}
 jv jv_strdup(jinja_ctx *c, const char *s, size_t len) {
     return jv_str(jinja_strndup(c, s, len), len);
 }
@@ -200,19 +218,29 @@ void jdict_set_s(jinja_ctx *c, jdict *d, const char *key, jv val) {
 bool jv_truthy(jv v) {
     switch (v.kind) {
     case JV_UNDEF:
-    case JV_NONE: return false;
-    case JV_BOOL: return v.u.b;
-    case JV_INT: return v.u.i != 0;
-    case JV_FLOAT: return v.u.f != 0.0;
-    case JV_STR: return v.u.str.len > 0;
-    case JV_LIST: return v.u.list->n > 0;
-    case JV_DICT: return v.u.dict->n > 0;
-    case JV_FUNC: return true;
+    case JV_NONE:
+        return false;
+    case JV_BOOL:
+        return v.u.b;
+    case JV_INT:
+        return v.u.i != 0;
+    case JV_FLOAT:
+        return v.u.f != 0.0;
+    case JV_STR:
+        return v.u.str.len > 0;
+    case JV_LIST:
+        return v.u.list->n > 0;
+    case JV_DICT:
+        return v.u.dict->n > 0;
+    case JV_FUNC:
+        return true;
     }
     return false;
 }
 
-bool jv_is_num(jv v) { return v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL; }
+bool jv_is_num(jv v) {
+    return v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL;
+}
 
 double jv_num(jv v) {
     if (v.kind == JV_INT) return (double)v.u.i;
@@ -232,7 +260,8 @@ bool jv_eq(jv a, jv b) {
     if (a.kind != b.kind) return false;
     switch (a.kind) {
     case JV_UNDEF:
-    case JV_NONE: return true;
+    case JV_NONE:
+        return true;
     case JV_STR:
         return a.u.str.len == b.u.str.len && memcmp(a.u.str.s, b.u.str.s, a.u.str.len) == 0;
     case JV_LIST:
@@ -248,22 +277,33 @@ bool jv_eq(jv a, jv b) {
             if (!o || !jv_eq(a.u.dict->vals[i], *o)) return false;
         }
         return true;
-    case JV_FUNC: return a.u.fn == b.u.fn;
-    default: return false;
+    case JV_FUNC:
+        return a.u.fn == b.u.fn;
+    default:
+        return false;
     }
 }
 
 const char *jv_type_name(jv v) {
     switch (v.kind) {
-    case JV_UNDEF: return "Undefined";
-    case JV_NONE: return "NoneType";
-    case JV_BOOL: return "bool";
-    case JV_INT: return "int";
-    case JV_FLOAT: return "float";
-    case JV_STR: return "str";
-    case JV_LIST: return v.u.list->tuple ? "tuple" : "list";
-    case JV_DICT: return v.u.dict->flavor == JD_NAMESPACE ? "Namespace" : "dict";
-    case JV_FUNC: return "function";
+    case JV_UNDEF:
+        return "Undefined";
+    case JV_NONE:
+        return "NoneType";
+    case JV_BOOL:
+        return "bool";
+    case JV_INT:
+        return "int";
+    case JV_FLOAT:
+        return "float";
+    case JV_STR:
+        return "str";
+    case JV_LIST:
+        return v.u.list->tuple ? "tuple" : "list";
+    case JV_DICT:
+        return v.u.dict->flavor == JD_NAMESPACE ? "Namespace" : "dict";
+    case JV_FUNC:
+        return "function";
     }
     return "?";
 }
@@ -352,17 +392,22 @@ static void str_repr(jinja_ctx *c, jbuf *b, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         char tmp[8];
-        if (ch == '\\') jbuf_puts(c, b, "\\\\");
+        if (ch == '\\')
+            jbuf_puts(c, b, "\\\\");
         else if (ch == (unsigned char)q) {
             jbuf_putc(c, b, '\\');
             jbuf_putc(c, b, q);
-        } else if (ch == '\n') jbuf_puts(c, b, "\\n");
-        else if (ch == '\r') jbuf_puts(c, b, "\\r");
-        else if (ch == '\t') jbuf_puts(c, b, "\\t");
+        } else if (ch == '\n')
+            jbuf_puts(c, b, "\\n");
+        else if (ch == '\r')
+            jbuf_puts(c, b, "\\r");
+        else if (ch == '\t')
+            jbuf_puts(c, b, "\\t");
         else if (ch < 0x20 || ch == 0x7f) {
             snprintf(tmp, sizeof tmp, "\\x%02x", ch);
             jbuf_puts(c, b, tmp);
-        } else jbuf_putc(c, b, (char)ch);
+        } else
+            jbuf_putc(c, b, (char)ch);
     }
     jbuf_putc(c, b, q);
 }
@@ -370,7 +415,9 @@ static void str_repr(jinja_ctx *c, jbuf *b, const char *s, size_t n) {
 void jv_repr_buf(jinja_ctx *c, jbuf *b, jv v) {
     if (++c->depth > JINJA_MAX_DEPTH) jinja_fail(c, 0, "value nested too deeply");
     switch (v.kind) {
-    case JV_STR: str_repr(c, b, v.u.str.s, v.u.str.len); break;
+    case JV_STR:
+        str_repr(c, b, v.u.str.s, v.u.str.len);
+        break;
     case JV_LIST: {
         jlist *l = v.u.list;
         jbuf_putc(c, b, l->tuple ? '(' : '[');
@@ -396,8 +443,12 @@ void jv_repr_buf(jinja_ctx *c, jbuf *b, jv v) {
         if (d->flavor == JD_NAMESPACE) jbuf_putc(c, b, '>');
         break;
     }
-    case JV_UNDEF: jbuf_puts(c, b, "Undefined"); break;
-    default: jv_to_buf(c, b, v); break;
+    case JV_UNDEF:
+        jbuf_puts(c, b, "Undefined");
+        break;
+    default:
+        jv_to_buf(c, b, v);
+        break;
     }
     c->depth--;
 }
@@ -405,17 +456,28 @@ void jv_repr_buf(jinja_ctx *c, jbuf *b, jv v) {
 void jv_to_buf(jinja_ctx *c, jbuf *b, jv v) {
     char tmp[32];
     switch (v.kind) {
-    case JV_UNDEF: break;
-    case JV_NONE: jbuf_puts(c, b, "None"); break;
-    case JV_BOOL: jbuf_puts(c, b, v.u.b ? "True" : "False"); break;
+    case JV_UNDEF:
+        break;
+    case JV_NONE:
+        jbuf_puts(c, b, "None");
+        break;
+    case JV_BOOL:
+        jbuf_puts(c, b, v.u.b ? "True" : "False");
+        break;
     case JV_INT:
         snprintf(tmp, sizeof tmp, "%lld", (long long)v.u.i);
         jbuf_puts(c, b, tmp);
         break;
-    case JV_FLOAT: float_repr(c, b, v.u.f); break;
-    case JV_STR: jbuf_put(c, b, v.u.str.s, v.u.str.len); break;
+    case JV_FLOAT:
+        float_repr(c, b, v.u.f);
+        break;
+    case JV_STR:
+        jbuf_put(c, b, v.u.str.s, v.u.str.len);
+        break;
     case JV_LIST:
-    case JV_DICT: jv_repr_buf(c, b, v); break;
+    case JV_DICT:
+        jv_repr_buf(c, b, v);
+        break;
     case JV_FUNC:
         snprintf(tmp, sizeof tmp, "<function>");
         jbuf_puts(c, b, tmp);
@@ -438,18 +500,33 @@ static void json_str(jinja_ctx *c, jbuf *b, const char *s, size_t n) {
         unsigned char ch = (unsigned char)s[i];
         char tmp[8];
         switch (ch) {
-        case '"': jbuf_puts(c, b, "\\\""); break;
-        case '\\': jbuf_puts(c, b, "\\\\"); break;
-        case '\n': jbuf_puts(c, b, "\\n"); break;
-        case '\r': jbuf_puts(c, b, "\\r"); break;
-        case '\t': jbuf_puts(c, b, "\\t"); break;
-        case '\b': jbuf_puts(c, b, "\\b"); break;
-        case '\f': jbuf_puts(c, b, "\\f"); break;
+        case '"':
+            jbuf_puts(c, b, "\\\"");
+            break;
+        case '\\':
+            jbuf_puts(c, b, "\\\\");
+            break;
+        case '\n':
+            jbuf_puts(c, b, "\\n");
+            break;
+        case '\r':
+            jbuf_puts(c, b, "\\r");
+            break;
+        case '\t':
+            jbuf_puts(c, b, "\\t");
+            break;
+        case '\b':
+            jbuf_puts(c, b, "\\b");
+            break;
+        case '\f':
+            jbuf_puts(c, b, "\\f");
+            break;
         default:
             if (ch < 0x20) {
                 snprintf(tmp, sizeof tmp, "\\u%04x", ch);
                 jbuf_puts(c, b, tmp);
-            } else jbuf_putc(c, b, (char)ch);
+            } else
+                jbuf_putc(c, b, (char)ch);
         }
     }
     jbuf_putc(c, b, '"');
@@ -474,15 +551,26 @@ static void tojson_rec(jinja_ctx *c, int line, jbuf *b, jv v, int indent, const 
     switch (v.kind) {
     case JV_UNDEF:
         jinja_fail(c, line, "tojson: Object of type Undefined is not JSON serializable");
-    case JV_NONE: jbuf_puts(c, b, "null"); return;
-    case JV_BOOL: jbuf_puts(c, b, v.u.b ? "true" : "false"); return;
-    case JV_INT: jv_to_buf(c, b, v); return;
-    case JV_FLOAT:
-        if (isnan(v.u.f)) jbuf_puts(c, b, "NaN");
-        else if (isinf(v.u.f)) jbuf_puts(c, b, v.u.f < 0 ? "-Infinity" : "Infinity");
-        else jv_to_buf(c, b, v);
+    case JV_NONE:
+        jbuf_puts(c, b, "null");
         return;
-    case JV_STR: json_str(c, b, v.u.str.s, v.u.str.len); return;
+    case JV_BOOL:
+        jbuf_puts(c, b, v.u.b ? "true" : "false");
+        return;
+    case JV_INT:
+        jv_to_buf(c, b, v);
+        return;
+    case JV_FLOAT:
+        if (isnan(v.u.f))
+            jbuf_puts(c, b, "NaN");
+        else if (isinf(v.u.f))
+            jbuf_puts(c, b, v.u.f < 0 ? "-Infinity" : "Infinity");
+        else
+            jv_to_buf(c, b, v);
+        return;
+    case JV_STR:
+        json_str(c, b, v.u.str.s, v.u.str.len);
+        return;
     case JV_FUNC:
         jinja_fail(c, line, "tojson: Object of type function is not JSON serializable");
     case JV_LIST: {
@@ -506,10 +594,14 @@ static void tojson_rec(jinja_ctx *c, int line, jbuf *b, jv v, int indent, const 
         const jv **order = jinja_alloc(c, d->n * sizeof(jv *));
         for (size_t i = 0; i < d->n; i++) {
             jv k = d->keys[i];
-            if (k.kind == JV_STR) keys[i] = k;
-            else if (k.kind == JV_NONE) keys[i] = jv_str("null", 4);
-            else if (k.kind == JV_BOOL) keys[i] = k.u.b ? jv_str("true", 4) : jv_str("false", 5);
-            else if (k.kind == JV_INT || k.kind == JV_FLOAT) keys[i] = jv_to_str(c, k);
+            if (k.kind == JV_STR)
+                keys[i] = k;
+            else if (k.kind == JV_NONE)
+                keys[i] = jv_str("null", 4);
+            else if (k.kind == JV_BOOL)
+                keys[i] = k.u.b ? jv_str("true", 4) : jv_str("false", 5);
+            else if (k.kind == JV_INT || k.kind == JV_FLOAT)
+                keys[i] = jv_to_str(c, k);
             else
                 jinja_fail(c, line, "tojson: keys must be str, int, float, bool or None, not %s",
                            jv_type_name(k));
