@@ -148,6 +148,9 @@ static kiln_status llama_load(kiln_model *m) {
     float *inv = malloc((size_t)(rot / 2) * sizeof *inv);
     if (!inv) return kiln_error(KILN_ERR_OOM, "out of memory");
     kiln_status st = kiln_rope_inv_freq(&c->rope, rot, inv);
+    /* transformers casts the rotary inv_freq buffer along with the model to its dtype, so a
+     * checkpoint stored (and run) in bf16/f16 rotates with inv_freq rounded to that dtype. */
+    if (st == KILN_OK) kiln_rope_round_to_dtype(inv, rot / 2, s->embed.dtype);
     if (st == KILN_OK) {
         s->inv_freq = m->be->alloc(m->be, (size_t)(rot / 2) * sizeof(float));
         if (!s->inv_freq) st = kiln_error(KILN_ERR_OOM, "out of memory");

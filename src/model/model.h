@@ -63,6 +63,10 @@ void kiln_weights_free_vector(kiln_model *m, float *v);
  * llama3, ...). out: host array [rot_dim/2]. */
 kiln_status kiln_rope_inv_freq(const kiln_rope_config *rope, int rot_dim, float *out);
 
+/* Rounds inv_freq to a 16-bit float dtype (no-op for others), as transformers does when the
+ * model runs in the dtype its dense weights are stored in. */
+void kiln_rope_round_to_dtype(float *inv_freq, int n, kiln_dtype dtype);
+
 /* Registered families (families.c). */
 const kiln_family *kiln_family_find(const kiln_config *cfg);
 
