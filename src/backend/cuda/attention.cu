@@ -18,8 +18,31 @@ struct att_launch {
     int group;
     int kbeg, kps;  /* split z covers keys [kbeg + z*kps, kbeg + (z+1)*kps) */
     float *part_o;  /* [splits, n_kv_heads, rows_total, v_head_dim] (splits > 1) */
+    int vec;        /* head dims allow 16-byte K/V loads */
     float *part_ml; /* [splits, n_kv_heads, rows_total, 2] */
 };
+
+/* 16 bytes of K or V at element offset off (4 f32 or 8 f16/bf16) as f32; zeros when !ok. */
+__device__ __forceinline__ void load16(const void *base, int64_t off, int dt, bool ok, float v[8]) {
+    if (dt == KILN_DT_F32) {
+        float4 f =
+            ok ? __ldg((const float4 *)((const float *)base + off)) : make_float4(0, 0, 0, 0);
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+        return;
+    }
+    uint4 u = ok ? __ldg((const uint4 *)((const uint16_t *)base + off)) : make_uint4(0, 0, 0, 0);
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (dt == KILN_DT_BF16) {
+            v[2 * i] = __uint_as_float(w[i] << 16);
+            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        } else {
+            v[2 * i] = kcu_f16((uint16_t)(w[i] & 0xffffu));
+            v[2 * i + 1] = kcu_f16((uint16_t)(w[i] >> 16));
+        }
+    }
+}
 
 template <int DPL, int RPW> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(att_launch L) {
     const kcu_attn_args &a = L.a;
@@ -72,17 +95,42 @@ template <int DPL, int RPW> __global__ void __launch_bounds__(ATT_WARPS * 32) k_
 
     for (int ks = k0; ks < k1; ks += ATT_KT) {
         __syncthreads(); /* Q staged / previous tile consumed */
-        for (int i = threadIdx.x; i < ATT_KT * hd; i += blockDim.x) {
-            int j = i / hd, d = i % hd;
-            Ks[j * (hd + 1) + d] =
-                ks + j < k1 ? kcu_load(a.k, (int64_t)(ks + j) * kstride + kvh * hd + d, a.kv_dtype)
-                            : 0.0f;
-        }
-        for (int i = threadIdx.x; i < ATT_KT * vhd; i += blockDim.x) {
-            int j = i / vhd, d = i % vhd;
-            Vs[i] = ks + j < k1
-                        ? kcu_load(a.v, (int64_t)(ks + j) * vstride + kvh * vhd + d, a.kv_dtype)
+        if (L.vec) {     /* 16-byte loads: 4 f32 or 8 f16/bf16 per thread and step */
+            const int VEC = a.kv_dtype == KILN_DT_F32 ? 4 : 8, kc = hd / VEC, vc = vhd / VEC;
+            for (int i = threadIdx.x; i < ATT_KT * kc; i += blockDim.x) {
+                int j = i / kc, d0 = (i - j * kc) * VEC;
+                float v[8];
+                load16(a.k, (int64_t)(ks + j) * kstride + kvh * hd + d0, a.kv_dtype, ks + j < k1,
+                       v);
+
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    if (e < VEC) Ks[j * (hd + 1) + d0 + e] = v[e];
+            }
+            for (int i = threadIdx.x; i < ATT_KT * vc; i += blockDim.x) {
+                int j = i / vc, d0 = (i - j * vc) * VEC;
+                float v[8];
+                load16(a.v, (int64_t)(ks + j) * vstride + kvh * vhd + d0, a.kv_dtype, ks + j < k1,
+                       v);
+
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    if (e < VEC) Vs[j * vhd + d0 + e] = v[e];
+            }
+        } else {
+            for (int i = threadIdx.x; i < ATT_KT * hd; i += blockDim.x) {
+                int j = i / hd, d = i % hd;
+                Ks[j * (hd + 1) + d] =
+                    ks + j < k1
+                        ? kcu_load(a.k, (int64_t)(ks + j) * kstride + kvh * hd + d, a.kv_dtype)
                         : 0.0f;
+            }
+            for (int i = threadIdx.x; i < ATT_KT * vhd; i += blockDim.x) {
+                int j = i / vhd, d = i % vhd;
+                Vs[i] = ks + j < k1
+                            ? kcu_load(a.v, (int64_t)(ks + j) * vstride + kvh * vhd + d, a.kv_dtype)
+                            : 0.0f;
+            }
         }
         __syncthreads();
         float s[RPW];
@@ -217,15 +265,18 @@ void kcu_attention(kcu_state *st, const kcu_attn_args *a) {
     L.kbeg = a->window > 0 ? (a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0) : 0;
     int keys = kend - L.kbeg;
     int blocks = tiles * a->n_kv_heads, splits = 1;
-    if (blocks < st->n_sms && keys > 512) {
-        splits = (2 * st->n_sms + blocks - 1) / blocks;
-        int max_splits = (keys + 255) / 256;
+    if (blocks < 2 * st->n_sms && keys > 256) {
+        splits = (4 * st->n_sms + blocks - 1) / blocks;
+        int max_splits = (keys + 127) / 128;
         if (splits > max_splits) splits = max_splits;
     }
     L.kps = (keys + splits - 1) / splits;
     L.kps = (L.kps + ATT_KT - 1) / ATT_KT * ATT_KT;
     splits = (keys + L.kps - 1) / L.kps;
     L.part_o = L.part_ml = NULL;
+    int vec_el = a->kv_dtype == KILN_DT_F32 ? 4 : 8;
+    L.vec = a->head_dim % vec_el == 0 && a->v_head_dim % vec_el == 0 &&
+            ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0;
     if (splits > 1) {
         size_t n_part = (size_t)splits * a->n_kv_heads * L.rows_total;
         float *scr = (float *)kcu_scratch(st, n_part * (a->v_head_dim + 2) * sizeof(float));

@@ -43,6 +43,10 @@ int kiln_cuda_device_count(char *why, size_t why_len) {
     return n;
 }
 
+void *kiln_cuda_stream(kiln_backend *be) {
+    return (void *)kcu_st(be)->stream;
+}
+
 static void cu_destroy(kiln_backend *be) {
     kcu_state *st = kcu_st(be);
     if (st) {

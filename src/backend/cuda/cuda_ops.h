@@ -26,6 +26,8 @@ kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n
 int kiln_cuda_device_count(char *why, size_t why_len);
 /* Forces the matmul path for benchmarks and tests: 0 auto, 1 GEMV kernel, 2 GEMM (cuBLAS). */
 void kiln_cuda_force_matmul_path(int path);
+/* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
+void *kiln_cuda_stream(kiln_backend *be);
 
 #ifdef __cplusplus
 }

@@ -143,14 +143,18 @@ template <int B> __device__ __forceinline__ void load_words(const uint32_t *p, u
     }
 }
 
-template <int B> __device__ __forceinline__ uint32_t code_of(const uint32_t (&wd)[B], int j) {
+/* Code j of the lane's 32 as the float 1 + q*2^-B: the code lands in the top mantissa bits of 1.0f
+ * (one shift and one and-or, no int->float conversion). Then sum_j q_j x_j =
+ * 2^B * (sum_j f_j x_j - sum_j x_j); the products f_j*x_j round relative to |x_j|, which is
+ * ~sqrt(12)*2^-23 of the signal q_j*x_j, well inside f32 accuracy of the result. */
+template <int B> __device__ __forceinline__ float code_f1(const uint32_t (&wd)[B], int j) {
     const int bit = j * B, w = bit >> 5, sh = bit & 31;
     uint32_t v = sh + B <= 32 ? wd[w] >> sh : __funnelshift_r(wd[w], wd[w + 1], sh);
-    return v & ((1u << B) - 1u);
+    return __uint_as_float(0x3F800000u | ((v & ((1u << B) - 1u)) << (23 - B)));
 }
 
 template <int B, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
     k_gemv_quant(float *y, const float *x, int64_t n, int64_t rows, int64_t cols, const uint32_t *w,
                  const void *scales, const void *biases, int sdt, int group, const float *bias) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -164,6 +168,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int r = 0; r < GEMV_R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    const float scale_b = (float)(1 << B);
     for (int64_t c = ((int64_t)warp * 32 + lane) * 32; c < cols; c += GEMV_WARPS * 1024) {
         uint32_t wd[GEMV_R][B];
         float s[GEMV_R], bb[GEMV_R];
@@ -171,29 +176,30 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int r = 0; r < GEMV_R; r++) {
             load_words<B>(w + row[r] * wpr + c / 32 * B, wd[r]);
             int64_t g = row[r] * gpr + c / group;
-            s[r] = kcu_load(scales, g, sdt);
+            s[r] = kcu_load(scales, g, sdt) * scale_b;
             bb[r] = kcu_load(biases, g, sdt);
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= n) break;
             const float4 *xp = (const float4 *)(x + t * cols + c);
-            float xv[32];
+            float d[GEMV_R], sx = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float4 a = __ldg(xp + i);
-                xv[4 * i] = a.x, xv[4 * i + 1] = a.y, xv[4 * i + 2] = a.z, xv[4 * i + 3] = a.w;
+            for (int r = 0; r < GEMV_R; r++) d[r] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { /* 4 codes at a time keeps few x values live */
+                float4 a = __ldg(xp + k);
+                float xv[4] = {a.x, a.y, a.z, a.w};
+                sx += (a.x + a.y) + (a.z + a.w);
+#pragma unroll
+                for (int r = 0; r < GEMV_R; r++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        d[r] = fmaf(code_f1<B>(wd[r], 4 * k + i), xv[i], d[r]);
             }
-            float sx = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 32; j++) sx += xv[j];
-#pragma unroll
-            for (int r = 0; r < GEMV_R; r++) {
-                float d = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 32; j++) d = fmaf(kcu_code_f(code_of<B>(wd[r], j)), xv[j], d);
-                acc[r][t] = fmaf(s[r], d, fmaf(bb[r], sx, acc[r][t]));
-            }
+            for (int r = 0; r < GEMV_R; r++)
+                acc[r][t] = fmaf(s[r], d[r] - sx, fmaf(bb[r], sx, acc[r][t]));
         }
     }
     gemv_finish<NT>(acc, y, n, rows, r0, bias);

@@ -1,0 +1,237 @@
+/* kiln_gpu_bench.c — device ceilings and the CUDA backend's kernels, timed on the GPU.
+ * Prints: device-to-device copy bandwidth (bytes read + written), kiln matmul at Llama-3-8B layer
+ * shapes for bf16 / q8g64 / q4g32 (GEMV n=1 and n=4 as GB/s of weight bytes and as a fraction of
+ * the copy bandwidth; GEMM n=512 as TFLOP/s), a large bf16 GEMM and decode attention.
+ * Weights rotate over enough copies to exceed the 60 MB L2, so numbers are HBM numbers.
+ * Built and run by bench/gpu_bench.sh against build/libkiln.so. */
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "util/half.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static kiln_backend *be;
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint64_t xr(void) {
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return rs;
+}
+static float xn(void) { /* rough normal: sum of uniforms */
+    float s = 0;
+    for (int i = 0; i < 4; i++) s += (float)(xr() >> 40) / (float)(1ull << 24);
+    return (s - 2.0f) * 1.7f;
+}
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double copy_bw;
+
+static double time_ms(cudaEvent_t a, cudaEvent_t b) {
+    float ms;
+    CK(cudaEventSynchronize(b));
+    CK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+static void bench_copy(void) {
+    size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    double best = 1e30;
+    for (int i = 0; i < 10; i++) {
+        cudaEventRecord(e0, 0);
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        cudaEventRecord(e1, 0);
+        double ms = time_ms(e0, e1);
+        if (ms < best) best = ms;
+    }
+    copy_bw = 2.0 * bytes / (best * 1e-3) / 1e9;
+    printf("copy  D2D 2 GiB: %.3f ms  %.0f GB/s (read+write)\n", best, copy_bw);
+    cudaFree(a), cudaFree(b);
+}
+
+typedef struct {
+    kiln_matrix host;
+    void *d, *s, *b;
+} hmat;
+
+static hmat make_host(const char *fmt, int64_t rows, int64_t cols) {
+    hmat h;
+    memset(&h, 0, sizeof h);
+    h.host.rows = rows, h.host.cols = cols;
+    if (!strcmp(fmt, "bf16")) {
+        uint16_t *p = malloc((size_t)(rows * cols) * 2);
+        for (int64_t i = 0; i < rows * cols; i++) p[i] = kiln_f32_to_bf16(0.02f * xn());
+        h.host.dtype = KILN_DT_BF16, h.host.data = h.d = p;
+    } else {
+        int bits = fmt[1] - '0', group = atoi(fmt + 3);
+        int64_t words = rows * cols * bits / 32, groups = rows * cols / group;
+        uint32_t *q = malloc((size_t)words * 4);
+        for (int64_t i = 0; i < words; i++) q[i] = (uint32_t)xr();
+        uint16_t *s = malloc((size_t)groups * 2), *b = malloc((size_t)groups * 2);
+        for (int64_t g = 0; g < groups; g++) {
+            s[g] = kiln_f32_to_f16(0.01f),
+            b[g] = kiln_f32_to_f16(-0.01f * (float)(1 << (bits - 1)));
+        }
+        h.host = (kiln_matrix){.dtype = KILN_DT_U32,
+                               .rows = rows,
+                               .cols = cols,
+                               .data = q,
+                               .bits = bits,
+                               .group_size = group,
+                               .scale_dtype = KILN_DT_F16,
+                               .scales = s,
+                               .biases = b};
+        h.d = q, h.s = s, h.b = b;
+    }
+    return h;
+}
+
+/* Median time (ms) of one matmul, rotating over copies of W. */
+static double time_matmul(kiln_matrix *w, int copies, int64_t n, int path, int iters) {
+    float *x = be->alloc(be, (size_t)(n * w[0].cols) * 4),
+          *y = be->alloc(be, (size_t)(n * w[0].rows) * 4);
+    float *hx = malloc((size_t)(n * w[0].cols) * 4);
+    for (int64_t i = 0; i < n * w[0].cols; i++) hx[i] = xn();
+    be->upload(be, x, hx, (size_t)(n * w[0].cols) * 4);
+    free(hx);
+    kiln_cuda_force_matmul_path(path);
+    for (int i = 0; i < copies + 2; i++) be->matmul(be, y, x, n, &w[i % copies]);
+    be->synchronize(be);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    double *t = malloc(sizeof(double) * (size_t)iters);
+    /* each sample: `copies` back-to-back launches (one per copy), timed together */
+    for (int it = 0; it < iters; it++) {
+        be->synchronize(be);
+        cudaEventRecord(e0, (cudaStream_t)kiln_cuda_stream(be));
+        for (int c = 0; c < copies; c++) be->matmul(be, y, x, n, &w[c]);
+        cudaEventRecord(e1, (cudaStream_t)kiln_cuda_stream(be));
+        t[it] = time_ms(e0, e1) / copies;
+    }
+    kiln_cuda_force_matmul_path(0);
+    for (int i = 0; i < iters; i++)
+        for (int j = i + 1; j < iters; j++)
+            if (t[j] < t[i]) {
+                double z = t[i];
+                t[i] = t[j], t[j] = z;
+            }
+    double med = t[iters / 2];
+    free(t);
+    be->free(be, x), be->free(be, y);
+    return med;
+}
+
+static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
+    hmat h = make_host(fmt, rows, cols);
+    int64_t bytes = kiln_matrix_bytes(&h.host);
+    int copies = (int)((int64_t)(768 << 20) / bytes) + 1;
+    if (copies > 64) copies = 64;
+    kiln_matrix *w = calloc((size_t)copies, sizeof *w);
+    for (int c = 0; c < copies; c++)
+        if (be->upload_matrix(be, &h.host, &w[c]) != KILN_OK) {
+            fprintf(stderr, "upload failed\n");
+            exit(1);
+        }
+    const int64_t ns[] = {1, 4};
+    for (int i = 0; i < 2; i++) {
+        double ms = time_matmul(w, copies, ns[i], 1, 15);
+        double gbs = bytes / (ms * 1e-3) / 1e9;
+        printf("gemv  %-5s %5lldx%-5lld n=%lld: %8.1f us  %6.0f GB/s  %4.0f%% of copy\n", fmt,
+               (long long)rows, (long long)cols, (long long)ns[i], ms * 1e3, gbs,
+               100.0 * gbs / copy_bw);
+    }
+    double ms = time_matmul(w, copies < 4 ? copies : 4, 512, 2, 7);
+    printf("gemm  %-5s %5lldx%-5lld n=512: %8.1f us  %6.1f TFLOP/s\n", fmt, (long long)rows,
+           (long long)cols, ms * 1e3, 2.0 * 512 * rows * cols / (ms * 1e-3) / 1e12);
+    for (int c = 0; c < copies; c++) be->free_matrix(be, &w[c]);
+    free(w);
+    free(h.d), free(h.s), free(h.b);
+}
+
+static void bench_big_gemm(void) {
+    hmat h = make_host("bf16", 8192, 8192);
+    kiln_matrix w;
+    be->upload_matrix(be, &h.host, &w);
+    double ms = time_matmul(&w, 1, 8192, 2, 7);
+    printf("gemm  bf16 8192x8192 n=8192 (incl. x->bf16): %.2f ms  %.0f TFLOP/s\n", ms,
+           2.0 * 8192 * 8192 * 8192 / (ms * 1e-3) / 1e12);
+    be->free_matrix(be, &w);
+    free(h.d);
+}
+
+static void bench_attention(const char *kind, int ctx) {
+    kiln_kv_layer_desc l = {
+        .n_kv_heads = 8, .head_dim = 128, .v_head_dim = 128, .is_attention = true};
+    kiln_kv_options o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.kind, sizeof o.kind, "%s", kind);
+    kiln_kv *kv;
+    if (be->kv_new(be, &l, 1, &o, ctx + 1, &kv) != KILN_OK) exit(1);
+    int64_t kw = 8 * 128;
+    float *hk = malloc((size_t)(ctx * kw) * 4);
+    for (int64_t i = 0; i < ctx * kw; i++) hk[i] = xn();
+    float *dk = be->alloc(be, (size_t)(ctx * kw) * 4), *q = be->alloc(be, 32 * 128 * 4),
+          *out = be->alloc(be, 32 * 128 * 4);
+    be->upload(be, dk, hk, (size_t)(ctx * kw) * 4);
+    be->upload(be, q, hk, 32 * 128 * 4);
+    kiln_attn_params p = {.n_heads = 32, .scale = 0.088f, .softcap = 0};
+    kv->vt->reserve(kv, ctx);
+    kv->vt->store(kv, 0, dk, dk, ctx);
+    kv->vt->commit(kv, ctx - 1);
+    for (int i = 0; i < 5; i++) kv->vt->attend(kv, 0, q, 1, out, &p, NULL);
+    be->synchronize(be);
+    struct timespec a, b;
+    int iters = 200;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < iters; i++) kv->vt->attend(kv, 0, q, 1, out, &p, NULL);
+    be->synchronize(be);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double us = ((b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3) / iters;
+    double kvbytes = 2.0 * ctx * kw * (strcmp(kind, "f32") ? 2 : 4);
+    printf("attn  decode %s ctx=%d 32q/8kv hd128: %.1f us  %.0f GB/s of KV\n", kind, ctx, us,
+           kvbytes / (us * 1e-6) / 1e9);
+    kiln_kv_free(kv);
+    be->free(be, dk), be->free(be, q), be->free(be, out);
+    free(hk);
+}
+
+int main(void) {
+    if (kiln_backend_cuda_new(1, &be) != KILN_OK) {
+        fprintf(stderr, "no CUDA backend: %s\n", kiln_last_error());
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20);
+    bench_copy();
+    const char *fmts[] = {"bf16", "q8g64", "q4g32"};
+    const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+    for (int f = 0; f < 3; f++)
+        for (int s = 0; s < 3; s++) bench_matmul(fmts[f], shapes[s][0], shapes[s][1]);
+    bench_big_gemm();
+    bench_attention("f16", 8192);
+    bench_attention("f32", 8192);
+    bench_attention("f16", 32768);
+    kiln_status st = be->synchronize(be);
+    if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
+    kiln_backend_free(be);
+    return st == KILN_OK ? 0 : 1;
+}
