@@ -11,7 +11,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < h.n_tensors; i++) {
             const kiln_st_tensor *t = &h.tensors[i];
             const uint8_t *p = t->data;
-            if (p < data || p + t->nbytes > data + size) abort(); /* validation let a bad range through */
+            if (p < data || p + t->nbytes > data + size)
+                abort(); /* validation let a bad range through */
             volatile uint8_t sink = 0;
             if (t->nbytes) sink ^= p[0] ^ p[t->nbytes - 1];
             (void)sink;
