@@ -16,9 +16,9 @@
 
 /* ---- limits ------------------------------------------------------------------------------- */
 #define JINJA_MAX_ARENA  (256u << 20) /* bytes one render may allocate */
-#define JINJA_MAX_OUTPUT (32u << 20)  /* bytes of rendered text */
+#define JINJA_MAX_OUTPUT (16u << 20)  /* bytes of rendered text */
 #define JINJA_MAX_DEPTH  200          /* parser nesting and interpreter call depth */
-#define JINJA_MAX_STEPS  20000000ull  /* evaluation steps (loop iterations, expressions) */
+#define JINJA_MAX_STEPS  5000000ull   /* evaluation steps (loop iterations, expressions) */
 #define JINJA_MAX_RANGE  1000000      /* elements range() may produce */
 
 typedef struct jinja_ctx jinja_ctx;

@@ -158,9 +158,11 @@ static jv repeat(jinja_ctx *c, int line, jv seq, int64_t k) {
     if (seq.kind == JV_STR) {
         if (seq.u.str.len && (uint64_t)k > JINJA_MAX_OUTPUT / seq.u.str.len)
             jinja_fail(c, line, "string repetition too large");
-        jbuf b = {0};
-        for (int64_t i = 0; i < k; i++) jbuf_put(c, &b, seq.u.str.s, seq.u.str.len);
-        return jv_str(b.s ? b.s : "", b.n);
+        size_t total = seq.u.str.len * (size_t)k;
+        char *p = jinja_alloc(c, total + 1);
+        for (int64_t i = 0; i < k; i++)
+            memcpy(p + (size_t)i * seq.u.str.len, seq.u.str.s, seq.u.str.len);
+        return jv_str(p, total);
     }
     if (seq.u.list->n && (uint64_t)k > JINJA_MAX_RANGE / seq.u.list->n)
         jinja_fail(c, line, "list repetition too large");
@@ -532,12 +534,8 @@ static jlist *iter_items(jinja_ctx *c, int line, jv v) {
     switch (v.kind) {
     case JV_UNDEF:
         return jv_list(c, 0).u.list;
-    case JV_LIST: {
-        jlist *l = jv_list(c, v.u.list->n).u.list;
-        if (v.u.list->n) memcpy(l->items, v.u.list->items, v.u.list->n * sizeof(jv));
-        l->n = v.u.list->n;
-        return l;
-    }
+    case JV_LIST:
+        return v.u.list; /* the loop reads only the first n items, which stay valid */
     case JV_DICT: {
         jlist *l = jv_list(c, v.u.dict->n).u.list;
         if (v.u.dict->n) memcpy(l->items, v.u.dict->keys, v.u.dict->n * sizeof(jv));
@@ -592,29 +590,50 @@ static int exec_for(jinja_ctx *c, const jnode *n) {
         items = kept;
     }
     int64_t len = (int64_t)items->n;
+    /* One loop object per loop; its values are updated in place by slot each iteration. */
+    static const char *const KEYS[] = {"index",    "index0", "revindex", "revindex0",
+                                       "first",    "last",   "length",   "previtem",
+                                       "nextitem", "depth",  "depth0",   "cycle"};
+    enum {
+        K_INDEX,
+        K_INDEX0,
+        K_REVINDEX,
+        K_REVINDEX0,
+        K_FIRST,
+        K_LAST,
+        K_LENGTH,
+        K_PREV,
+        K_NEXT,
+        K_DEPTH,
+        K_DEPTH0,
+        K_CYCLE,
+        K_COUNT
+    };
     static jfunc cycle_fn = {.kind = JF_BUILTIN, .name = "cycle", .builtin = loop_cycle};
+    jv loop = jv_dict(c, JD_LOOP);
+    jdict *d = loop.u.dict;
+    for (int k = 0; k < K_COUNT; k++) jdict_set_s(c, d, KEYS[k], jv_none());
+    int64_t depth = 1;
+    if (outer_loop.kind == JV_DICT) {
+        jv *od = jdict_find(outer_loop.u.dict, "depth", 5);
+        if (od && od->kind == JV_INT) depth = od->u.i + 1;
+    }
+    d->vals[K_DEPTH] = jv_int(depth);
+    d->vals[K_DEPTH0] = jv_int(depth - 1);
+    d->vals[K_LENGTH] = jv_int(len);
+    d->vals[K_CYCLE] = (jv){.kind = JV_FUNC, .u.fn = &cycle_fn};
+    assign(c, "loop", loop);
     for (int64_t i = 0; i < len; i++) {
         jinja_step(c, n->line);
-        jv loop = jv_dict(c, JD_LOOP);
-        jdict *d = loop.u.dict;
-        jdict_set_s(c, d, "index", jv_int(i + 1));
-        jdict_set_s(c, d, "index0", jv_int(i));
-        jdict_set_s(c, d, "revindex", jv_int(len - i));
-        jdict_set_s(c, d, "revindex0", jv_int(len - i - 1));
-        jdict_set_s(c, d, "first", jv_bool(i == 0));
-        jdict_set_s(c, d, "last", jv_bool(i == len - 1));
-        jdict_set_s(c, d, "length", jv_int(len));
-        jdict_set_s(c, d, "previtem", i > 0 ? items->items[i - 1] : jv_undef("previtem"));
-        jdict_set_s(c, d, "nextitem", i + 1 < len ? items->items[i + 1] : jv_undef("nextitem"));
-        int64_t depth = 1;
-        if (outer_loop.kind == JV_DICT) {
-            jv *od = jdict_find(outer_loop.u.dict, "depth", 5);
-            if (od && od->kind == JV_INT) depth = od->u.i + 1;
-        }
-        jdict_set_s(c, d, "depth", jv_int(depth));
-        jdict_set_s(c, d, "depth0", jv_int(depth - 1));
-        jdict_set_s(c, d, "cycle", (jv){.kind = JV_FUNC, .u.fn = &cycle_fn});
-        assign(c, "loop", loop);
+        if (d->n != K_COUNT) jinja_fail(c, n->line, "the loop object cannot be modified");
+        d->vals[K_INDEX] = jv_int(i + 1);
+        d->vals[K_INDEX0] = jv_int(i);
+        d->vals[K_REVINDEX] = jv_int(len - i);
+        d->vals[K_REVINDEX0] = jv_int(len - i - 1);
+        d->vals[K_FIRST] = jv_bool(i == 0);
+        d->vals[K_LAST] = jv_bool(i == len - 1);
+        d->vals[K_PREV] = i > 0 ? items->items[i - 1] : jv_undef("previtem");
+        d->vals[K_NEXT] = i + 1 < len ? items->items[i + 1] : jv_undef("nextitem");
         bind_targets(c, n->line, n->names, n->nnames, items->items[i]);
         int flow = exec_body(c, &n->body);
         if (flow == FLOW_BREAK) break;
