@@ -126,6 +126,10 @@ kiln_status kiln_tokenize(const kiln_tokenizer *tok, const char *text, size_t le
 /* Decode ids to UTF-8 text; *out is malloc'd and NUL-terminated. */
 kiln_status kiln_detokenize(const kiln_tokenizer *tok, const int32_t *ids, int n, bool skip_special,
                             char **out);
+/* Same, also giving the byte length (decoded text may contain U+0000, which the plain
+ * NUL-terminated form cannot show). */
+kiln_status kiln_detokenize_len(const kiln_tokenizer *tok, const int32_t *ids, int n,
+                                bool skip_special, char **out, size_t *len);
 int kiln_tokenizer_vocab_size(const kiln_tokenizer *tok);
 int32_t kiln_tokenizer_token_id(const kiln_tokenizer *tok, const char *token); /* -1 if absent */
 

@@ -7,7 +7,7 @@
  * Batch mode for the differential test (tests/test_tokenizer_npm.sh):
  *   test_tokenizer --batch MODEL_DIR < lines
  * each input line is the hex of a text's bytes; each output line is JSON:
- *   {"ids":[..],"ids_special":[..],"decoded":"..","decoded_skip":"..","stream":".."} or
+ *   {"ids":[..],"ids_special":[..],"decoded":HEX,"decoded_skip":HEX,"stream":HEX} or
  *   {"error":"<status name>"}. */
 #include "kiln.h"
 #include "test_util.h"
@@ -290,6 +290,15 @@ static cJSON *ids_json(const int32_t *ids, int n) {
     return a;
 }
 
+/* decoded text as hex: it may hold U+0000 */
+static void add_hex(cJSON *o, const char *key, const char *s, size_t n) {
+    char *h = malloc(2 * n + 1);
+    for (size_t i = 0; i < n; i++) snprintf(h + 2 * i, 3, "%02x", (uint8_t)s[i]);
+    h[2 * n] = 0;
+    cJSON_AddStringToObject(o, key, h);
+    free(h);
+}
+
 static int batch(const char *dir) {
     kiln_tokenizer *tok = NULL;
     if (kiln_tokenizer_load(dir, &tok) != KILN_OK) {
@@ -313,8 +322,9 @@ static int batch(const char *dir) {
         kiln_status st = kiln_tokenize(tok, text, n, false, &ids, &ni);
         if (st == KILN_OK) st = kiln_tokenize(tok, text, n, true, &ids_sp, &ns);
         char *dec = NULL, *dec_skip = NULL;
-        if (st == KILN_OK) st = kiln_detokenize(tok, ids, ni, false, &dec);
-        if (st == KILN_OK) st = kiln_detokenize(tok, ids_sp, ns, true, &dec_skip);
+        size_t dl = 0, dsl = 0;
+        if (st == KILN_OK) st = kiln_detokenize_len(tok, ids, ni, false, &dec, &dl);
+        if (st == KILN_OK) st = kiln_detokenize_len(tok, ids_sp, ns, true, &dec_skip, &dsl);
         tok_buf acc = {0};
         kiln_detok_stream *s = NULL;
         if (st == KILN_OK) st = kiln_detok_stream_new(tok, false, &s);
@@ -332,9 +342,9 @@ static int batch(const char *dir) {
         if (st == KILN_OK) {
             cJSON_AddItemToObject(o, "ids", ids_json(ids, ni));
             cJSON_AddItemToObject(o, "ids_special", ids_json(ids_sp, ns));
-            cJSON_AddStringToObject(o, "decoded", dec);
-            cJSON_AddStringToObject(o, "decoded_skip", dec_skip);
-            cJSON_AddStringToObject(o, "stream", acc.p ? acc.p : "");
+            add_hex(o, "decoded", dec, dl);
+            add_hex(o, "decoded_skip", dec_skip, dsl);
+            add_hex(o, "stream", acc.p ? acc.p : "", acc.n);
         } else {
             cJSON_AddStringToObject(o, "error", kiln_status_name(st));
             cJSON_AddStringToObject(o, "message", kiln_last_error());

@@ -3,7 +3,8 @@
  * token specially, e.g. Metaspace dropping a leading space, behave as mid-text once something has
  * been emitted) and the text beyond the context's own decode is emitted once it no longer ends in
  * U+FFFD (an incomplete UTF-8 or byte-fallback sequence). Emitted ids are dropped, so the cost per
- * id stays constant. Flush emits whatever is held, invalid bytes rendered as U+FFFD. */
+ * id stays constant. Flush emits whatever is held, invalid bytes rendered as U+FFFD. Chunks are
+ * NUL-terminated, so a decoded U+0000 is dropped from them (kiln_detokenize_len keeps it). */
 #include "tokenizer/tok_internal.h"
 
 #include "util/status.h"
@@ -87,21 +88,24 @@ void kiln_detok_stream_free(kiln_detok_stream *s) {
 }
 
 /* Decodes the window; *skip is how many leading bytes belong to the context. */
-static kiln_status decode_window(kiln_detok_stream *s, char **str, size_t *skip) {
-    KILN_TRY(kiln_detokenize(s->tok, s->ids.v, (int)s->ids.n, s->skip_special, str));
+static kiln_status decode_window(kiln_detok_stream *s, char **str, size_t *n, size_t *skip) {
+    KILN_TRY(kiln_detokenize_len(s->tok, s->ids.v, (int)s->ids.n, s->skip_special, str, n));
     *skip = 0;
     if (!s->at_start && s->ctx_id >= 0) {
-        size_t n = strlen(*str);
-        if (n >= s->ctx_len && memcmp(*str, s->ctx_text, s->ctx_len) == 0) *skip = s->ctx_len;
+        if (*n >= s->ctx_len && memcmp(*str, s->ctx_text, s->ctx_len) == 0) *skip = s->ctx_len;
     }
     return KILN_OK;
 }
 
-static kiln_status take(char *str, size_t skip, char **text) {
-    size_t n = strlen(str);
+/* Copies str[skip..n) out; U+0000 cannot travel in a NUL-terminated chunk, so it is dropped
+ * (the rest of the text is kept). */
+static kiln_status take(const char *str, size_t n, size_t skip, char **text) {
     *text = malloc(n - skip + 1);
     if (!*text) return kiln_error(KILN_ERR_OOM, "tokenizer: out of memory");
-    memcpy(*text, str + skip, n - skip + 1);
+    size_t w = 0;
+    for (size_t i = skip; i < n; i++)
+        if (str[i]) (*text)[w++] = str[i];
+    (*text)[w] = 0;
     return KILN_OK;
 }
 
@@ -122,14 +126,13 @@ kiln_status kiln_detok_stream_push(kiln_detok_stream *s, int32_t id, char **text
                           id, s->tok->vocab_size);
     KILN_TRY(tok_ids_push(&s->ids, id));
     char *str;
-    size_t skip;
-    KILN_TRY(decode_window(s, &str, &skip));
-    size_t n = strlen(str);
+    size_t n, skip;
+    KILN_TRY(decode_window(s, &str, &n, &skip));
     kiln_status st;
     if (n <= skip || ends_with_replacement(str, n)) {
-        st = take("", 0, text); /* nothing complete yet: hold */
+        st = take("", 0, 0, text); /* nothing complete yet: hold */
     } else {
-        st = take(str, skip, text);
+        st = take(str, n, skip, text);
         if (st == KILN_OK) {
             s->at_start = false;
             st = reset_window(s);
@@ -144,9 +147,9 @@ kiln_status kiln_detok_stream_flush(kiln_detok_stream *s, char **text) {
         return kiln_error(KILN_ERR_INVALID_ARG, "kiln_detok_stream_flush: NULL argument");
     *text = NULL;
     char *str;
-    size_t skip;
-    KILN_TRY(decode_window(s, &str, &skip));
-    kiln_status st = take(str, skip, text);
+    size_t n, skip;
+    KILN_TRY(decode_window(s, &str, &n, &skip));
+    kiln_status st = take(str, n, skip, text);
     free(str);
     if (st == KILN_OK) {
         if ((*text)[0]) s->at_start = false;

@@ -452,8 +452,15 @@ bool tok_is_special_id(const kiln_tokenizer *tok, int32_t id) {
 
 kiln_status kiln_detokenize(const kiln_tokenizer *tok, const int32_t *ids, int n, bool skip_special,
                             char **out) {
-    if (!tok || !out || n < 0 || (!ids && n))
+    size_t len;
+    return kiln_detokenize_len(tok, ids, n, skip_special, out, &len);
+}
+
+kiln_status kiln_detokenize_len(const kiln_tokenizer *tok, const int32_t *ids, int n,
+                                bool skip_special, char **out, size_t *out_len) {
+    if (!tok || !out || !out_len || n < 0 || (!ids && n))
         return kiln_error(KILN_ERR_INVALID_ARG, "kiln_detokenize: bad arguments");
+    *out_len = 0;
     *out = NULL;
     const char **toks = malloc(((size_t)n + 1) * sizeof *toks);
     size_t *lens = malloc(((size_t)n + 1) * sizeof *lens);
@@ -490,6 +497,7 @@ kiln_status kiln_detokenize(const kiln_tokenizer *tok, const int32_t *ids, int n
             }
         }
     }
+    *out_len = res.n;
     if (st == KILN_OK) st = tok_buf_take(&res, out);
     tok_buf_free(&res);
     free(toks);
