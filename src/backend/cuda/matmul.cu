@@ -153,34 +153,13 @@ template <int B> __device__ __forceinline__ float code_f1(const uint32_t (&wd)[B
     return __uint_as_float(0x3F800000u | ((v & ((1u << B) - 1u)) << (23 - B)));
 }
 
-/* One chunk (32 codes of each of the R rows) of weights, scales and biases in registers. */
-template <int B> struct qchunk {
-    uint32_t wd[GEMV_R][B];
-    float s[GEMV_R], b[GEMV_R];
-};
-
-template <int B>
-__device__ __forceinline__ void
-qchunk_load(qchunk<B> &q, const uint32_t *w, const int64_t (&row)[GEMV_R], int64_t wpr, int64_t gpr,
-            int64_t c, int gshift, const void *scales, const void *biases, int sdt) {
-#pragma unroll
-    for (int r = 0; r < GEMV_R; r++) {
-        load_words<B>(w + row[r] * wpr + (c >> 5) * B, q.wd[r]);
-        int64_t g = row[r] * gpr + (c >> gshift);
-        q.s[r] = kcu_load(scales, g, sdt) * (float)(1 << B);
-        q.b[r] = kcu_load(biases, g, sdt);
-    }
-}
-
-/* Each warp walks its chunks with the next chunk's loads in flight while it computes the current
- * one, so memory latency hides behind the dequantization arithmetic. */
 template <int B, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 3 : 2)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
     k_gemv_quant(float *y, const float *x, int64_t n, int64_t rows, int64_t cols, const uint32_t *w,
-                 const void *scales, const void *biases, int sdt, int gshift, const float *bias) {
+                 const void *scales, const void *biases, int sdt, int group, const float *bias) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t r0 = (int64_t)blockIdx.x * GEMV_R;
-    int64_t wpr = cols * B / 32, gpr = cols >> gshift;
+    int64_t wpr = cols * B / 32, gpr = cols / group;
     int64_t row[GEMV_R];
 #pragma unroll
     for (int r = 0; r < GEMV_R; r++) row[r] = r0 + r < rows ? r0 + r : rows - 1;
@@ -189,13 +168,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 3 : 2)
     for (int r = 0; r < GEMV_R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    const int64_t stride = GEMV_WARPS * 1024;
-    int64_t c = ((int64_t)warp * 32 + lane) * 32;
-    qchunk<B> cur, nxt;
-    if (c < cols) qchunk_load<B>(cur, w, row, wpr, gpr, c, gshift, scales, biases, sdt);
-    for (; c < cols; c += stride) {
-        if (c + stride < cols)
-            qchunk_load<B>(nxt, w, row, wpr, gpr, c + stride, gshift, scales, biases, sdt);
+    const float scale_b = (float)(1 << B);
+    for (int64_t c = ((int64_t)warp * 32 + lane) * 32; c < cols; c += GEMV_WARPS * 1024) {
+        uint32_t wd[GEMV_R][B];
+        float s[GEMV_R], bb[GEMV_R];
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) {
+            load_words<B>(w + row[r] * wpr + c / 32 * B, wd[r]);
+            int64_t g = row[r] * gpr + c / group;
+            s[r] = kcu_load(scales, g, sdt) * scale_b;
+            bb[r] = kcu_load(biases, g, sdt);
+        }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= n) break;
@@ -212,13 +195,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 3 : 2)
                 for (int r = 0; r < GEMV_R; r++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        d[r] = fmaf(code_f1<B>(cur.wd[r], 4 * k + i), xv[i], d[r]);
+                        d[r] = fmaf(code_f1<B>(wd[r], 4 * k + i), xv[i], d[r]);
             }
 #pragma unroll
             for (int r = 0; r < GEMV_R; r++)
-                acc[r][t] = fmaf(cur.s[r], d[r] - sx, fmaf(cur.b[r], sx, acc[r][t]));
+                acc[r][t] = fmaf(s[r], d[r] - sx, fmaf(bb[r], sx, acc[r][t]));
         }
-        cur = nxt;
     }
     gemv_finish<NT>(acc, y, n, rows, r0, bias);
 }
@@ -266,8 +248,7 @@ static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, cons
     cudaStream_t s = st->stream;
     if (kiln_matrix_is_quantized(w)) {
         const uint32_t *q = (const uint32_t *)w->data;
-        int sdt = (int)w->scale_dtype, g = 0;
-        while ((1 << g) < w->group_size) g++;
+        int sdt = (int)w->scale_dtype, g = w->group_size;
 #define KQ(B)                                                                                      \
     k_gemv_quant<B, NT><<<grid, block, 0, s>>>(y, x, n, w->rows, w->cols, q, w->scales, w->biases, \
                                                sdt, g, w->bias)
@@ -311,7 +292,7 @@ static bool gemv_ok(const kiln_matrix *w, const float *x) {
     /* row starts stay 16-byte aligned: dense cols%8==0; quantized cols%32==0 (group%32==0) */
     if (kiln_matrix_is_quantized(w))
         return w->bits >= 2 && w->bits <= 8 && w->bits != 7 && w->group_size % 32 == 0 &&
-               (w->group_size & (w->group_size - 1)) == 0 && w->cols % w->group_size == 0;
+               w->cols % w->group_size == 0;
     return w->cols % 8 == 0;
 }
 
