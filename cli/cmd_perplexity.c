@@ -80,9 +80,10 @@ int cmd_perplexity(int argc, char **argv) {
     int V = kiln_model_get_info(model)->vocab_size;
     for (long i = 0; i < n_windows * window; i++)
         if (ids[i] < 0 || ids[i] >= V) {
+            cli_error("%s: id %d at index %ld is outside the vocabulary [0, %d)", path, ids[i], i, V);
             kiln_model_free(model);
             free(ids);
-            return cli_error("%s: id %d at index %ld is outside the vocabulary [0, %d)", path, ids[i], i, V);
+            return 2;
         }
     int B = (int)batch;
     float *logits = malloc((size_t)B * (size_t)window * (size_t)V * sizeof(float));

@@ -24,6 +24,7 @@ typedef struct kiln_kv_layer_desc {
     int v_head_dim; /* of values (usually == head_dim) */
     int window;     /* sliding window in tokens (0 = full attention) */
     bool is_attention; /* false: the layer keeps no KV (recurrent / shared) */
+    int64_t state_floats; /* fixed per-sequence state of a non-attention layer (f32 count) */
 } kiln_kv_layer_desc;
 
 typedef struct kiln_attn_params {
@@ -45,6 +46,9 @@ typedef struct kiln_kv_vtable {
     void (*commit)(kiln_kv *kv, int n);
     kiln_status (*truncate)(kiln_kv *kv, int len);
     int64_t (*bytes_used)(const kiln_kv *kv);
+    /* Fixed-size state of layer (state_floats f32, zeroed at creation and by truncate(0)); NULL
+     * for layers without state. Recurrent layers read and update it in place. */
+    float *(*layer_state)(kiln_kv *kv, int layer);
 } kiln_kv_vtable;
 
 struct kiln_kv {

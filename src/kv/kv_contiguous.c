@@ -9,8 +9,9 @@
 #include <string.h>
 
 typedef struct contiguous_layer {
-    float *k; /* [capacity, n_kv_heads*head_dim] */
-    float *v; /* [capacity, n_kv_heads*v_head_dim] */
+    float *k;     /* [capacity, n_kv_heads*head_dim] */
+    float *v;     /* [capacity, n_kv_heads*v_head_dim] */
+    float *state; /* [state_floats] for recurrent layers */
 } contiguous_layer;
 
 typedef struct kv_contiguous {
@@ -29,6 +30,7 @@ static void contiguous_free(kiln_kv *kv) {
     for (int l = 0; l < kv->n_layers; l++) {
         free(c->layer[l].k);
         free(c->layer[l].v);
+        free(c->layer[l].state);
     }
     free(c->layer);
     free(kv->layers);
@@ -79,10 +81,24 @@ static void contiguous_attend(kiln_kv *kv, int layer, const float *q, int n, flo
 static void contiguous_commit(kiln_kv *kv, int n) { kv->len += n; }
 
 static kiln_status contiguous_truncate(kiln_kv *kv, int len) {
+    kv_contiguous *c = (kv_contiguous *)kv;
     if (len < 0 || len > kv->len)
         return kiln_error(KILN_ERR_INVALID_ARG, "kv: cannot truncate %d tokens to %d", kv->len, len);
+    bool has_state = false;
+    for (int l = 0; l < kv->n_layers; l++) has_state |= c->layer[l].state != NULL;
+    if (has_state && len != 0 && len != kv->len)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "kv: a recurrent state cannot be rolled back to "
+                          "%d of %d tokens (only to 0)", len, kv->len);
+    if (len == 0)
+        for (int l = 0; l < kv->n_layers; l++)
+            if (c->layer[l].state)
+                memset(c->layer[l].state, 0, (size_t)kv->layers[l].state_floats * sizeof(float));
     kv->len = len;
     return KILN_OK;
+}
+
+static float *contiguous_layer_state(kiln_kv *kv, int layer) {
+    return ((kv_contiguous *)kv)->layer[layer].state;
 }
 
 static int64_t contiguous_bytes(const kiln_kv *kv) {
@@ -91,6 +107,8 @@ static int64_t contiguous_bytes(const kiln_kv *kv) {
     for (int l = 0; l < kv->n_layers; l++)
         if (kv->layers[l].is_attention)
             b += (int64_t)c->capacity * (k_width(&kv->layers[l]) + v_width(&kv->layers[l])) * 4;
+        else
+            b += kv->layers[l].state_floats * 4;
     return b;
 }
 
@@ -103,6 +121,7 @@ static const kiln_kv_vtable contiguous_vt = {
     .commit = contiguous_commit,
     .truncate = contiguous_truncate,
     .bytes_used = contiguous_bytes,
+    .layer_state = contiguous_layer_state,
 };
 
 kiln_status kiln_kv_contiguous_new(const kiln_kv_layer_desc *layers, int n_layers, int max_tokens,
@@ -120,6 +139,14 @@ kiln_status kiln_kv_contiguous_new(const kiln_kv_layer_desc *layers, int n_layer
         return kiln_error(KILN_ERR_OOM, "out of memory");
     }
     memcpy(c->base.layers, layers, (size_t)n_layers * sizeof *layers);
+    for (int l = 0; l < n_layers; l++) {
+        if (layers[l].state_floats <= 0) continue;
+        c->layer[l].state = calloc((size_t)layers[l].state_floats, sizeof(float));
+        if (!c->layer[l].state) {
+            contiguous_free(&c->base);
+            return kiln_error(KILN_ERR_OOM, "out of memory for recurrent state");
+        }
+    }
     *out = &c->base;
     return KILN_OK;
 }

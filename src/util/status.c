@@ -27,7 +27,14 @@ kiln_status kiln_error_wrap(kiln_status status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(ctx, sizeof ctx, fmt, ap);
     va_end(ap);
-    snprintf(last_error, sizeof last_error, "%s: %s", ctx, prev);
+    size_t n = strlen(ctx);
+    if (n > sizeof last_error - 3) n = sizeof last_error - 3;
+    memcpy(last_error, ctx, n);
+    memcpy(last_error + n, ": ", 2);
+    size_t rest = sizeof last_error - n - 3;
+    size_t plen = strnlen(prev, rest);
+    memcpy(last_error + n + 2, prev, plen);
+    last_error[n + 2 + plen] = 0;
     return status;
 }
 

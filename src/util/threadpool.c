@@ -88,14 +88,13 @@ kiln_status kiln_threadpool_new(int n_threads, kiln_threadpool **out) {
     }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
+        if (wa) *wa = (worker_arg){.pool = p, .index = i};
         if (!wa || pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) {
             free(wa);
             p->n_threads = i;
             kiln_threadpool_free(p);
             return kiln_error(KILN_ERR_INTERNAL, "threadpool: cannot start thread %d", i);
         }
-        wa->pool = p;
-        wa->index = i;
     }
     *out = p;
     return KILN_OK;
