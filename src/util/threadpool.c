@@ -1,6 +1,14 @@
-/* threadpool.c — parallel-for over a fixed set of pthreads. Workers spin briefly on a generation
- * counter before sleeping on a condition variable, so back-to-back decode kernels do not pay a
- * futex wake each time. */
+/* threadpool.c — parallel-for over a fixed set of pthreads.
+ *
+ * A job is split into one slice per thread. Every participant (the caller and the woken workers)
+ * claims slices with a compare-and-swap on the slice's flag, starting from its own index, so a
+ * worker that is slow to wake (a busy machine) never holds the caller up: the caller simply runs
+ * that slice itself. The caller then waits only for slices that others are executing. Workers
+ * spin briefly on a generation counter before sleeping on a condition variable, so back-to-back
+ * decode kernels rarely pay a futex wake.
+ *
+ * A worker that wakes late may claim a slice of the *next* job; that is safe because the caller
+ * writes the job's fields before it resets the slice flags (release) and a claim is an acquire. */
 #include "util/threadpool.h"
 
 #include "util/status.h"
@@ -11,14 +19,17 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#define KILN_MAX_THREADS 256
+
 struct kiln_threadpool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake;
     atomic_int generation; /* bumped once per parallel_for */
-    atomic_int pending;    /* helpers still working on the current job */
+    atomic_int done;       /* slices finished in the current job */
     atomic_bool stop;
+    atomic_int claimed[KILN_MAX_THREADS]; /* slice flags of the current job */
     /* current job */
     kiln_range_fn fn;
     void *ctx;
@@ -30,14 +41,28 @@ typedef struct {
     int index;
 } worker_arg;
 
-static void run_slice(kiln_threadpool *p, int t) {
+static void run_slice(kiln_threadpool *p, int slice, int thread) {
     int64_t chunks = (p->n + p->grain - 1) / p->grain;
     int64_t per = chunks / p->n_threads, extra = chunks % p->n_threads;
-    int64_t c0 = t * per + (t < extra ? t : extra);
-    int64_t c1 = c0 + per + (t < extra ? 1 : 0);
+    int64_t c0 = slice * per + (slice < extra ? slice : extra);
+    int64_t c1 = c0 + per + (slice < extra ? 1 : 0);
     int64_t b = c0 * p->grain, e = c1 * p->grain;
     if (e > p->n) e = p->n;
-    if (b < e) p->fn(p->ctx, b, e, t);
+    if (b < e) p->fn(p->ctx, b, e, thread);
+}
+
+/* Claims and runs every slice still free, starting at `first`. */
+static void claim_slices(kiln_threadpool *p, int first, int thread) {
+    for (int k = 0; k < p->n_threads; k++) {
+        int s = (first + k) % p->n_threads;
+        int expected = 0;
+        if (atomic_load_explicit(&p->claimed[s], memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong_explicit(&p->claimed[s], &expected, 1,
+                                                    memory_order_acq_rel, memory_order_relaxed)) {
+            run_slice(p, s, thread);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+        }
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -49,9 +74,9 @@ static void *worker_main(void *arg) {
     for (;;) {
         int spins = 0;
         while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
-               !atomic_load(&p->stop) && spins < 20000) {
+               !atomic_load(&p->stop) && spins < 4000) {
             spins++;
-            if ((spins & 63) == 0) sched_yield();
+            if ((spins & 15) == 0) sched_yield();
         }
         if (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
             !atomic_load(&p->stop)) {
@@ -62,8 +87,7 @@ static void *worker_main(void *arg) {
         }
         if (atomic_load(&p->stop)) return NULL;
         seen = atomic_load_explicit(&p->generation, memory_order_acquire);
-        run_slice(p, t);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+        claim_slices(p, t, t);
     }
 }
 
@@ -75,12 +99,15 @@ int kiln_cpu_count(void) {
 kiln_status kiln_threadpool_new(int n_threads, kiln_threadpool **out) {
     *out = NULL;
     if (n_threads <= 0) n_threads = kiln_cpu_count();
-    if (n_threads > 256) return kiln_error(KILN_ERR_INVALID_ARG, "threads: %d is too many", n_threads);
+    if (n_threads > KILN_MAX_THREADS)
+        return kiln_error(KILN_ERR_INVALID_ARG, "threads: %d is too many (max %d)", n_threads,
+                          KILN_MAX_THREADS);
     kiln_threadpool *p = calloc(1, sizeof *p);
     if (!p) return kiln_error(KILN_ERR_OOM, "threadpool: out of memory");
     p->n_threads = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
+    for (int i = 0; i < KILN_MAX_THREADS; i++) atomic_init(&p->claimed[i], 1);
     p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     if (!p->threads) {
         free(p);
@@ -126,12 +153,15 @@ void kiln_parallel_for(kiln_threadpool *p, int64_t n, int64_t grain, kiln_range_
     p->ctx = ctx;
     p->n = n;
     p->grain = grain;
-    atomic_store(&p->pending, p->n_threads - 1);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    for (int i = 0; i < p->n_threads; i++)
+        atomic_store_explicit(&p->claimed[i], 0, memory_order_release);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
-    run_slice(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) { /* spin: slices are short */
-    }
+    claim_slices(p, 0, 0);
+    int spins = 0;
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n_threads)
+        if (++spins > 64) sched_yield(); /* a slice is running elsewhere */
 }
