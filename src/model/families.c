@@ -5,9 +5,11 @@
 #include <stddef.h>
 
 extern const kiln_family kiln_family_llama;
+extern const kiln_family kiln_family_qwen3_next; /* also qwen3_5_text, qwen3_moe */
 
 static const kiln_family *const families[] = {
     &kiln_family_llama,
+    &kiln_family_qwen3_next,
 };
 
 const kiln_family *kiln_family_find(const kiln_config *cfg) {

@@ -1,0 +1,229 @@
+/* moe.c — the sparse MoE block (see moe.h): loading both expert layouts and the grouped forward
+ * (tokens are bucketed per selected expert so each expert runs one matmul over its rows). */
+#include "model/moe.h"
+
+#include "util/status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Loads a stacked [E, rows, cols] expert tensor (mlx-lm switch_mlp) as one [E*rows, cols]
+ * matrix; quantized when `<module>.scales` exists. */
+static kiln_status load_stacked(kiln_model *m, const char *module, int E, int64_t rows,
+                                int64_t cols, kiln_matrix *out) {
+    char name[512];
+    memset(out, 0, sizeof *out);
+    snprintf(name, sizeof name, "%s.weight", module);
+    const kiln_st_tensor *w = kiln_st_find(m->archive, name);
+    if (!w) return kiln_error(KILN_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->dir, name);
+    snprintf(name, sizeof name, "%s.scales", module);
+    const kiln_st_tensor *sc = kiln_st_find(m->archive, name);
+    snprintf(name, sizeof name, "%s.biases", module);
+    const kiln_st_tensor *bi = kiln_st_find(m->archive, name);
+    kiln_matrix host = {.rows = E * rows, .cols = cols};
+    if (sc) {
+        int bits = 0, group = 0;
+        if (!kiln_config_module_quant(&m->cfg, module, &bits, &group)) {
+            bits = m->cfg.quant_bits;
+            group = m->cfg.quant_group_size;
+        }
+        if (sc->ndim == 3 && sc->shape[2] > 0 && group <= 0) group = (int)(cols / sc->shape[2]);
+        if (w->ndim == 3 && bits <= 0) bits = (int)(w->shape[2] * 32 / cols);
+        if (!bi || w->dtype != KILN_DT_U32 || bits < 2 || bits > 8 || group <= 0 || cols % group ||
+            (cols * bits) % 32 || w->ndim != 3 || w->shape[0] != E || w->shape[1] != rows ||
+            w->shape[2] != cols * bits / 32 || sc->ndim != 3 || sc->shape[0] != E ||
+            sc->shape[1] != rows || sc->shape[2] != cols / group || bi->ndim != 3 ||
+            bi->dtype != sc->dtype || bi->shape[2] != sc->shape[2])
+            return kiln_error(KILN_ERR_FORMAT,
+                              "%s: stacked experts '%s' do not match [%d, %lld, %lld] at %d-bit "
+                              "group %d",
+                              m->dir, module, E, (long long)rows, (long long)cols, bits, group);
+        host.dtype = KILN_DT_U32;
+        host.bits = bits;
+        host.group_size = group;
+        host.scale_dtype = sc->dtype;
+        host.data = w->data;
+        host.scales = sc->data;
+        host.biases = bi->data;
+    } else {
+        if ((w->dtype != KILN_DT_F32 && w->dtype != KILN_DT_F16 && w->dtype != KILN_DT_BF16) ||
+            w->ndim != 3 || w->shape[0] != E || w->shape[1] != rows || w->shape[2] != cols)
+            return kiln_error(KILN_ERR_FORMAT,
+                              "%s: stacked experts '%s.weight' should be a float [%d, %lld, %lld]",
+                              m->dir, module, E, (long long)rows, (long long)cols);
+        host.dtype = w->dtype;
+        host.data = w->data;
+    }
+    return m->be->upload_matrix(m->be, &host, out);
+}
+
+kiln_status kiln_moe_load(kiln_model *m, const char *prefix, int hidden, int n_experts, int top_k,
+                          int ffn, bool norm_topk, int shared_ffn, kiln_moe *o) {
+    char n[400];
+    memset(o, 0, sizeof *o);
+    o->hidden = hidden;
+    o->n_experts = n_experts;
+    o->top_k = top_k;
+    o->ffn = ffn;
+    o->norm_topk = norm_topk;
+    o->shared_ffn = shared_ffn;
+    if (n_experts <= 0 || top_k <= 0 || top_k > n_experts || ffn <= 0)
+        return kiln_error(KILN_ERR_FORMAT,
+                          "%s/config.json: bad MoE geometry (%d experts, top %d, ffn %d)", m->dir,
+                          n_experts, top_k, ffn);
+    snprintf(n, sizeof n, "%s.gate", prefix);
+    KILN_TRY(kiln_weights_matrix(m, n, n_experts, hidden, false, &o->router));
+    o->gate = calloc((size_t)n_experts, sizeof *o->gate);
+    o->up = calloc((size_t)n_experts, sizeof *o->up);
+    o->down = calloc((size_t)n_experts, sizeof *o->down);
+    if (!o->gate || !o->up || !o->down) return kiln_error(KILN_ERR_OOM, "out of memory");
+    snprintf(n, sizeof n, "%s.switch_mlp.gate_proj.weight", prefix);
+    o->stacked = kiln_weights_has(m, n);
+    if (o->stacked) {
+        static const char *parts[3] = {"gate_proj", "up_proj", "down_proj"};
+        for (int p = 0; p < 3; p++) {
+            snprintf(n, sizeof n, "%s.switch_mlp.%s", prefix, parts[p]);
+            KILN_TRY(load_stacked(m, n, n_experts, p < 2 ? ffn : hidden, p < 2 ? hidden : ffn,
+                                  &o->stack[p]));
+        }
+        for (int e = 0; e < n_experts; e++) {
+            o->gate[e] = kiln_matrix_rows(&o->stack[0], (int64_t)e * ffn, ffn);
+            o->up[e] = kiln_matrix_rows(&o->stack[1], (int64_t)e * ffn, ffn);
+            o->down[e] = kiln_matrix_rows(&o->stack[2], (int64_t)e * hidden, hidden);
+        }
+    } else {
+        for (int e = 0; e < n_experts; e++) {
+            snprintf(n, sizeof n, "%s.experts.%d.gate_proj", prefix, e);
+            KILN_TRY(kiln_weights_matrix(m, n, ffn, hidden, false, &o->gate[e]));
+            snprintf(n, sizeof n, "%s.experts.%d.up_proj", prefix, e);
+            KILN_TRY(kiln_weights_matrix(m, n, ffn, hidden, false, &o->up[e]));
+            snprintf(n, sizeof n, "%s.experts.%d.down_proj", prefix, e);
+            KILN_TRY(kiln_weights_matrix(m, n, hidden, ffn, false, &o->down[e]));
+        }
+    }
+    if (shared_ffn > 0) {
+        snprintf(n, sizeof n, "%s.shared_expert.gate_proj", prefix);
+        KILN_TRY(kiln_weights_matrix(m, n, shared_ffn, hidden, false, &o->sh_gate));
+        snprintf(n, sizeof n, "%s.shared_expert.up_proj", prefix);
+        KILN_TRY(kiln_weights_matrix(m, n, shared_ffn, hidden, false, &o->sh_up));
+        snprintf(n, sizeof n, "%s.shared_expert.down_proj", prefix);
+        KILN_TRY(kiln_weights_matrix(m, n, hidden, shared_ffn, false, &o->sh_down));
+        snprintf(n, sizeof n, "%s.shared_expert_gate", prefix);
+        KILN_TRY(kiln_weights_matrix(m, n, 1, hidden, false, &o->sh_router));
+    }
+    return KILN_OK;
+}
+
+void kiln_moe_free(kiln_model *m, kiln_moe *o) {
+    if (!o) return;
+    kiln_weights_free_matrix(m, &o->router);
+    if (o->stacked) {
+        for (int p = 0; p < 3; p++) kiln_weights_free_matrix(m, &o->stack[p]);
+    } else if (o->gate && o->up && o->down) {
+        for (int e = 0; e < o->n_experts; e++) {
+            kiln_weights_free_matrix(m, &o->gate[e]);
+            kiln_weights_free_matrix(m, &o->up[e]);
+            kiln_weights_free_matrix(m, &o->down[e]);
+        }
+    }
+    free(o->gate);
+    free(o->up);
+    free(o->down);
+    kiln_weights_free_matrix(m, &o->sh_gate);
+    kiln_weights_free_matrix(m, &o->sh_up);
+    kiln_weights_free_matrix(m, &o->sh_down);
+    kiln_weights_free_matrix(m, &o->sh_router);
+    memset(o, 0, sizeof *o);
+}
+
+void kiln_moe_route(const float *logits, int E, int k, bool norm_topk, int *idx, float *w) {
+    float mx = logits[0];
+    for (int e = 1; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += exp((double)logits[e] - mx);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= idx[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        idx[j] = best;
+        w[j] = (float)(exp((double)logits[best] - mx) / sum);
+    }
+    if (norm_topk) {
+        float s = 0;
+        for (int j = 0; j < k; j++) s += w[j];
+        for (int j = 0; j < k; j++) w[j] /= s;
+    }
+}
+
+kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const float *x,
+                             int64_t T) {
+    kiln_backend *be = m->be;
+    const int64_t H = o->hidden, E = o->n_experts, K = o->top_k;
+    int64_t F = o->ffn > o->shared_ffn ? o->ffn : o->shared_ffn;
+    float *logits = malloc((size_t)(T * E) * sizeof(float)); /* [T, E] */
+    int *sel = malloc((size_t)(T * K) * sizeof(int));        /* [T, K] */
+    float *wsel = malloc((size_t)(T * K) * sizeof(float));   /* [T, K] */
+    int64_t *rows = malloc((size_t)T * sizeof(int64_t));     /* [n_e] token of each row */
+    float *rw = malloc((size_t)T * sizeof(float));           /* [n_e] weight of each row */
+    float *xe = malloc((size_t)(T * H) * sizeof(float));     /* [n_e, H] gathered input */
+    float *g = malloc((size_t)(T * F) * sizeof(float));      /* [n_e, F] */
+    float *u = malloc((size_t)(T * F) * sizeof(float));      /* [n_e, F] */
+    float *ye = malloc((size_t)(T * H) * sizeof(float));     /* [n_e, H] */
+    kiln_status st = KILN_OK;
+    if (!logits || !sel || !wsel || !rows || !rw || !xe || !g || !u || !ye) {
+        st = kiln_error(KILN_ERR_OOM, "moe: out of memory for %lld tokens", (long long)T);
+        goto done;
+    }
+    be->matmul(be, logits, x, T, &o->router);
+    for (int64_t t = 0; t < T; t++)
+        kiln_moe_route(logits + t * E, (int)E, (int)K, o->norm_topk, sel + t * K, wsel + t * K);
+    memset(y, 0, (size_t)(T * H) * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int64_t n = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < K; j++)
+                if (sel[t * K + j] == e) {
+                    rows[n] = t;
+                    rw[n] = wsel[t * K + j];
+                    memcpy(xe + n * H, x + t * H, (size_t)H * sizeof(float));
+                    n++;
+                }
+        if (n == 0) continue; /* unselected experts are never read */
+        be->matmul(be, g, xe, n, &o->gate[e]);
+        be->matmul(be, u, xe, n, &o->up[e]);
+        be->silu_mul(be, g, g, u, n * o->ffn);
+        be->matmul(be, ye, g, n, &o->down[e]);
+        for (int64_t r = 0; r < n; r++) {
+            float *dst = y + rows[r] * H;
+            const float *src = ye + r * H;
+            for (int64_t i = 0; i < H; i++) dst[i] += rw[r] * src[i];
+        }
+    }
+    if (o->shared_ffn > 0) {
+        be->matmul(be, g, x, T, &o->sh_gate);
+        be->matmul(be, u, x, T, &o->sh_up);
+        be->silu_mul(be, g, g, u, T * o->shared_ffn);
+        be->matmul(be, ye, g, T, &o->sh_down);
+        be->matmul(be, logits, x, T, &o->sh_router); /* [T, 1] */
+        for (int64_t t = 0; t < T; t++) {
+            float s = 1.0f / (1.0f + expf(-logits[t]));
+            for (int64_t i = 0; i < H; i++) y[t * H + i] += s * ye[t * H + i];
+        }
+    }
+done:
+    free(logits);
+    free(sel);
+    free(wsel);
+    free(rows);
+    free(rw);
+    free(xe);
+    free(g);
+    free(u);
+    free(ye);
+    return st;
+}

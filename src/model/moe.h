@@ -1,0 +1,41 @@
+/* moe.h — a sparse mixture-of-experts feed-forward block (qwen3_moe, qwen3_next): softmax router
+ * over E experts, top-k selection (optionally renormalised), SwiGLU experts, and an optional
+ * shared expert scaled by sigmoid(shared_expert_gate(x)). Experts load from the HF layout
+ * (`<prefix>.experts.N.{gate,up,down}_proj`) or mlx-lm's stacked one
+ * (`<prefix>.switch_mlp.{gate,up,down}_proj` [E, out, in], read as per-expert row views).
+ * Only the experts a token selects are read. CPU only. */
+#ifndef KILN_MODEL_MOE_H
+#define KILN_MODEL_MOE_H
+
+#include "model/model.h"
+
+typedef struct kiln_moe {
+    int hidden, n_experts, top_k, ffn, shared_ffn; /* shared_ffn 0 = no shared expert */
+    bool norm_topk;
+    bool stacked;         /* mlx-lm switch_mlp layout: expert matrices are views */
+    kiln_matrix router;   /* [E, hidden] */
+    kiln_matrix stack[3]; /* stacked only: gate/up [E*ffn, hidden], down [E*hidden, ffn] */
+    kiln_matrix *gate;    /* [E] each [ffn, hidden] */
+    kiln_matrix *up;      /* [E] each [ffn, hidden] */
+    kiln_matrix *down;    /* [E] each [hidden, ffn] */
+    kiln_matrix sh_gate, sh_up,
+        sh_down;           /* shared expert [sf, hidden], [sf, hidden], [hidden, sf] */
+    kiln_matrix sh_router; /* [1, hidden] shared_expert_gate */
+} kiln_moe;
+
+/* Loads the block under prefix (e.g. "model.layers.3.mlp"). shared_ffn > 0 loads
+ * `<prefix>.shared_expert.*` and `<prefix>.shared_expert_gate`. */
+kiln_status kiln_moe_load(kiln_model *m, const char *prefix, int hidden, int n_experts, int top_k,
+                          int ffn, bool norm_topk, int shared_ffn, kiln_moe *out);
+void kiln_moe_free(kiln_model *m, kiln_moe *moe);
+
+/* y[T, hidden] = moe(x[T, hidden]). y must not alias x. */
+kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *moe, float *y, const float *x,
+                             int64_t T);
+
+/* Router math on one token: probs[E] = softmax(logits); picks top_k (ties -> lower index) into
+ * idx[k] with weights w[k] (renormalised if norm_topk). Exposed for tests. */
+void kiln_moe_route(const float *logits, int n_experts, int top_k, bool norm_topk, int *idx,
+                    float *w);
+
+#endif

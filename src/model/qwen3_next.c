@@ -1,0 +1,592 @@
+/* qwen3_next.c — the Qwen hybrid decoder: `qwen3_next` and `qwen3_5_text` (Gated DeltaNet linear
+ * layers interleaved with gated full attention) and `qwen3_moe` (every layer full attention, no
+ * output gate), which is the same block with a sparse MLP. One block:
+ *   x += mixer(norm(x));  x += mlp(norm(x))
+ * mixer: full attention (q_proj also yields a per-head sigmoid output gate in qwen3_next/3.5,
+ * per-head q/k RMSNorm, partial rotary) or Gated DeltaNet (fused/unfused input projections,
+ * causal conv1d + SiLU, L2-normed q/k, decay g = -exp(A_log) softplus(a + dt_bias),
+ * beta = sigmoid(b), gated RMSNorm with silu(z), out_proj); mlp: dense SwiGLU or moe.c.
+ * Norms are (1+w) in the qwen3_next/3.5 HF layout; mlx-lm stores them as 1+w (conv1d as
+ * [C, K, 1]), so they are applied plainly there. The conv and recurrent states live in each
+ * sequence's cache (layer_state), so batching and truncate(0) work per sequence. CPU only. */
+#include "model/deltanet.h"
+#include "model/model.h"
+#include "model/moe.h"
+
+#include "util/half.h"
+#include "util/log.h"
+#include "util/status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct qn_layer {
+    bool linear;      /* Gated DeltaNet layer (else full attention) */
+    float *attn_norm; /* [hidden] */
+    float *ffn_norm;  /* [hidden] */
+    /* full attention */
+    float *q_norm;  /* [head_dim] */
+    float *k_norm;  /* [head_dim] */
+    kiln_matrix wq; /* [n_heads*head_dim*(gated ? 2 : 1), hidden] */
+    kiln_matrix wk; /* [n_kv_heads*head_dim, hidden] */
+    kiln_matrix wv; /* [n_kv_heads*head_dim, hidden] */
+    kiln_matrix wo; /* [hidden, n_heads*head_dim] */
+    /* Gated DeltaNet */
+    kiln_matrix in_qkvz;  /* qwen3_next: [nk*(2dk + 2r*dv), hidden], grouped per key head */
+    kiln_matrix in_ba;    /* qwen3_next: [nk*2r, hidden] */
+    kiln_matrix in_qkv;   /* qwen3_5: [2*nk*dk + nv*dv, hidden] */
+    kiln_matrix in_z;     /* qwen3_5: [nv*dv, hidden] */
+    kiln_matrix in_a;     /* qwen3_5: [nv, hidden] */
+    kiln_matrix in_b;     /* qwen3_5: [nv, hidden] */
+    kiln_matrix out_proj; /* [hidden, nv*dv] */
+    float *conv_w;        /* host [conv_dim, K] */
+    float *neg_a;         /* host [nv]: -exp(A_log) */
+    float *dt_bias;       /* host [nv] */
+    float *gnorm;         /* [dv] gated-norm weight (plain w) */
+    /* MLP */
+    bool moe;
+    kiln_moe sparse;
+    kiln_matrix w_gate, w_up, w_down; /* dense: [ffn, hidden] x2, [hidden, ffn] */
+} qn_layer;
+
+typedef struct qn_state {
+    int hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers, rot;
+    float eps;
+    bool gated_attn;    /* q_proj carries the output gate */
+    bool fused_proj;    /* qwen3_next in_proj_qkvz / in_proj_ba */
+    bool norm_plus_one; /* apply RMSNorm as (1+w) */
+    kiln_gdn_dims gdn;
+    int conv_k, conv_dim;
+    kiln_matrix embed;   /* [vocab, hidden] */
+    kiln_matrix lm_head; /* [vocab, hidden] */
+    bool tied;
+    float *final_norm; /* [hidden] */
+    float *inv_freq;   /* [rot/2] */
+    qn_layer *layers;  /* [n_layers] */
+} qn_state;
+
+static bool qn_matches(const kiln_config *cfg) {
+    return strcmp(cfg->model_type, "qwen3_next") == 0 ||
+           strcmp(cfg->model_type, "qwen3_5_text") == 0 ||
+           strcmp(cfg->model_type, "qwen3_moe") == 0;
+}
+
+static void free_host(float **p) {
+    free(*p);
+    *p = NULL;
+}
+
+static void qn_free(kiln_model *m) {
+    qn_state *s = m->family_state;
+    if (!s) return;
+    for (int i = 0; s->layers && i < s->n_layers; i++) {
+        qn_layer *L = &s->layers[i];
+        float **vec[] = {&L->attn_norm, &L->ffn_norm, &L->q_norm, &L->k_norm, &L->gnorm};
+        for (size_t j = 0; j < sizeof vec / sizeof vec[0]; j++)
+            kiln_weights_free_vector(m, *vec[j]);
+        kiln_matrix *mats[] = {&L->wq,       &L->wk,     &L->wv,   &L->wo,    &L->in_qkvz,
+                               &L->in_ba,    &L->in_qkv, &L->in_z, &L->in_a,  &L->in_b,
+                               &L->out_proj, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++)
+            kiln_weights_free_matrix(m, mats[j]);
+        if (L->moe) kiln_moe_free(m, &L->sparse);
+        free_host(&L->conv_w);
+        free_host(&L->neg_a);
+        free_host(&L->dt_bias);
+    }
+    free(s->layers);
+    kiln_weights_free_matrix(m, &s->embed);
+    if (!s->tied) kiln_weights_free_matrix(m, &s->lm_head);
+    kiln_weights_free_vector(m, s->final_norm);
+    if (s->inv_freq) m->be->free(m->be, s->inv_freq);
+    free(s);
+    m->family_state = NULL;
+}
+
+/* Reads a float tensor of n elements (any shape) to a malloc'd host f32 array. */
+static kiln_status host_floats(kiln_model *m, const char *name, int64_t n, float **out) {
+    const kiln_st_tensor *t = kiln_st_find(m->archive, name);
+    if (!t) return kiln_error(KILN_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->dir, name);
+    if (t->numel != n)
+        return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s' has %lld elements, expected %lld",
+                          m->dir, name, (long long)t->numel, (long long)n);
+    float *h = malloc((size_t)n * sizeof *h);
+    if (!h) return kiln_error(KILN_ERR_OOM, "out of memory for '%s'", name);
+    for (int64_t i = 0; i < n; i++) {
+        switch (t->dtype) {
+        case KILN_DT_F32:
+            memcpy(&h[i], (const char *)t->data + 4 * i, 4);
+            break;
+        case KILN_DT_F16:
+            h[i] = kiln_f16_to_f32(((const uint16_t *)t->data)[i]);
+            break;
+        case KILN_DT_BF16:
+            h[i] = kiln_bf16_to_f32(((const uint16_t *)t->data)[i]);
+            break;
+        default:
+            free(h);
+            return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float",
+                              m->dir, name, kiln_dtype_name(t->dtype));
+        }
+    }
+    *out = h;
+    return KILN_OK;
+}
+
+static bool layer_is_linear(const kiln_config *c, int i) {
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(c->json, "layer_types");
+    if (cJSON_IsArray(types) && cJSON_GetArraySize(types) == c->n_layers) {
+        const cJSON *t = cJSON_GetArrayItem(types, i);
+        return cJSON_IsString(t) && strcmp(t->valuestring, "linear_attention") == 0;
+    }
+    if (strcmp(c->model_type, "qwen3_moe") == 0) return false;
+    int every = kiln_config_int(c, "full_attention_interval", 4);
+    return every > 0 && (i + 1) % every != 0;
+}
+
+static bool layer_is_sparse(const kiln_config *c, int i) {
+    if (strcmp(c->model_type, "qwen3_5_text") == 0) return false;
+    int n_exp = kiln_config_int(c, "num_experts", kiln_config_int(c, "num_local_experts", 0));
+    int step = kiln_config_int(c, "decoder_sparse_step", 1);
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(c->json, "mlp_only_layers");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, only) if (cJSON_IsNumber(it) && (int)it->valuedouble == i) return false;
+    return n_exp > 0 && step > 0 && (i + 1) % step == 0;
+}
+
+static kiln_status load_layer(kiln_model *m, qn_state *s, int i) {
+    const kiln_config *c = &m->cfg;
+    qn_layer *L = &s->layers[i];
+    char p[64], n[256];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    L->linear = layer_is_linear(c, i);
+    snprintf(n, sizeof n, "%s.input_layernorm.weight", p);
+    KILN_TRY(kiln_weights_vector(m, n, s->hidden, false, &L->attn_norm));
+    snprintf(n, sizeof n, "%s.post_attention_layernorm.weight", p);
+    KILN_TRY(kiln_weights_vector(m, n, s->hidden, false, &L->ffn_norm));
+    const int H = s->hidden;
+    if (!L->linear) {
+        int qd = s->n_heads * s->head_dim, kvd = s->n_kv_heads * s->head_dim;
+        snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
+        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, false, &L->q_norm));
+        snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
+        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, false, &L->k_norm));
+        snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
+        KILN_TRY(
+            kiln_weights_matrix(m, n, qd * (s->gated_attn ? 2 : 1), H, c->attention_bias, &L->wq));
+        snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, kvd, H, c->attention_bias, &L->wk));
+        snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, kvd, H, c->attention_bias, &L->wv));
+        snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, H, qd, false, &L->wo));
+    } else {
+        const kiln_gdn_dims *d = &s->gdn;
+        const int r = d->n_v_heads / d->n_k_heads, vd = d->n_v_heads * d->dv;
+        if (s->fused_proj) {
+            snprintf(n, sizeof n, "%s.linear_attn.in_proj_qkvz", p);
+            KILN_TRY(kiln_weights_matrix(m, n, (int64_t)d->n_k_heads * (2 * d->dk + 2 * r * d->dv),
+                                         H, false, &L->in_qkvz));
+            snprintf(n, sizeof n, "%s.linear_attn.in_proj_ba", p);
+            KILN_TRY(kiln_weights_matrix(m, n, 2 * d->n_v_heads, H, false, &L->in_ba));
+        } else {
+            snprintf(n, sizeof n, "%s.linear_attn.in_proj_qkv", p);
+            KILN_TRY(kiln_weights_matrix(m, n, s->conv_dim, H, false, &L->in_qkv));
+            snprintf(n, sizeof n, "%s.linear_attn.in_proj_z", p);
+            KILN_TRY(kiln_weights_matrix(m, n, vd, H, false, &L->in_z));
+            snprintf(n, sizeof n, "%s.linear_attn.in_proj_a", p);
+            KILN_TRY(kiln_weights_matrix(m, n, d->n_v_heads, H, false, &L->in_a));
+            snprintf(n, sizeof n, "%s.linear_attn.in_proj_b", p);
+            KILN_TRY(kiln_weights_matrix(m, n, d->n_v_heads, H, false, &L->in_b));
+        }
+        snprintf(n, sizeof n, "%s.linear_attn.out_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, H, vd, false, &L->out_proj));
+        /* conv1d weight: HF [C, 1, K], mlx-lm [C, K, 1]: the same C*K values in the same order */
+        snprintf(n, sizeof n, "%s.linear_attn.conv1d.weight", p);
+        KILN_TRY(host_floats(m, n, (int64_t)s->conv_dim * s->conv_k, &L->conv_w));
+        snprintf(n, sizeof n, "%s.linear_attn.A_log", p);
+        KILN_TRY(host_floats(m, n, d->n_v_heads, &L->neg_a));
+        for (int h = 0; h < d->n_v_heads; h++) L->neg_a[h] = -expf(L->neg_a[h]);
+        snprintf(n, sizeof n, "%s.linear_attn.dt_bias", p);
+        KILN_TRY(host_floats(m, n, d->n_v_heads, &L->dt_bias));
+        snprintf(n, sizeof n, "%s.linear_attn.norm.weight", p);
+        KILN_TRY(kiln_weights_vector(m, n, d->dv, false, &L->gnorm));
+    }
+    snprintf(n, sizeof n, "%s.mlp", p);
+    if (layer_is_sparse(c, i)) {
+        L->moe = true;
+        int E = kiln_config_int(c, "num_experts", kiln_config_int(c, "num_local_experts", 0));
+        int K = kiln_config_int(c, "num_experts_per_tok", 0);
+        int F = kiln_config_int(c, "moe_intermediate_size", 0);
+        int SF = kiln_config_int(c, "shared_expert_intermediate_size", 0);
+        KILN_TRY(kiln_moe_load(m, n, H, E, K, F, kiln_config_bool(c, "norm_topk_prob", false), SF,
+                               &L->sparse));
+    } else {
+        snprintf(n, sizeof n, "%s.mlp.gate_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, s->ffn, H, false, &L->w_gate));
+        snprintf(n, sizeof n, "%s.mlp.up_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, s->ffn, H, false, &L->w_up));
+        snprintf(n, sizeof n, "%s.mlp.down_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, H, s->ffn, false, &L->w_down));
+    }
+    return KILN_OK;
+}
+
+static int64_t state_floats(const qn_state *s) {
+    const kiln_gdn_dims *d = &s->gdn;
+    return (int64_t)(s->conv_k - 1) * s->conv_dim + (int64_t)d->n_v_heads * d->dk * d->dv;
+}
+
+static kiln_status qn_load(kiln_model *m) {
+    const kiln_config *c = &m->cfg;
+    if (m->be->device != KILN_DEVICE_CPU)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s: model_type '%s' runs on the CPU backend only "
+                          "for now (use --device cpu)",
+                          m->dir, c->model_type);
+    qn_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
+    m->family_state = s;
+    s->hidden = c->hidden_size;
+    s->n_heads = c->n_heads;
+    s->n_kv_heads = c->n_kv_heads;
+    s->head_dim = c->head_dim;
+    s->ffn = c->intermediate_size;
+    s->vocab = c->vocab_size;
+    s->n_layers = c->n_layers;
+    s->eps = c->rms_norm_eps;
+    bool moe_family = strcmp(c->model_type, "qwen3_moe") == 0;
+    s->gated_attn = !moe_family;
+    s->fused_proj = strcmp(c->model_type, "qwen3_next") == 0;
+    if (!moe_family)
+        s->gdn = (kiln_gdn_dims){.n_k_heads = kiln_config_int(c, "linear_num_key_heads", 16),
+                                 .n_v_heads = kiln_config_int(c, "linear_num_value_heads", 32),
+                                 .dk = kiln_config_int(c, "linear_key_head_dim", 128),
+                                 .dv = kiln_config_int(c, "linear_value_head_dim", 128)};
+    s->conv_k = moe_family ? 1 : kiln_config_int(c, "linear_conv_kernel_dim", 4);
+    s->conv_dim = 2 * s->gdn.n_k_heads * s->gdn.dk + s->gdn.n_v_heads * s->gdn.dv;
+    if (!moe_family &&
+        (s->gdn.n_k_heads <= 0 || s->gdn.n_v_heads % s->gdn.n_k_heads || s->gdn.dk <= 0 ||
+         s->gdn.dv <= 0 || s->conv_k < 1 || s->gdn.n_v_heads > 256))
+        return kiln_error(KILN_ERR_FORMAT, "%s/config.json: bad linear-attention geometry", m->dir);
+    /* mlx-lm layout: conv1d stored [C, K, 1] and (1+w) norms pre-added. */
+    bool mlx = false;
+    for (int i = 0; i < s->n_layers && !moe_family; i++) {
+        char n[128];
+        snprintf(n, sizeof n, "model.layers.%d.linear_attn.conv1d.weight", i);
+        const kiln_st_tensor *t = kiln_st_find(m->archive, n);
+        if (t) {
+            mlx = t->ndim == 3 && t->shape[2] == 1 && s->conv_k != 1;
+            break;
+        }
+    }
+    s->norm_plus_one = !moe_family && !mlx;
+    s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
+    if (!s->layers) return kiln_error(KILN_ERR_OOM, "out of memory");
+    KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", s->vocab, s->hidden, false, &s->embed));
+    s->tied = !kiln_weights_has(m, "lm_head.weight");
+    if (s->tied)
+        s->lm_head = s->embed;
+    else
+        KILN_TRY(kiln_weights_matrix(m, "lm_head", s->vocab, s->hidden, false, &s->lm_head));
+    KILN_TRY(kiln_weights_vector(m, "model.norm.weight", s->hidden, false, &s->final_norm));
+    for (int i = 0; i < s->n_layers; i++) {
+        KILN_TRY(load_layer(m, s, i));
+        if (s->n_layers > 8 && (i + 1) % 4 == 0)
+            KILN_LOG_I("loaded layer %d/%d", i + 1, s->n_layers);
+    }
+    float prf = c->rope.partial_rotary_factor > 0 ? c->rope.partial_rotary_factor : 1.0f;
+    s->rot = (int)(s->head_dim * prf);
+    s->rot -= s->rot % 2;
+    float inv[512];
+    if (s->rot / 2 > 512) return kiln_error(KILN_ERR_UNSUPPORTED, "rope: head_dim too large");
+    KILN_TRY(kiln_rope_inv_freq(&c->rope, s->rot, inv));
+    /* transformers runs dense checkpoints with inv_freq cast to their dtype (see llama.c) */
+    kiln_rope_round_to_dtype(inv, s->rot / 2, s->embed.dtype);
+    s->inv_freq = m->be->alloc(m->be, (size_t)(s->rot / 2) * sizeof(float));
+    if (!s->inv_freq) return kiln_error(KILN_ERR_OOM, "out of memory");
+    m->be->upload(m->be, s->inv_freq, inv, (size_t)(s->rot / 2) * sizeof(float));
+
+    m->n_kv_layers = s->n_layers;
+    m->kv_layers = calloc((size_t)s->n_layers, sizeof *m->kv_layers);
+    if (!m->kv_layers) return kiln_error(KILN_ERR_OOM, "out of memory");
+    m->info.state_bytes_fixed = 0;
+    for (int i = 0; i < s->n_layers; i++) {
+        if (s->layers[i].linear) {
+            m->kv_layers[i] =
+                (kiln_kv_layer_desc){.is_attention = false, .state_floats = state_floats(s)};
+            m->info.state_bytes_fixed += state_floats(s) * 4;
+        } else {
+            m->kv_layers[i] = (kiln_kv_layer_desc){.n_kv_heads = s->n_kv_heads,
+                                                   .head_dim = s->head_dim,
+                                                   .v_head_dim = s->head_dim,
+                                                   .is_attention = true};
+        }
+    }
+    return KILN_OK;
+}
+
+/* Per-forward buffers (host memory: this family runs on the CPU backend). */
+typedef struct qn_acts {
+    float *x, *h;     /* [T, hidden] residual, normed */
+    float *q, *gate;  /* [T, n_heads*head_dim] (gate: attention output gate) */
+    float *qg;        /* [T, 2*n_heads*head_dim] raw gated q_proj output */
+    float *k, *v;     /* [T, n_kv_heads*head_dim] */
+    float *attn;      /* [T, max(n_heads*head_dim, nv*dv)] mixer output before projection */
+    float *proj;      /* [T, max(qkvz, conv_dim + nv*dv)] raw linear-attention projections */
+    float *mixed;     /* [T, conv_dim] conv input (q | k | v) */
+    float *conv;      /* [T, conv_dim] conv output */
+    float *z;         /* [T, nv*dv] */
+    float *ab;        /* [T, 2*nv] raw b/a */
+    float *gb;        /* [T, 2*nv] g (first nv) and beta (second nv) per token */
+    float *ff1, *ff2; /* [T, ffn] */
+    float *y;         /* [T, hidden] MoE output */
+    int32_t *pos;     /* [T] */
+} qn_acts;
+
+/* Gated DeltaNet mixer for T stacked tokens of all entries: h -> a->attn [T, nv*dv]. */
+static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_batch_entry *e,
+                         int n_entries, int64_t T, qn_acts *a) {
+    kiln_backend *be = m->be;
+    const kiln_gdn_dims *d = &s->gdn;
+    const int nk = d->n_k_heads, nv = d->n_v_heads, dk = d->dk, dv = d->dv, r = nv / nk;
+    const int C = s->conv_dim, VD = nv * dv, KD = nk * dk;
+    if (s->fused_proj) {
+        const int G = 2 * dk + 2 * r * dv; /* per key-head group: q k v z */
+        be->matmul(be, a->proj, a->h, T, &L->in_qkvz);
+        be->matmul(be, a->ab, a->h, T, &L->in_ba);
+        for (int64_t t = 0; t < T; t++) {
+            const float *src = a->proj + t * (int64_t)nk * G;
+            float *mx = a->mixed + t * C, *z = a->z + t * VD;
+            for (int g = 0; g < nk; g++) {
+                const float *grp = src + (int64_t)g * G;
+                memcpy(mx + g * dk, grp, (size_t)dk * sizeof(float));
+                memcpy(mx + KD + g * dk, grp + dk, (size_t)dk * sizeof(float));
+                memcpy(mx + 2 * KD + g * r * dv, grp + 2 * dk, (size_t)r * dv * sizeof(float));
+                memcpy(z + g * r * dv, grp + 2 * dk + r * dv, (size_t)r * dv * sizeof(float));
+            }
+            /* ba per group: b[r], a[r] -> gb holds b (first nv) then a (second nv) */
+            const float *ba = a->ab + t * 2 * nv;
+            float tmp[2 * 256];
+            for (int g = 0; g < nk; g++)
+                for (int i = 0; i < r; i++) {
+                    tmp[g * r + i] = ba[g * 2 * r + i];
+                    tmp[nv + g * r + i] = ba[g * 2 * r + r + i];
+                }
+            memcpy(a->ab + t * 2 * nv, tmp, (size_t)(2 * nv) * sizeof(float));
+        }
+    } else {
+        be->matmul(be, a->mixed, a->h, T, &L->in_qkv);
+        be->matmul(be, a->z, a->h, T, &L->in_z);
+        /* b then a, [T, nv] each, interleaved into ab rows */
+        be->matmul(be, a->proj, a->h, T, &L->in_b);
+        be->matmul(be, a->proj + T * nv, a->h, T, &L->in_a);
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(a->ab + t * 2 * nv, a->proj + t * nv, (size_t)nv * sizeof(float));
+            memcpy(a->ab + t * 2 * nv + nv, a->proj + T * nv + t * nv, (size_t)nv * sizeof(float));
+        }
+    }
+    /* gates: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) */
+    for (int64_t t = 0; t < T; t++) {
+        const float *b = a->ab + t * 2 * nv, *av = b + nv;
+        float *g = a->gb + t * 2 * nv, *beta = g + nv;
+        for (int h = 0; h < nv; h++) {
+            float xa = av[h] + L->dt_bias[h];
+            float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+            g[h] = L->neg_a[h] * sp;
+            beta[h] = 1.0f / (1.0f + expf(-b[h]));
+        }
+    }
+    /* per sequence: conv with its state, then the delta rule with its state */
+    float *gg = a->ff1, *bb = a->ff2; /* [n, nv] contiguous copies of g and beta */
+    for (int i = 0, t0 = 0; i < n_entries; t0 += e[i].n_tokens, i++) {
+        const int n = e[i].n_tokens;
+        float *st = e[i].seq->kv->vt->layer_state(e[i].seq->kv, l);
+        float *conv_state = st, *S = st + (int64_t)(s->conv_k - 1) * C;
+        float *cv = a->conv + (int64_t)t0 * C;
+        kiln_gdn_conv(cv, a->mixed + (int64_t)t0 * C, n, C, L->conv_w, s->conv_k, conv_state);
+        /* split q | k | v into contiguous [n, nk, dk], [n, nk, dk], [n, nv, dv] */
+        float *qb = a->proj, *kb = a->proj + (int64_t)n * KD, *vb = a->proj + (int64_t)2 * n * KD;
+        for (int j = 0; j < n; j++) {
+            memcpy(qb + (int64_t)j * KD, cv + (int64_t)j * C, (size_t)KD * sizeof(float));
+            memcpy(kb + (int64_t)j * KD, cv + (int64_t)j * C + KD, (size_t)KD * sizeof(float));
+            memcpy(vb + (int64_t)j * VD, cv + (int64_t)j * C + 2 * KD, (size_t)VD * sizeof(float));
+            memcpy(gg + (int64_t)j * nv, a->gb + (int64_t)(t0 + j) * 2 * nv,
+                   (size_t)nv * sizeof(float));
+            memcpy(bb + (int64_t)j * nv, a->gb + (int64_t)(t0 + j) * 2 * nv + nv,
+                   (size_t)nv * sizeof(float));
+        }
+        kiln_gdn_l2norm(qb, (int64_t)n * nk, dk, 1e-6f);
+        kiln_gdn_l2norm(kb, (int64_t)n * nk, dk, 1e-6f);
+        float *out = a->attn + (int64_t)t0 * VD;
+        if (n == 1)
+            kiln_gdn_recurrent(d, n, qb, kb, vb, gg, bb, S, out, be->pool);
+        else
+            kiln_gdn_chunked(d, n, 64, qb, kb, vb, gg, bb, S, out, be->pool);
+    }
+    /* gated RMSNorm per value head: norm(o) * w * silu(z) */
+    be->rmsnorm(be, a->attn, a->attn, L->gnorm, T * nv, dv, s->eps, false);
+    for (int64_t i = 0; i < T * VD; i++) {
+        float zv = a->z[i];
+        a->attn[i] *= zv / (1.0f + expf(-zv));
+    }
+}
+
+static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
+    qn_state *s = m->family_state;
+    kiln_backend *be = m->be;
+    int64_t T = 0, R = 0;
+    for (int i = 0; i < n_entries; i++) {
+        T += e[i].n_tokens;
+        R += e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+    }
+    if (T == 0) return KILN_OK;
+    const kiln_gdn_dims *d = &s->gdn;
+    const int64_t H = s->hidden, QD = (int64_t)s->n_heads * s->head_dim,
+                  KVD = (int64_t)s->n_kv_heads * s->head_dim, VD = (int64_t)d->n_v_heads * d->dv,
+                  C = s->conv_dim, r = d->n_k_heads ? d->n_v_heads / d->n_k_heads : 0;
+    int64_t F = s->ffn > 0 ? s->ffn : 1;
+    if (F < 2 * d->n_v_heads) F = 2 * d->n_v_heads;
+    int64_t PROJ = d->n_k_heads * (2 * d->dk + 2 * r * d->dv);
+    if (PROJ < C + VD) PROJ = C + VD;
+    if (PROJ < 2 * (int64_t)d->n_v_heads) PROJ = 2 * (int64_t)d->n_v_heads;
+    const int64_t AW = QD > VD ? QD : VD;
+    for (int i = 0; i < n_entries; i++)
+        KILN_TRY(e[i].seq->kv->vt->reserve(e[i].seq->kv, e[i].n_tokens));
+
+    size_t floats = (size_t)(T * (2 * H + 2 * QD + 2 * QD + 2 * KVD + AW + PROJ + 2 * C + VD +
+                                  4 * d->n_v_heads + 2 * F + H) +
+                             (R ? R * H : 0));
+    float *buf = calloc(floats, sizeof(float));
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    int32_t *tok = malloc((size_t)T * sizeof(int32_t));
+    if (!buf || !pos || !tok) {
+        free(buf);
+        free(pos);
+        free(tok);
+        return kiln_error(KILN_ERR_OOM, "%s: out of memory for %lld tokens", m->dir, (long long)T);
+    }
+    qn_acts a;
+    float *p = buf;
+    a.x = p, p += T * H;
+    a.h = p, p += T * H;
+    a.q = p, p += T * QD;
+    a.gate = p, p += T * QD;
+    a.qg = p, p += 2 * T * QD;
+    a.k = p, p += T * KVD;
+    a.v = p, p += T * KVD;
+    a.attn = p, p += T * AW;
+    a.proj = p, p += T * PROJ;
+    a.mixed = p, p += T * C;
+    a.conv = p, p += T * C;
+    a.z = p, p += T * VD;
+    a.ab = p, p += 2 * T * d->n_v_heads;
+    a.gb = p, p += 2 * T * d->n_v_heads;
+    a.ff1 = p, p += T * F;
+    a.ff2 = p, p += T * F;
+    a.y = p, p += T * H;
+    float *rows = p;
+    a.pos = pos;
+    for (int i = 0, t = 0; i < n_entries; i++)
+        for (int j = 0; j < e[i].n_tokens; j++, t++) {
+            tok[t] = e[i].tokens[j];
+            pos[t] = e[i].seq->kv->len + j;
+        }
+    be->embed(be, a.x, tok, T, &s->embed);
+    kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)};
+    kiln_status st = KILN_OK;
+    for (int l = 0; l < s->n_layers && st == KILN_OK; l++) {
+        qn_layer *L = &s->layers[l];
+        be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, s->norm_plus_one);
+        if (L->linear) {
+            linear_mixer(m, s, L, l, e, n_entries, T, &a);
+            be->matmul(be, a.h, a.attn, T, &L->out_proj);
+        } else {
+            if (s->gated_attn) {
+                be->matmul(be, a.qg, a.h, T, &L->wq);
+                const int hd = s->head_dim;
+                for (int64_t t = 0; t < T; t++)
+                    for (int h = 0; h < s->n_heads; h++) {
+                        const float *src = a.qg + (t * s->n_heads + h) * 2 * hd;
+                        memcpy(a.q + (t * s->n_heads + h) * hd, src, (size_t)hd * sizeof(float));
+                        memcpy(a.gate + (t * s->n_heads + h) * hd, src + hd,
+                               (size_t)hd * sizeof(float));
+                    }
+            } else {
+                be->matmul(be, a.q, a.h, T, &L->wq);
+            }
+            be->matmul(be, a.k, a.h, T, &L->wk);
+            be->matmul(be, a.v, a.h, T, &L->wv);
+            be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, s->head_dim, s->eps,
+                        s->norm_plus_one);
+            be->rmsnorm(be, a.k, a.k, L->k_norm, T * s->n_kv_heads, s->head_dim, s->eps,
+                        s->norm_plus_one);
+            be->rope(be, a.q, a.pos, T, s->n_heads, s->head_dim, s->rot, s->inv_freq);
+            be->rope(be, a.k, a.pos, T, s->n_kv_heads, s->head_dim, s->rot, s->inv_freq);
+            for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+                kiln_kv *kv = e[i].seq->kv;
+                kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
+                kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
+            }
+            if (s->gated_attn)
+                for (int64_t i = 0; i < T * QD; i++) a.attn[i] *= 1.0f / (1.0f + expf(-a.gate[i]));
+            be->matmul(be, a.h, a.attn, T, &L->wo);
+        }
+        be->add(be, a.x, a.x, a.h, T * H);
+        be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, s->norm_plus_one);
+        if (L->moe) {
+            st = kiln_moe_forward(m, &L->sparse, a.y, a.h, T);
+            if (st == KILN_OK) be->add(be, a.x, a.x, a.y, T * H);
+        } else {
+            be->matmul(be, a.ff1, a.h, T, &L->w_gate);
+            be->matmul(be, a.ff2, a.h, T, &L->w_up);
+            be->silu_mul(be, a.ff1, a.ff1, a.ff2, T * s->ffn);
+            be->matmul(be, a.h, a.ff1, T, &L->w_down);
+            be->add(be, a.x, a.x, a.h, T * H);
+        }
+    }
+    if (st == KILN_OK) {
+        for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+        int64_t rr = 0;
+        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+            int64_t nr =
+                e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+            if (!nr) continue;
+            be->rmsnorm(be, rows + rr * H, a.x + (t + e[i].n_tokens - nr) * H, s->final_norm, nr, H,
+                        s->eps, s->norm_plus_one);
+            rr += nr;
+        }
+        if (R) {
+            float *logits = malloc((size_t)(R * s->vocab) * sizeof(float));
+            if (!logits) {
+                st = kiln_error(KILN_ERR_OOM, "out of memory for logits");
+            } else {
+                be->matmul(be, logits, rows, R, &s->lm_head);
+                rr = 0;
+                for (int i = 0; i < n_entries; i++) {
+                    int64_t nr = e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens
+                                                                : e[i].logits == KILN_LOGITS_LAST;
+                    if (nr && e[i].logits_out)
+                        memcpy(e[i].logits_out, logits + rr * s->vocab,
+                               (size_t)(nr * s->vocab) * sizeof(float));
+                    rr += nr;
+                }
+                free(logits);
+            }
+        }
+    }
+    free(buf);
+    free(pos);
+    free(tok);
+    return st;
+}
+
+const kiln_family kiln_family_qwen3_next = {
+    .name = "qwen3_next",
+    .matches = qn_matches,
+    .load = qn_load,
+    .forward = qn_forward,
+    .free = qn_free,
+};
