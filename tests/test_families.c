@@ -12,9 +12,17 @@
 #include <string.h>
 
 static const char *fixtures[] = {
-    "qwen3_moe",    "qwen3_moe-mlx-q4g32",  "qwen3_moe-mlx-q8g64",
-    "qwen3_next",   "qwen3_next-mlx-q4g32", "qwen3_next-mlx-q8g64",
+    "qwen3_moe",
+    "qwen3_moe-mlx-q4g32",
+    "qwen3_moe-mlx-q8g64",
+    "qwen3_next",
+    "qwen3_next-mlx-q4g32",
+    "qwen3_next-mlx-q8g64",
     "qwen3_5_text",
+    "gemma3_text",
+    "gemma3_text-mlx-q4g32",
+    "gemma3_text-mlx-q8g64",
+    "gemma4_text",
 };
 
 typedef struct reference {
@@ -184,5 +192,7 @@ int main(void) {
     check_pattern("qwen3_next-mlx-q4g32", "L F L F");
     check_pattern("qwen3_5_text", "L F L F");
     check_pattern("qwen3_moe", "F F F");
+    check_pattern("gemma3_text", "S F S F");
+    check_pattern("gemma4_text", "S S S F");
     return test_finish();
 }

@@ -6,10 +6,12 @@
 
 extern const kiln_family kiln_family_llama;
 extern const kiln_family kiln_family_qwen3_next; /* also qwen3_5_text, qwen3_moe */
+extern const kiln_family kiln_family_gemma;      /* gemma3_text, gemma4_text */
 
 static const kiln_family *const families[] = {
     &kiln_family_llama,
     &kiln_family_qwen3_next,
+    &kiln_family_gemma,
 };
 
 const kiln_family *kiln_family_find(const kiln_config *cfg) {

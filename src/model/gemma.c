@@ -1,0 +1,468 @@
+/* gemma.c — the Gemma family: `gemma3_text` and `gemma4_text`. Pre-norm blocks with extra
+ * post-norms: x += post_attn_norm(attn(norm(x))); x += post_ffn_norm(geglu(pre_ffn_norm(x))).
+ * Sliding and full attention layers (layer_types) each have their own RoPE (rope_parameters keyed
+ * by layer type, or rope_local_base_freq); sliding layers set `window` in their KV desc so the
+ * cache limits attention. The embedding is scaled by sqrt(hidden) rounded to the checkpoint dtype
+ * (transformers keeps that scale in a buffer cast with the model), logits are soft-capped.
+ * Gemma 3: RMSNorm as (1+w), attention scale query_pre_attn_scalar^-1/2.
+ * Gemma 4: RMSNorm as w, scale 1 with an unweighted RMSNorm on values, proportional (partial) RoPE
+ * on full layers, per-layer inputs (embed_tokens_per_layer + per_layer_model_projection, gated
+ * per layer), layer_scalar, k_eq_v on full layers and KV-shared tail layers (read the cache of the
+ * last earlier layer of the same type). Gemma 4's MoE block is not implemented. CPU only. */
+#include "model/model.h"
+
+#include "util/half.h"
+#include "util/log.h"
+#include "util/status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct gemma_layer {
+    bool sliding;
+    int head_dim, n_kv_heads, rot;
+    int kv_src;            /* layer whose cache this layer reads (itself unless KV-shared) */
+    bool k_eq_v;           /* values are the (unnormed) key projection */
+    const float *inv_freq; /* [head_dim/2 or rot/2] (owned by gemma_state) */
+    float *attn_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm; /* [hidden] */
+    float *q_norm, *k_norm;                                           /* [head_dim] */
+    kiln_matrix wq, wk, wv, wo;
+    kiln_matrix w_gate, w_up, w_down;
+    /* gemma4 per-layer input */
+    kiln_matrix ple_gate; /* [ple, hidden] */
+    kiln_matrix ple_proj; /* [hidden, ple] */
+    float *ple_norm;      /* [hidden] */
+    float layer_scalar;
+} gemma_layer;
+
+typedef struct gemma_state {
+    bool g4;
+    int hidden, n_heads, vocab, n_layers, ffn, ple; /* ple: hidden_size_per_layer_input (g4) */
+    float eps, embed_scale, softcap, attn_scale;
+    bool plus_one;
+    kiln_matrix embed, lm_head;
+    bool tied;
+    float *final_norm;
+    float *inv_sliding, *inv_full; /* rope tables */
+    kiln_matrix ple_embed;         /* [vocab_ple, n_layers*ple] */
+    kiln_matrix ple_model_proj;    /* [n_layers*ple, hidden] */
+    float *ple_proj_norm;          /* [ple] */
+    gemma_layer *layers;
+} gemma_state;
+
+static bool gemma_matches(const kiln_config *cfg) {
+    return strcmp(cfg->model_type, "gemma3_text") == 0 ||
+           strcmp(cfg->model_type, "gemma4_text") == 0;
+}
+
+static void gemma_free(kiln_model *m) {
+    gemma_state *s = m->family_state;
+    if (!s) return;
+    for (int i = 0; s->layers && i < s->n_layers; i++) {
+        gemma_layer *L = &s->layers[i];
+        float *v[] = {L->attn_norm, L->post_attn_norm, L->pre_ffn_norm, L->post_ffn_norm,
+                      L->q_norm,    L->k_norm,         L->ple_norm};
+        for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) kiln_weights_free_vector(m, v[j]);
+        kiln_matrix *w[] = {&L->wq,   &L->wk,     &L->wv,       &L->wo,      &L->w_gate,
+                            &L->w_up, &L->w_down, &L->ple_gate, &L->ple_proj};
+        for (size_t j = 0; j < sizeof w / sizeof w[0]; j++) kiln_weights_free_matrix(m, w[j]);
+    }
+    free(s->layers);
+    kiln_weights_free_matrix(m, &s->embed);
+    if (!s->tied) kiln_weights_free_matrix(m, &s->lm_head);
+    kiln_weights_free_matrix(m, &s->ple_embed);
+    kiln_weights_free_matrix(m, &s->ple_model_proj);
+    kiln_weights_free_vector(m, s->final_norm);
+    kiln_weights_free_vector(m, s->ple_proj_norm);
+    free(s->inv_sliding);
+    free(s->inv_full);
+    free(s);
+    m->family_state = NULL;
+}
+
+static const char *layer_type(const kiln_config *c, int i) {
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(c->json, "layer_types");
+    if (cJSON_IsArray(types) && cJSON_GetArraySize(types) == c->n_layers) {
+        const cJSON *t = cJSON_GetArrayItem(types, i);
+        if (cJSON_IsString(t)) return t->valuestring;
+    }
+    int pat = kiln_config_int(c, "sliding_window_pattern", 6);
+    return pat > 0 && (i + 1) % pat == 0 ? "full_attention" : "sliding_attention";
+}
+
+/* RoPE table for one layer type: rope_parameters[type] if present, else the top-level rope (and
+ * rope_local_base_freq for sliding layers). Proportional RoPE rotates all head_dim dims with zero
+ * frequencies past partial_rotary_factor * head_dim. Returns a malloc'd [*rot/2] table. */
+static kiln_status rope_table(kiln_model *m, const char *type, int head_dim, kiln_dtype dt,
+                              float **out, int *rot) {
+    const kiln_config *c = &m->cfg;
+    kiln_rope_config rc = c->rope;
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(c->json, "rope_parameters");
+    const cJSON *blk = params ? cJSON_GetObjectItemCaseSensitive(params, type) : NULL;
+    if (cJSON_IsObject(blk)) {
+        memset(&rc, 0, sizeof rc);
+        const cJSON *v;
+        if ((v = cJSON_GetObjectItemCaseSensitive(blk, "rope_theta")) && cJSON_IsNumber(v))
+            rc.theta = (float)v->valuedouble;
+        if ((v = cJSON_GetObjectItemCaseSensitive(blk, "rope_type")) && cJSON_IsString(v))
+            snprintf(rc.type, sizeof rc.type, "%s", v->valuestring);
+        if ((v = cJSON_GetObjectItemCaseSensitive(blk, "factor")) && cJSON_IsNumber(v))
+            rc.factor = (float)v->valuedouble;
+        rc.partial_rotary_factor = 1.0f;
+        if ((v = cJSON_GetObjectItemCaseSensitive(blk, "partial_rotary_factor")) &&
+            cJSON_IsNumber(v))
+            rc.partial_rotary_factor = (float)v->valuedouble;
+    } else if (strcmp(type, "sliding_attention") == 0) {
+        rc.theta = kiln_config_float(c, "rope_local_base_freq", 10000.0f);
+        snprintf(rc.type, sizeof rc.type, "default");
+        rc.factor = 1.0f;
+    }
+    float *inv = calloc((size_t)head_dim / 2 + 1, sizeof *inv);
+    if (!inv) return kiln_error(KILN_ERR_OOM, "out of memory");
+    if (strcmp(rc.type, "proportional") == 0) {
+        int angles = (int)(rc.partial_rotary_factor * head_dim / 2);
+        double f = rc.factor > 0 ? rc.factor : 1.0;
+        for (int i = 0; i < angles; i++) {
+            float expo = (float)(2 * i) / (float)head_dim;
+            inv[i] = (float)(1.0 / pow(rc.theta, (double)expo) / f);
+        }
+        *rot = head_dim;
+    } else {
+        int r = (int)(head_dim * (rc.partial_rotary_factor > 0 ? rc.partial_rotary_factor : 1.0f));
+        r -= r % 2;
+        kiln_status st = kiln_rope_inv_freq(&rc, r, inv);
+        if (st != KILN_OK) {
+            free(inv);
+            return st;
+        }
+        *rot = r;
+    }
+    kiln_rope_round_to_dtype(inv, *rot / 2, dt);
+    *out = inv;
+    return KILN_OK;
+}
+
+static kiln_status load_layer(kiln_model *m, gemma_state *s, int i, int first_shared) {
+    const kiln_config *c = &m->cfg;
+    gemma_layer *L = &s->layers[i];
+    char p[64], n[256];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    const int H = s->hidden;
+    L->sliding = strcmp(layer_type(c, i), "sliding_attention") == 0;
+    int ghd = kiln_config_int(c, "global_head_dim", 0);
+    L->head_dim = !L->sliding && s->g4 && ghd > 0 ? ghd : c->head_dim;
+    L->k_eq_v = s->g4 && !L->sliding && kiln_config_bool(c, "attention_k_eq_v", false);
+    L->n_kv_heads =
+        L->k_eq_v ? kiln_config_int(c, "num_global_key_value_heads", c->n_kv_heads) : c->n_kv_heads;
+    L->kv_src = i;
+    if (first_shared >= 0 && i >= first_shared) {
+        for (int j = first_shared - 1; j >= 0; j--)
+            if (s->layers[j].sliding == L->sliding) {
+                L->kv_src = j;
+                break;
+            }
+    }
+    const int qd = s->n_heads * L->head_dim, kvd = L->n_kv_heads * L->head_dim;
+    struct {
+        const char *name;
+        float **dst;
+        int n;
+    } vecs[] = {{"input_layernorm", &L->attn_norm, H},
+                {"post_attention_layernorm", &L->post_attn_norm, H},
+                {"pre_feedforward_layernorm", &L->pre_ffn_norm, H},
+                {"post_feedforward_layernorm", &L->post_ffn_norm, H},
+                {"self_attn.q_norm", &L->q_norm, L->head_dim}};
+    for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++) {
+        snprintf(n, sizeof n, "%s.%s.weight", p, vecs[j].name);
+        KILN_TRY(kiln_weights_vector(m, n, vecs[j].n, false, vecs[j].dst));
+    }
+    snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, qd, H, c->attention_bias, &L->wq));
+    snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, H, qd, c->attention_bias, &L->wo));
+    if (L->kv_src == i) {
+        snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
+        KILN_TRY(kiln_weights_vector(m, n, L->head_dim, false, &L->k_norm));
+        snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
+        KILN_TRY(kiln_weights_matrix(m, n, kvd, H, c->attention_bias, &L->wk));
+        if (!L->k_eq_v) {
+            snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
+            KILN_TRY(kiln_weights_matrix(m, n, kvd, H, c->attention_bias, &L->wv));
+        }
+    }
+    snprintf(n, sizeof n, "%s.mlp.gate_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, s->ffn, H, false, &L->w_gate));
+    snprintf(n, sizeof n, "%s.mlp.up_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, s->ffn, H, false, &L->w_up));
+    snprintf(n, sizeof n, "%s.mlp.down_proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, H, s->ffn, false, &L->w_down));
+    L->layer_scalar = 1.0f;
+    if (s->g4) {
+        snprintf(n, sizeof n, "%s.layer_scalar", p);
+        if (kiln_weights_has(m, n)) {
+            float *v = NULL;
+            KILN_TRY(kiln_weights_vector(m, n, 1, false, &v));
+            L->layer_scalar = v[0];
+            kiln_weights_free_vector(m, v);
+        }
+        if (s->ple > 0) {
+            snprintf(n, sizeof n, "%s.per_layer_input_gate", p);
+            KILN_TRY(kiln_weights_matrix(m, n, s->ple, H, false, &L->ple_gate));
+            snprintf(n, sizeof n, "%s.per_layer_projection", p);
+            KILN_TRY(kiln_weights_matrix(m, n, H, s->ple, false, &L->ple_proj));
+            snprintf(n, sizeof n, "%s.post_per_layer_input_norm.weight", p);
+            KILN_TRY(kiln_weights_vector(m, n, H, false, &L->ple_norm));
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status gemma_load(kiln_model *m) {
+    const kiln_config *c = &m->cfg;
+    if (m->be->device != KILN_DEVICE_CPU)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s: model_type '%s' runs on the CPU backend only "
+                          "for now (use --device cpu)",
+                          m->dir, c->model_type);
+    gemma_state *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
+    m->family_state = s;
+    s->g4 = strcmp(c->model_type, "gemma4_text") == 0;
+    s->hidden = c->hidden_size;
+    s->n_heads = c->n_heads;
+    s->vocab = c->vocab_size;
+    s->n_layers = c->n_layers;
+    s->ffn = c->intermediate_size;
+    s->eps = c->rms_norm_eps;
+    s->plus_one = !s->g4;
+    s->softcap = kiln_config_float(c, "final_logit_softcapping", 0.0f);
+    s->attn_scale =
+        s->g4 ? 1.0f
+              : 1.0f / sqrtf(kiln_config_float(c, "query_pre_attn_scalar", (float)c->head_dim));
+    if (s->g4 && kiln_config_bool(c, "enable_moe_block", false))
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s/config.json: Gemma 4 MoE blocks "
+                          "(enable_moe_block) are not supported yet",
+                          m->dir);
+    s->ple = s->g4 ? kiln_config_int(c, "hidden_size_per_layer_input", 0) : 0;
+    KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", s->vocab, s->hidden, false, &s->embed));
+    s->tied = !kiln_weights_has(m, "lm_head.weight");
+    if (s->tied)
+        s->lm_head = s->embed;
+    else
+        KILN_TRY(kiln_weights_matrix(m, "lm_head", s->vocab, s->hidden, false, &s->lm_head));
+    KILN_TRY(kiln_weights_vector(m, "model.norm.weight", s->hidden, false, &s->final_norm));
+    /* the sqrt(hidden) buffer is cast with the model: bf16/f16 for dense checkpoints */
+    s->embed_scale = sqrtf((float)s->hidden);
+    if (s->embed.dtype == KILN_DT_BF16)
+        s->embed_scale = kiln_bf16_to_f32(kiln_f32_to_bf16(s->embed_scale));
+    else if (s->embed.dtype == KILN_DT_F16)
+        s->embed_scale = kiln_f16_to_f32(kiln_f32_to_f16(s->embed_scale));
+    if (s->ple > 0) {
+        int vp = kiln_config_int(c, "vocab_size_per_layer_input", s->vocab);
+        KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens_per_layer", vp,
+                                     (int64_t)s->n_layers * s->ple, false, &s->ple_embed));
+        KILN_TRY(kiln_weights_matrix(m, "model.per_layer_model_projection",
+                                     (int64_t)s->n_layers * s->ple, s->hidden, false,
+                                     &s->ple_model_proj));
+        KILN_TRY(kiln_weights_vector(m, "model.per_layer_projection_norm.weight", s->ple, false,
+                                     &s->ple_proj_norm));
+    }
+    s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
+    if (!s->layers) return kiln_error(KILN_ERR_OOM, "out of memory");
+    int n_shared = s->g4 ? kiln_config_int(c, "num_kv_shared_layers", 0) : 0;
+    int first_shared = n_shared > 0 ? s->n_layers - n_shared : -1;
+    for (int i = 0; i < s->n_layers; i++) KILN_TRY(load_layer(m, s, i, first_shared));
+    /* rope tables per layer type (the head dim of each type) */
+    int rot_s = 0, rot_f = 0, hd_s = c->head_dim, hd_f = c->head_dim;
+    for (int i = 0; i < s->n_layers; i++)
+        if (!s->layers[i].sliding) hd_f = s->layers[i].head_dim;
+    KILN_TRY(rope_table(m, "sliding_attention", hd_s, s->embed.dtype, &s->inv_sliding, &rot_s));
+    KILN_TRY(rope_table(m, "full_attention", hd_f, s->embed.dtype, &s->inv_full, &rot_f));
+    int window = kiln_config_int(c, "sliding_window", 4096);
+    m->n_kv_layers = s->n_layers;
+    m->kv_layers = calloc((size_t)s->n_layers, sizeof *m->kv_layers);
+    if (!m->kv_layers) return kiln_error(KILN_ERR_OOM, "out of memory");
+    for (int i = 0; i < s->n_layers; i++) {
+        gemma_layer *L = &s->layers[i];
+        L->inv_freq = L->sliding ? s->inv_sliding : s->inv_full;
+        L->rot = L->sliding ? rot_s : rot_f;
+        m->kv_layers[i] = (kiln_kv_layer_desc){.n_kv_heads = L->n_kv_heads,
+                                               .head_dim = L->head_dim,
+                                               .v_head_dim = L->head_dim,
+                                               .window = L->sliding ? window : 0,
+                                               .is_attention = L->kv_src == i};
+    }
+    return KILN_OK;
+}
+
+static void softcap(float *x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
+    gemma_state *s = m->family_state;
+    kiln_backend *be = m->be;
+    int64_t T = 0, R = 0;
+    for (int i = 0; i < n_entries; i++) {
+        T += e[i].n_tokens;
+        R += e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+    }
+    if (T == 0) return KILN_OK;
+    for (int i = 0; i < n_entries; i++)
+        KILN_TRY(e[i].seq->kv->vt->reserve(e[i].seq->kv, e[i].n_tokens));
+    int maxhd = 0, maxkv = 0;
+    for (int l = 0; l < s->n_layers; l++) {
+        if (s->layers[l].head_dim > maxhd) maxhd = s->layers[l].head_dim;
+        if (s->layers[l].n_kv_heads > maxkv) maxkv = s->layers[l].n_kv_heads;
+    }
+    const int64_t H = s->hidden, QD = (int64_t)s->n_heads * maxhd, KVD = (int64_t)maxkv * maxhd,
+                  F = s->ffn, P = (int64_t)s->n_layers * s->ple;
+    size_t floats = (size_t)(T * (3 * H + 2 * QD + 2 * KVD + 2 * F + 2 * P + s->ple) + R * H);
+    float *buf = calloc(floats, sizeof(float));
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *tok = malloc((size_t)T * sizeof(int32_t));
+    if (!buf || !pos || !tok) {
+        free(buf);
+        free(pos);
+        free(tok);
+        return kiln_error(KILN_ERR_OOM, "%s: out of memory for %lld tokens", m->dir, (long long)T);
+    }
+    float *p = buf;
+    float *x = p; /* [T, H] */
+    p += T * H;
+    float *h = p; /* [T, H] */
+    p += T * H;
+    float *h2 = p; /* [T, H] */
+    p += T * H;
+    float *q = p; /* [T, QD] */
+    p += T * QD;
+    float *attn = p; /* [T, QD] */
+    p += T * QD;
+    float *k = p; /* [T, KVD] */
+    p += T * KVD;
+    float *v = p; /* [T, KVD] */
+    p += T * KVD;
+    float *ff1 = p, *ff2 = p + T * F; /* [T, F] each */
+    p += 2 * T * F;
+    float *pli = p; /* [T, n_layers, ple] per-layer inputs */
+    p += T * P;
+    float *plp = p; /* [T, n_layers*ple] projection scratch */
+    p += T * P;
+    float *plg = p; /* [T, ple] */
+    p += T * s->ple;
+    float *rows = p; /* [R, H] */
+    for (int i = 0, t = 0; i < n_entries; i++)
+        for (int j = 0; j < e[i].n_tokens; j++, t++) {
+            tok[t] = e[i].tokens[j];
+            pos[t] = e[i].seq->kv->len + j;
+        }
+    be->embed(be, x, tok, T, &s->embed);
+    for (int64_t i = 0; i < T * H; i++) x[i] *= s->embed_scale;
+    if (s->ple > 0) {
+        be->embed(be, pli, tok, T, &s->ple_embed);
+        const float es = sqrtf((float)s->ple);
+        be->matmul(be, plp, x, T, &s->ple_model_proj);
+        const float ps = 1.0f / sqrtf((float)H);
+        for (int64_t i = 0; i < T * P; i++) plp[i] *= ps;
+        be->rmsnorm(be, plp, plp, s->ple_proj_norm, T * s->n_layers, s->ple, s->eps, false);
+        const float mix = 1.0f / sqrtf(2.0f);
+        for (int64_t i = 0; i < T * P; i++) pli[i] = (plp[i] + pli[i] * es) * mix;
+    }
+    for (int l = 0; l < s->n_layers; l++) {
+        gemma_layer *L = &s->layers[l];
+        const int hd = L->head_dim;
+        const int64_t qd = (int64_t)s->n_heads * hd, kvd = (int64_t)L->n_kv_heads * hd;
+        kiln_attn_params ap = {.n_heads = s->n_heads, .scale = s->attn_scale};
+        be->rmsnorm(be, h, x, L->attn_norm, T, H, s->eps, s->plus_one);
+        be->matmul(be, q, h, T, &L->wq);
+        be->rmsnorm(be, q, q, L->q_norm, T * s->n_heads, hd, s->eps, s->plus_one);
+        be->rope(be, q, pos, T, s->n_heads, hd, L->rot, L->inv_freq);
+        if (L->kv_src == l) {
+            be->matmul(be, k, h, T, &L->wk);
+            if (L->k_eq_v)
+                memcpy(v, k, (size_t)(T * kvd) * sizeof(float));
+            else
+                be->matmul(be, v, h, T, &L->wv);
+            be->rmsnorm(be, k, k, L->k_norm, T * L->n_kv_heads, hd, s->eps, s->plus_one);
+            be->rope(be, k, pos, T, L->n_kv_heads, hd, L->rot, L->inv_freq);
+            if (s->g4) be->rmsnorm(be, v, v, NULL, T * L->n_kv_heads, hd, s->eps, false);
+        }
+        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+            kiln_kv *kv = e[i].seq->kv;
+            if (L->kv_src == l) kv->vt->store(kv, l, k + t * kvd, v + t * kvd, e[i].n_tokens);
+            kv->vt->attend(kv, L->kv_src, q + t * qd, e[i].n_tokens, attn + t * qd, &ap, be->pool);
+        }
+        be->matmul(be, h, attn, T, &L->wo);
+        be->rmsnorm(be, h, h, L->post_attn_norm, T, H, s->eps, s->plus_one);
+        be->add(be, x, x, h, T * H);
+        be->rmsnorm(be, h, x, L->pre_ffn_norm, T, H, s->eps, s->plus_one);
+        be->matmul(be, ff1, h, T, &L->w_gate);
+        be->matmul(be, ff2, h, T, &L->w_up);
+        be->gelu_tanh_mul(be, ff1, ff1, ff2, T * F);
+        be->matmul(be, h, ff1, T, &L->w_down);
+        be->rmsnorm(be, h, h, L->post_ffn_norm, T, H, s->eps, s->plus_one);
+        be->add(be, x, x, h, T * H);
+        if (s->ple > 0) {
+            be->matmul(be, plg, x, T, &L->ple_gate);
+            for (int64_t t = 0; t < T; t++) {
+                const float *in = pli + (t * s->n_layers + l) * s->ple;
+                float *g = plg + t * s->ple;
+                for (int j = 0; j < s->ple; j++) {
+                    float gv = g[j];
+                    /* gelu (tanh approximation) */
+                    float a = 0.7978845608028654f * (gv + 0.044715f * gv * gv * gv);
+                    g[j] = 0.5f * gv * (1.0f + tanhf(a)) * in[j];
+                }
+            }
+            be->matmul(be, h2, plg, T, &L->ple_proj);
+            be->rmsnorm(be, h2, h2, L->ple_norm, T, H, s->eps, false);
+            be->add(be, x, x, h2, T * H);
+        }
+        if (L->layer_scalar != 1.0f)
+            for (int64_t i = 0; i < T * H; i++) x[i] *= L->layer_scalar;
+    }
+    for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+    kiln_status st = KILN_OK;
+    if (R) {
+        int64_t rr = 0;
+        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+            int64_t nr =
+                e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+            if (!nr) continue;
+            be->rmsnorm(be, rows + rr * H, x + (t + e[i].n_tokens - nr) * H, s->final_norm, nr, H,
+                        s->eps, s->plus_one);
+            rr += nr;
+        }
+        float *logits = malloc((size_t)(R * s->vocab) * sizeof(float));
+        if (!logits) {
+            st = kiln_error(KILN_ERR_OOM, "out of memory for logits");
+        } else {
+            be->matmul(be, logits, rows, R, &s->lm_head);
+            if (s->softcap > 0) softcap(logits, R * s->vocab, s->softcap);
+            rr = 0;
+            for (int i = 0; i < n_entries; i++) {
+                int64_t nr = e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens
+                                                            : e[i].logits == KILN_LOGITS_LAST;
+                if (nr && e[i].logits_out)
+                    memcpy(e[i].logits_out, logits + rr * s->vocab,
+                           (size_t)(nr * s->vocab) * sizeof(float));
+                rr += nr;
+            }
+            free(logits);
+        }
+    }
+    free(buf);
+    free(pos);
+    free(tok);
+    return st;
+}
+
+const kiln_family kiln_family_gemma = {
+    .name = "gemma",
+    .matches = gemma_matches,
+    .load = gemma_load,
+    .forward = gemma_forward,
+    .free = gemma_free,
+};
