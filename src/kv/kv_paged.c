@@ -1,0 +1,477 @@
+/* kv_paged.c — the paged cache of one sequence: per-layer block tables into the model's kv_pool,
+ * copy-on-write of shared blocks, sliding-window layers that drop blocks leaving their window,
+ * prefix-block registration at commit, and the attention read through the block table (keys and
+ * values are decoded row by row inside the loop; for f32 the loop is the one of
+ * kiln_attention_contiguous, in the same order, so results match it bit for bit). TurboQuant
+ * values are accumulated in the rotated basis and the output is unrotated once per head. */
+#include "backend/cpu/cpu_ops.h"
+#include "kv/hadamard.h"
+#include "kv/kv_factory.h"
+#include "kv/kv_pool.h"
+#include "kv/kv_sliding.h"
+#include "model/model.h"
+#include "util/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct kv_paged {
+    kiln_kv base;
+    kv_pool *pool;
+    bool own_pool;
+    int max_tokens;
+    int n_alloc;     /* logical blocks covered by the tables */
+    int cap;         /* capacity of the tables, in blocks */
+    int32_t **table; /* [n_layers][cap] block ids, -1 = none; NULL for layers without KV */
+    float **state;   /* [n_layers] recurrent state or NULL */
+    int32_t *tokens; /* [tok_cap] ids of positions < known */
+    int tok_cap, known;
+    uint64_t *hashes; /* [cap] prefix hash chain of full blocks */
+    int n_hashed;
+    int32_t *blk; /* [n_layers] scratch */
+} kv_paged;
+
+static const kiln_kv_vtable paged_vt;
+
+bool kv_is_paged(const kiln_kv *kv) {
+    return kv && kv->vt == &paged_vt;
+}
+kv_pool *kv_paged_pool(kiln_kv *kv) {
+    return kv_is_paged(kv) ? ((kv_paged *)kv)->pool : NULL;
+}
+
+static kiln_status grow_tables(kv_paged *c, int need) {
+    if (need <= c->cap) return KILN_OK;
+    int cap = c->cap ? c->cap : 16;
+    while (cap < need) cap *= 2;
+    for (int l = 0; l < c->base.n_layers; l++) {
+        if (!c->base.layers[l].is_attention) continue;
+        int32_t *t = realloc(c->table[l], (size_t)cap * sizeof *t);
+        if (!t) return kiln_error(KILN_ERR_OOM, "KV block table: out of memory");
+        for (int b = c->cap; b < cap; b++) t[b] = -1;
+        c->table[l] = t;
+    }
+    uint64_t *h = realloc(c->hashes, (size_t)cap * sizeof *h);
+    if (!h) return kiln_error(KILN_ERR_OOM, "KV block table: out of memory");
+    c->hashes = h;
+    c->cap = cap;
+    return KILN_OK;
+}
+
+static kiln_status grow_tokens(kv_paged *c, int need) {
+    if (need <= c->tok_cap) return KILN_OK;
+    int cap = c->tok_cap ? c->tok_cap : 256;
+    while (cap < need) cap *= 2;
+    int32_t *t = realloc(c->tokens, (size_t)cap * sizeof *t);
+    if (!t) return kiln_error(KILN_ERR_OOM, "KV token history: out of memory");
+    c->tokens = t;
+    c->tok_cap = cap;
+    return KILN_OK;
+}
+
+static void paged_free(kiln_kv *kv) {
+    kv_paged *c = (kv_paged *)kv;
+    if (!c) return;
+    kv_pool *p = c->pool;
+    if (c->table) {
+        pthread_mutex_lock(&p->mu);
+        for (int l = 0; l < kv->n_layers; l++) {
+            for (int b = 0; c->table[l] && b < c->n_alloc; b++)
+                if (c->table[l][b] >= 0) kv_pool_unref_locked(p, c->table[l][b]);
+            free(c->table[l]);
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (c->state)
+        for (int l = 0; l < kv->n_layers; l++) free(c->state[l]);
+    free(c->table);
+    free(c->state);
+    free(c->tokens);
+    free(c->hashes);
+    free(c->blk);
+    free(kv->layers);
+    if (c->own_pool) kv_pool_free(p);
+    free(c);
+}
+
+static kiln_status paged_reserve(kiln_kv *kv, int n_new) {
+    kv_paged *c = (kv_paged *)kv;
+    kv_pool *p = c->pool;
+    if (n_new < 0) return kiln_error(KILN_ERR_INVALID_ARG, "kv: negative token count");
+    if ((int64_t)kv->len + n_new > c->max_tokens)
+        return kiln_error(KILN_ERR_CACHE_FULL,
+                          "KV cache full: %d tokens held + %d new exceeds the context limit of %d",
+                          kv->len, n_new, c->max_tokens);
+    if (n_new == 0 || p->n_attn_layers == 0) return KILN_OK;
+    const int B = p->block_tokens;
+    int need = (kv->len + n_new + B - 1) / B;
+    KILN_TRY(grow_tables(c, need));
+    pthread_mutex_lock(&p->mu);
+    int fresh = need > c->n_alloc ? need - c->n_alloc : 0;
+    int64_t cow = 0;
+    int upto = need < c->n_alloc ? need : c->n_alloc;
+    for (int b = kv->len / B; b < upto; b++)
+        for (int l = 0; l < kv->n_layers; l++)
+            if (c->table[l] && c->table[l][b] >= 0 && p->refcount[c->table[l][b]] > 1) cow++;
+    int64_t required = (int64_t)fresh * p->n_attn_layers + cow;
+    if (required > p->n_free) {
+        int64_t avail = kv_pool_available_locked(p);
+        if (required > avail) {
+            pthread_mutex_unlock(&p->mu);
+            return kiln_error(KILN_ERR_CACHE_FULL,
+                              "KV pool full: %d new tokens need %lld blocks of %d tokens, %lld of "
+                              "%d are available (free a sequence or raise --kv-budget)",
+                              n_new, (long long)required, B, (long long)avail, p->n_blocks);
+        }
+    }
+    for (int b = kv->len / B; b < upto;
+         b++) /* copy-on-write of shared blocks about to be written */
+        for (int l = 0; l < kv->n_layers; l++) {
+            if (!c->table[l]) continue;
+            int32_t id = c->table[l][b];
+            if (id < 0 || p->refcount[id] <= 1) continue;
+            int32_t nid = kv_pool_alloc_locked(p);
+            memcpy(kv_pool_block(p, nid), kv_pool_block(p, id), p->block_bytes);
+            kv_pool_unref_locked(p, id);
+            c->table[l][b] = nid;
+        }
+    for (int b = c->n_alloc; b < need; b++)
+        for (int l = 0; l < kv->n_layers; l++)
+            if (c->table[l]) c->table[l][b] = kv_pool_alloc_locked(p);
+    if (need > c->n_alloc) c->n_alloc = need;
+    pthread_mutex_unlock(&p->mu);
+    return KILN_OK;
+}
+
+static void paged_store(kiln_kv *kv, int layer, const float *k, const float *v, int n) {
+    kv_paged *c = (kv_paged *)kv;
+    const kv_pool *p = c->pool;
+    const kiln_kv_layer_desc *d = &kv->layers[layer];
+    const kv_layer_fmt *f = &p->fmt[layer];
+    const int B = p->block_tokens, H = d->n_kv_heads;
+    float tmp[1024];
+    for (int t = 0; t < n; t++) {
+        int pos = kv->len + t;
+        uint8_t *blk = kv_pool_block(p, c->table[layer][pos / B]);
+        size_t row = (size_t)(pos % B) * H;
+        for (int h = 0; h < H; h++) {
+            kv_codec_encode(&f->k, k + ((int64_t)t * H + h) * d->head_dim, d->head_dim,
+                            blk + (row + h) * f->k_rec, tmp);
+            kv_codec_encode(&f->v, v + ((int64_t)t * H + h) * d->v_head_dim, d->v_head_dim,
+                            blk + f->v_offset + (row + h) * f->v_rec, tmp);
+        }
+    }
+}
+
+typedef struct paged_job {
+    const kv_paged *c;
+    int layer;
+    const float *q;
+    float *out;
+    int n;
+    const kiln_attn_params *p;
+} paged_job;
+
+static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const paged_job *j = ctx;
+    const kv_paged *c = j->c;
+    const kv_pool *pool = c->pool;
+    const kiln_kv_layer_desc *d = &c->base.layers[j->layer];
+    const kv_layer_fmt *f = &pool->fmt[j->layer];
+    const int32_t *table = c->table[j->layer];
+    const int B = pool->block_tokens, H = d->n_kv_heads, hd = d->head_dim, vhd = d->v_head_dim;
+    const int n_heads = j->p->n_heads, group = n_heads / H;
+    const int n_keys = c->base.len + j->n;
+    const bool k_direct = f->k.kind == KV_CODEC_F32 && !f->k.rotate;
+    const bool v_direct = f->v.kind == KV_CODEC_F32 && !f->v.rotate;
+    float *scores = malloc((size_t)(n_keys > 0 ? n_keys : 1) * sizeof(float));
+    float *buf = malloc((size_t)(2 * hd + vhd) * sizeof(float));
+    if (!scores || !buf) { /* cannot happen in practice; leaves out untouched */
+        free(scores);
+        free(buf);
+        return;
+    }
+    float *kbuf = buf, *qbuf = buf + hd, *vbuf = buf + 2 * hd;
+    for (int64_t w = begin; w < end; w++) {
+        int t = (int)(w / n_heads), h = (int)(w % n_heads), g = h / group;
+        int pos = c->base.len + t;
+        int first = d->window > 0 ? pos - d->window + 1 : 0;
+        if (first < 0) first = 0;
+        int last = pos;
+        const float *qv = j->q + (int64_t)t * n_heads * hd + (int64_t)h * hd;
+        float *o = j->out + (int64_t)t * n_heads * vhd + (int64_t)h * vhd;
+        for (int e = 0; e < vhd; e++) o[e] = 0.0f;
+        if (last < first) continue;
+        if (f->k.rotate) { /* q.k is invariant under the orthonormal rotation applied to k */
+            memcpy(qbuf, qv, (size_t)hd * sizeof(float));
+            kiln_hadamard_rotate(qbuf, hd);
+            qv = qbuf;
+        }
+        int cnt = last - first + 1;
+        float mx = -INFINITY;
+        for (int i = 0; i < cnt; i++) {
+            int kp = first + i;
+            const uint8_t *rec =
+                kv_pool_block(pool, table[kp / B]) + ((size_t)(kp % B) * H + (size_t)g) * f->k_rec;
+            const float *kv;
+            if (k_direct) {
+                kv = (const float *)(const void *)rec;
+            } else {
+                kv_codec_decode(&f->k, rec, hd, kbuf);
+                kv = kbuf;
+            }
+            float s = kiln_cpu_dot(qv, kv, hd) * j->p->scale;
+            if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
+            scores[i] = s;
+            if (s > mx) mx = s;
+        }
+        float sum = 0.0f;
+        for (int i = 0; i < cnt; i++) {
+            scores[i] = expf(scores[i] - mx);
+            sum += scores[i];
+        }
+        float inv = 1.0f / sum;
+        for (int i = 0; i < cnt; i++) {
+            int kp = first + i;
+            const uint8_t *rec = kv_pool_block(pool, table[kp / B]) + f->v_offset +
+                                 ((size_t)(kp % B) * H + (size_t)g) * f->v_rec;
+            const float *vv;
+            if (v_direct) {
+                vv = (const float *)(const void *)rec;
+            } else {
+                kv_codec_decode(&f->v, rec, vhd, vbuf);
+                vv = vbuf;
+            }
+            kiln_cpu_axpy(o, scores[i] * inv, vv, vhd);
+        }
+        if (f->v.rotate) kiln_hadamard_unrotate(o, vhd); /* once per output, not per key */
+    }
+    free(scores);
+    free(buf);
+}
+
+static void paged_attend(kiln_kv *kv, int layer, const float *q, int n, float *out,
+                         const kiln_attn_params *p, kiln_threadpool *pool) {
+    paged_job j = {.c = (const kv_paged *)kv, .layer = layer, .q = q, .out = out, .n = n, .p = p};
+    kiln_parallel_for(pool, (int64_t)n * p->n_heads, 1, paged_slice, &j);
+}
+
+/* Registers full blocks whose tokens are known (p->mu held). */
+static void register_blocks_locked(kv_paged *c) {
+    kv_pool *p = c->pool;
+    const int B = p->block_tokens;
+    if (!p->prefix_ok) return;
+    while (c->n_hashed < c->base.len / B && c->known >= (c->n_hashed + 1) * B) {
+        int b = c->n_hashed;
+        uint64_t parent = b ? c->hashes[b - 1] : 0;
+        uint64_t h = kv_prefix_hash(p, parent, c->tokens + (size_t)b * B);
+        for (int l = 0; l < c->base.n_layers; l++) c->blk[l] = c->table[l] ? c->table[l][b] : -1;
+        kv_prefix_insert_locked(p, h, c->tokens + (size_t)b * B, c->blk);
+        c->hashes[b] = h;
+        c->n_hashed++;
+    }
+}
+
+static void paged_commit(kiln_kv *kv, int n) {
+    kv_paged *c = (kv_paged *)kv;
+    kv_pool *p = c->pool;
+    kv->len += n;
+    pthread_mutex_lock(&p->mu);
+    for (int l = 0; l < kv->n_layers; l++) { /* sliding layers: return blocks left behind */
+        if (!c->table[l] || kv->layers[l].window <= 0) continue;
+        int dead = kv_sliding_dead_blocks(kv->len, kv->layers[l].window, p->block_tokens);
+        for (int b = 0; b < dead && b < c->n_alloc; b++)
+            if (c->table[l][b] >= 0) {
+                kv_pool_unref_locked(p, c->table[l][b]);
+                c->table[l][b] = -1;
+            }
+    }
+    register_blocks_locked(c);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static kiln_status paged_truncate(kiln_kv *kv, int len) {
+    kv_paged *c = (kv_paged *)kv;
+    kv_pool *p = c->pool;
+    const int B = p->block_tokens;
+    if (len < 0 || len > kv->len)
+        return kiln_error(KILN_ERR_INVALID_ARG, "kv: cannot truncate %d tokens to %d", kv->len,
+                          len);
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (c->state[l] && len != 0 && len != kv->len)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "kv: a recurrent state cannot be rolled back "
+                              "to %d of %d tokens (only to 0)",
+                              len, kv->len);
+        if (c->table[l] && kv->layers[l].window > 0 && len > 0) {
+            int first = kv_sliding_first_needed(len, kv->layers[l].window);
+            for (int b = first / B; b * B < len; b++)
+                if (c->table[l][b] < 0)
+                    return kiln_error(KILN_ERR_UNSUPPORTED,
+                                      "kv: layer %d (window %d) already "
+                                      "dropped position %d needed after truncating to %d",
+                                      l, kv->layers[l].window, b * B, len);
+        }
+    }
+    int keep = (len + B - 1) / B;
+    pthread_mutex_lock(&p->mu);
+    for (int l = 0; l < kv->n_layers; l++)
+        for (int b = keep; c->table[l] && b < c->n_alloc; b++)
+            if (c->table[l][b] >= 0) {
+                kv_pool_unref_locked(p, c->table[l][b]);
+                c->table[l][b] = -1;
+            }
+    if (c->n_alloc > keep) c->n_alloc = keep;
+    pthread_mutex_unlock(&p->mu);
+    if (c->n_hashed > len / B) c->n_hashed = len / B;
+    if (c->known > len) c->known = len;
+    if (len == 0)
+        for (int l = 0; l < kv->n_layers; l++)
+            if (c->state[l])
+                memset(c->state[l], 0, (size_t)kv->layers[l].state_floats * sizeof(float));
+    kv->len = len;
+    return KILN_OK;
+}
+
+static int64_t paged_bytes(const kiln_kv *kv) {
+    const kv_paged *c = (const kv_paged *)kv;
+    int64_t blocks = 0, b = 0;
+    for (int l = 0; l < kv->n_layers; l++) {
+        for (int i = 0; c->table[l] && i < c->n_alloc; i++) blocks += c->table[l][i] >= 0;
+        if (c->state[l]) b += kv->layers[l].state_floats * 4;
+    }
+    return b + blocks * (int64_t)c->pool->block_bytes;
+}
+
+static float *paged_layer_state(kiln_kv *kv, int layer) {
+    return ((kv_paged *)kv)->state[layer];
+}
+
+static const kiln_kv_vtable paged_vt = {
+    .kind = "paged",
+    .free = paged_free,
+    .reserve = paged_reserve,
+    .store = paged_store,
+    .attend = paged_attend,
+    .commit = paged_commit,
+    .truncate = paged_truncate,
+    .bytes_used = paged_bytes,
+    .layer_state = paged_layer_state,
+};
+
+kiln_status kv_paged_new(kv_pool *pool, bool own_pool, int max_tokens, kiln_kv **out) {
+    *out = NULL;
+    kv_paged *c = calloc(1, sizeof *c);
+    if (!c) return kiln_error(KILN_ERR_OOM, "out of memory");
+    c->base.vt = &paged_vt;
+    c->pool = pool;
+    c->max_tokens = max_tokens;
+    int nl = pool->n_layers;
+    c->base.n_layers = nl;
+    c->base.layers = malloc((size_t)nl * sizeof *c->base.layers);
+    c->table = calloc((size_t)nl, sizeof *c->table);
+    c->state = calloc((size_t)nl, sizeof *c->state);
+    c->blk = malloc((size_t)nl * sizeof *c->blk);
+    if (!c->base.layers || !c->table || !c->state || !c->blk) goto oom;
+    memcpy(c->base.layers, pool->layers, (size_t)nl * sizeof *c->base.layers);
+    for (int l = 0; l < nl; l++)
+        if (pool->layers[l].state_floats > 0 &&
+            !(c->state[l] = calloc((size_t)pool->layers[l].state_floats, sizeof(float))))
+            goto oom;
+    if (grow_tables(c, 1) != KILN_OK) goto oom;
+    c->own_pool = own_pool;
+    *out = &c->base;
+    return KILN_OK;
+oom:
+    paged_free(&c->base); /* own_pool still false: the caller keeps the pool */
+    return kiln_error(KILN_ERR_OOM, "out of memory for a paged KV cache");
+}
+
+kiln_status kv_paged_fork(kiln_kv *src_kv, kiln_kv **out) {
+    *out = NULL;
+    if (!kv_is_paged(src_kv)) return kiln_error(KILN_ERR_INVALID_ARG, "kv fork: not a paged cache");
+    kv_paged *s = (kv_paged *)src_kv;
+    if (s->own_pool)
+        return kiln_error(KILN_ERR_INVALID_ARG, "kv fork: the cache owns a private pool");
+    kiln_kv *kv;
+    KILN_TRY(kv_paged_new(s->pool, false, s->max_tokens, &kv));
+    kv_paged *c = (kv_paged *)kv;
+    if (grow_tables(c, s->n_alloc) != KILN_OK || grow_tokens(c, s->known) != KILN_OK) {
+        paged_free(kv);
+        return kiln_error(KILN_ERR_OOM, "kv fork: out of memory");
+    }
+    pthread_mutex_lock(&s->pool->mu);
+    for (int l = 0; l < kv->n_layers; l++)
+        for (int b = 0; c->table[l] && b < s->n_alloc; b++) {
+            c->table[l][b] = s->table[l][b];
+            if (c->table[l][b] >= 0) kv_pool_ref_locked(s->pool, c->table[l][b]);
+        }
+    pthread_mutex_unlock(&s->pool->mu);
+    for (int l = 0; l < kv->n_layers; l++)
+        if (c->state[l])
+            memcpy(c->state[l], s->state[l], (size_t)kv->layers[l].state_floats * sizeof(float));
+    c->n_alloc = s->n_alloc;
+    if (s->known) memcpy(c->tokens, s->tokens, (size_t)s->known * sizeof *c->tokens);
+    c->known = s->known;
+    if (s->n_hashed) memcpy(c->hashes, s->hashes, (size_t)s->n_hashed * sizeof *c->hashes);
+    c->n_hashed = s->n_hashed;
+    kv->len = src_kv->len;
+    *out = kv;
+    return KILN_OK;
+}
+
+void kiln_kv_note_tokens(kiln_kv *kv, const int32_t *tokens, int n) {
+    if (!kv_is_paged(kv) || n <= 0) return;
+    kv_paged *c = (kv_paged *)kv;
+    if (c->known < kv->len || grow_tokens(c, kv->len + n) != KILN_OK) return;
+    memcpy(c->tokens + kv->len, tokens, (size_t)n * sizeof *tokens);
+    c->known = kv->len + n;
+}
+
+kiln_status kiln_seq_prefix_attach(kiln_seq *seq, const int32_t *tokens, int n_tokens,
+                                   int *n_reused) {
+    if (!seq || !n_reused || n_tokens < 0 || (n_tokens > 0 && !tokens))
+        return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_prefix_attach: bad argument");
+    *n_reused = 0;
+    kiln_kv *kv = seq->kv;
+    if (kv->len != 0)
+        return kiln_error(KILN_ERR_INVALID_ARG,
+                          "kiln_seq_prefix_attach: the sequence must be "
+                          "empty (it holds %d tokens)",
+                          kv->len);
+    if (!kv_is_paged(kv) || !((kv_paged *)kv)->pool->prefix_ok) return KILN_OK;
+    kv_paged *c = (kv_paged *)kv;
+    kv_pool *p = c->pool;
+    const int B = p->block_tokens, max_full = n_tokens / B;
+    KILN_TRY(grow_tables(c, max_full + 1));
+    KILN_TRY(grow_tokens(c, n_tokens));
+    pthread_mutex_lock(&p->mu);
+    int m = 0;
+    for (uint64_t h = 0; m < max_full; m++) {
+        h = kv_prefix_hash(p, h, tokens + (size_t)m * B);
+        if (!kv_prefix_lookup_locked(p, h, tokens + (size_t)m * B, NULL, 0)) break;
+        c->hashes[m] = h;
+    }
+    /* keep at least one token to forward, so the caller gets logits for the last one */
+    int reuse = m * B < n_tokens ? m * B : n_tokens - 1;
+    if (reuse < 0) reuse = 0;
+    int nblk = (reuse + B - 1) / B;
+    for (int b = nblk - 1; b >= 0; b--) { /* leaf first: the root ends most recently used */
+        kv_prefix_lookup_locked(p, c->hashes[b], tokens + (size_t)b * B, c->blk, ++p->tick);
+        for (int l = 0; l < kv->n_layers; l++) {
+            if (!c->table[l] || c->blk[l] < 0) continue;
+            c->table[l][b] = c->blk[l];
+            kv_pool_ref_locked(p, c->blk[l]);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    c->n_alloc = nblk;
+    c->n_hashed = reuse / B;
+    memcpy(c->tokens, tokens, (size_t)reuse * sizeof *tokens);
+    c->known = reuse;
+    kv->len = reuse;
+    *n_reused = reuse;
+    return KILN_OK;
+}

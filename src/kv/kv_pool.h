@@ -1,0 +1,76 @@
+/* kv_pool.h — the paged KV block pool shared by every sequence of a model: one preallocated
+ * arena of fixed-size blocks (block_tokens tokens of ONE layer: K records then V records, each
+ * [block_tokens][n_kv_heads] rows in that layer's codec), reference counts, a free list, and the
+ * prefix cache (hash chain over full token blocks -> the blocks of every layer holding them,
+ * evicted least-recently-used when unreferenced and the pool needs room). */
+#ifndef KILN_KV_POOL_H
+#define KILN_KV_POOL_H
+
+#include "kv/kv_cache.h"
+#include "kv/kv_codec.h"
+
+#include <pthread.h>
+
+/* Storage of one layer: codecs of its K and V rows and the byte layout inside a block. */
+typedef struct kv_layer_fmt {
+    kv_codec k, v;
+    size_t k_rec, v_rec; /* bytes of one head's row */
+    size_t v_offset;     /* byte offset of the V records in a block */
+} kv_layer_fmt;
+
+typedef struct kv_prefix_entry kv_prefix_entry;
+
+typedef struct kv_pool {
+    int block_tokens;
+    size_t block_bytes; /* max over layers */
+    int32_t n_blocks;
+    uint8_t *data;      /* [n_blocks * block_bytes] */
+    int32_t *refcount;  /* [n_blocks] */
+    int32_t *free_list; /* stack of free block ids */
+    int32_t n_free;
+    int n_layers;
+    kiln_kv_layer_desc *layers; /* [n_layers], owned */
+    kv_layer_fmt *fmt;          /* [n_layers] */
+    int n_attn_layers;
+    bool prefix_ok; /* every layer is full attention: prefix blocks can be shared */
+    uint64_t salt;  /* namespace of the prefix hashes (storage kind, block size) */
+    kv_prefix_entry **buckets;
+    int32_t n_buckets;
+    int64_t n_entries;
+    uint64_t tick; /* LRU clock */
+    char kind[32];
+    pthread_mutex_t mu; /* guards block metadata and the prefix cache */
+} kv_pool;
+
+/* Creates a pool for the layer geometry and the storage kind in opts (kind, block_tokens,
+ * budget_bytes; model_dir: optional folder holding kv_config.json with per-layer bits). */
+kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const kiln_kv_options *opts,
+                        int max_tokens, const char *model_dir, kv_pool **out);
+void kv_pool_free(kv_pool *p);
+
+static inline uint8_t *kv_pool_block(const kv_pool *p, int32_t id) {
+    return p->data + (size_t)id * p->block_bytes;
+}
+
+/* The following require p->mu held. */
+/* Blocks that could be handed out now: free ones plus those held only by evictable prefix entries.
+ */
+int64_t kv_pool_available_locked(kv_pool *p);
+/* Takes a block (refcount 1), evicting LRU prefix entries if needed; -1 if none left. */
+int32_t kv_pool_alloc_locked(kv_pool *p);
+void kv_pool_ref_locked(kv_pool *p, int32_t id);
+void kv_pool_unref_locked(kv_pool *p, int32_t id);
+
+/* Prefix cache (p->mu held). Hash of a full block given its parent's hash (0 for the first). */
+uint64_t kv_prefix_hash(const kv_pool *p, uint64_t parent, const int32_t *tokens);
+/* Entry whose hash and tokens match, or NULL. blocks_out (if found): [n_layers] ids (-1 for
+ * layers without KV). Touches the entry (LRU) with the given tick. */
+bool kv_prefix_lookup_locked(kv_pool *p, uint64_t hash, const int32_t *tokens, int32_t *blocks_out,
+                             uint64_t tick);
+/* Registers a full block (referencing blocks[n_layers]); no-op if the hash is already cached. */
+void kv_prefix_insert_locked(kv_pool *p, uint64_t hash, const int32_t *tokens,
+                             const int32_t *blocks);
+/* Number of cached prefix blocks (entries). */
+int64_t kv_prefix_count(kv_pool *p);
+
+#endif
