@@ -97,6 +97,13 @@ kiln_status kiln_seq_new(kiln_model *model, kiln_seq **out);
 void kiln_seq_free(kiln_seq *seq);
 int kiln_seq_len(const kiln_seq *seq);               /* tokens held in the cache */
 kiln_status kiln_seq_truncate(kiln_seq *seq, int len); /* roll back to the first len tokens */
+/* Prefix sharing (paged KV kinds: --kv other than f32, or --kv-block/--kv-budget). On an empty
+ * sequence, attaches the longest run of cached full blocks matching tokens[0..n_tokens) (blocks
+ * become cached when a sequence of the same model commits them) and sets *n_reused to the tokens
+ * reused, at most n_tokens-1 so the caller still forwards tokens[*n_reused..] and gets logits for
+ * the last one. Other cache kinds, or models with sliding/recurrent layers: *n_reused = 0. */
+kiln_status kiln_seq_prefix_attach(kiln_seq *seq, const int32_t *tokens, int n_tokens,
+                                   int *n_reused);
 
 typedef enum {
     KILN_LOGITS_NONE = 0, /* no logits for this entry */

@@ -94,6 +94,7 @@ static kiln_status describe_weights(kiln_model *m) {
 void kiln_model_free(kiln_model *m) {
     if (!m) return;
     if (m->family && m->family->free) m->family->free(m);
+    kiln_kv_shared_free(m->kv_shared);
     kiln_backend_free(m->be);
     kiln_st_close(m->archive);
     kiln_config_free(&m->cfg);
@@ -179,8 +180,12 @@ kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
     kiln_seq *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
     s->model = m;
-    kiln_status st = m->be->kv_new(m->be, m->kv_layers, m->n_kv_layers, &m->kv_opts, m->max_tokens,
-                                   &s->kv);
+    kiln_status st =
+        m->be->device == KILN_DEVICE_CPU /* CPU caches share one paged pool per model */
+            ? kiln_kv_cpu_new_shared(&m->kv_shared, m->dir, m->kv_layers, m->n_kv_layers,
+                                     &m->kv_opts, m->max_tokens, &s->kv)
+            : m->be->kv_new(m->be, m->kv_layers, m->n_kv_layers, &m->kv_opts, m->max_tokens,
+                            &s->kv);
     if (st != KILN_OK) {
         free(s);
         return st;
@@ -231,5 +236,7 @@ kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
                 return kiln_error(KILN_ERR_INVALID_ARG, "batch entries %d and %d name the same "
                                   "sequence", k, i);
     }
+    for (int i = 0; i < n; i++) /* token ids let paged caches register prefix blocks */
+        kiln_kv_note_tokens(e[i].seq->kv, e[i].tokens, e[i].n_tokens);
     return m->family->forward(m, e, n);
 }

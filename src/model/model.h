@@ -42,6 +42,7 @@ struct kiln_model {
     char *quant_summary;           /* owned string behind info.quant_summary */
     char *layer_pattern;           /* owned string behind info.layer_pattern */
     int32_t eos_ids[KILN_MAX_EOS];
+    void *kv_shared;               /* paged KV pool of this model's sequences (kv_factory) */
 };
 
 /* ---- weight mapping helpers (weights.c) ---- */
