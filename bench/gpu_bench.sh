@@ -1,36 +1,81 @@
 #!/usr/bin/env bash
-# gpu_bench.sh — on the GPU machine, in one call: builds kiln (CUDA on, carried .deps), runs the
-# CUDA op tests, then bench/gpu/kiln_gpu_bench.c (copy bandwidth, matmul GEMV/GEMM at Llama-3-8B
-# layer shapes, big bf16 GEMM, decode attention) and torch's copy/GEMM ceilings for comparison.
+# gpu_bench.sh — on the GPU machine, in one call: builds kiln (CUDA on, carried .deps), then runs
+# the stages named in KILN_STAGES (default: all, in this order):
+#   tests  test_cuda_ops (both quant GEMV kernels), test_parity_cuda (cuBLAS x as bf16 and as a
+#          bf16 hi+lo pair), and `kiln generate --device cuda` on the demo model vs the CPU's ids
+#   micro  bench/gpu/kiln_gpu_bench.c: copy bandwidth, matmul GEMV/GEMM at Llama-3-8B layer
+#          shapes, big bf16 GEMM, decode attention; torch's copy/GEMM ceilings
+#   e2e    random-weight models (bench/make_random_model.py, bf16, then `kiln convert --bits 8/4`)
+#          for each shape in KILN_SHAPES; `kiln bench --device cuda --json`: prefill 512, decode
+#          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
+#   hf     transformers generate (bf16, sdpa, static cache) on the same shapes
+# Each stage is skipped once the script has run KILN_DEADLINE_S seconds (default 500).
 # Usage (device): bash bench/gpu_bench.sh [build-dir]   Logs go to $OUT when set.
+# Data: .gpu-data/shared/{fixtures,models/demo-bf16} (copied here from /work/shared, carried).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-/tmp/b}
 O=${OUT:-/tmp/kiln_gpu_out}
-mkdir -p "$O"
+STAGES=${KILN_STAGES:-tests micro e2e hf}
+SHAPES=${KILN_SHAPES:-qwen3-0.6b llama-3.2-1b}
+QUANT_SHAPES=${KILN_QUANT_SHAPES:-qwen3-0.6b llama-3.2-1b}
+DEADLINE=${KILN_DEADLINE_S:-500}
+M=${KILN_MODELS:-/dev/shm/kiln_models}
+mkdir -p "$O" "$M"
 DEPS=$PWD/.deps/root
 export PKG_CONFIG_PATH=$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig
 export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$O/gpu.txt"
+export KILN_SHARED=$PWD/.gpu-data/shared
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
+late() { [ "$SECONDS" -ge "$DEADLINE" ] && { echo "!! deadline: skipping $1 (t=${SECONDS}s)"; return 0; }; return 1; }
+stamp() { echo "== [t=${SECONDS}s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee "$O/gpu.txt"
 if [ ! -f "$B/libkiln.so" ] || [ "${KILN_REBUILD:-1}" = 1 ]; then
+    stamp build
     cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
         -DKILN_DEPS_PREFIX="$DEPS" >"$O/configure.log" 2>&1 || { tail -30 "$O/configure.log"; exit 1; }
-    cmake --build "$B" -j16 --target kiln_shared test_cuda_ops >"$O/build.log" 2>&1 ||
+    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda >"$O/build.log" 2>&1 ||
         { grep -E "error" "$O/build.log" | head -30; tail -20 "$O/build.log"; exit 1; }
 fi
-echo "== test_cuda_ops"
-KILN_TEST_VERBOSE=${KILN_TEST_VERBOSE:-0} "$B/test_cuda_ops" >"$O/test_cuda_ops.log" 2>&1
-echo "test_cuda_ops rc=$?"
-grep -E "CHECK failed|checks" "$O/test_cuda_ops.log" | head -40
-[ "${KILN_TESTS_ONLY:-0}" = 1 ] && exit 0
-echo "== kiln_gpu_bench"
-gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
-    bench/gpu/kiln_gpu_bench.c -o "$B/kiln_gpu_bench" -L"$B" -lkiln -Wl,-rpath,"$B" \
-    -L/usr/local/cuda/lib64 -lcudart -lm || exit 1
-"$B/kiln_gpu_bench" 2>&1 | tee "$O/bench.txt"
-echo "== torch ceilings"
-python3 - <<'PY' 2>&1 | tee "$O/torch.txt"
+K=$B/kiln
+
+if has tests; then
+    for v in 1 2; do
+        stamp "test_cuda_ops KILN_CUDA_QGEMV=$v"
+        KILN_CUDA_QGEMV=$v "$B/test_cuda_ops" >"$O/test_cuda_ops_v$v.log" 2>&1
+        echo "test_cuda_ops (qgemv $v) rc=$?"
+        grep -E "CHECK failed|checks" "$O/test_cuda_ops_v$v.log" | head -20
+    done
+    for g in bf16 split; do
+        stamp "test_parity_cuda KILN_CUDA_GEMM=$g"
+        KILN_CUDA_GEMM=$g "$B/test_parity_cuda" >"$O/test_parity_cuda_$g.log" 2>&1
+        echo "test_parity_cuda ($g) rc=$?"
+        cat "$O/test_parity_cuda_$g.log" | head -80
+    done
+    stamp "smoke: kiln generate --device cuda (demo-bf16)"
+    D=$KILN_SHARED/models/demo-bf16
+    for dev in cpu cuda; do
+        "$K" generate --device $dev --model "$D" --prompt "The quick brown fox" -n 48 --temperature 0 \
+            --print-ids >"$O/smoke_$dev.txt" 2>"$O/smoke_$dev.err"
+        echo "generate $dev rc=$?"
+    done
+    cat "$O/smoke_cuda.txt"
+    if diff <(tail -1 "$O/smoke_cpu.txt") <(tail -1 "$O/smoke_cuda.txt") >/dev/null; then
+        echo "smoke: cuda ids == cpu ids"
+    else
+        echo "smoke: ids differ"; tail -1 "$O/smoke_cpu.txt"
+    fi
+fi
+
+if has micro && ! late micro; then
+    stamp kiln_gpu_bench
+    gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
+        bench/gpu/kiln_gpu_bench.c -o "$B/kiln_gpu_bench" -L"$B" -lkiln -Wl,-rpath,"$B" \
+        -L/usr/local/cuda/lib64 -lcudart -lm || exit 1
+    "$B/kiln_gpu_bench" 2>&1 | tee "$O/bench.txt"
+    stamp "torch ceilings"
+    python3 - <<'PY' 2>&1 | tee "$O/torch.txt"
 import torch
 a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
 for _ in range(3): b.copy_(a)
@@ -46,3 +91,82 @@ for _ in range(10):
     e0.record(); x @ w; e1.record(); torch.cuda.synchronize(); ts.append(e0.elapsed_time(e1))
 ts.sort(); print(f"torch bf16 8192^3: {2 * 8192**3 / (ts[5] * 1e-3) / 1e12:.0f} TFLOP/s")
 PY
+fi
+COPY=$(grep -oE "copy  D2D 2 GiB: [0-9.]+ ms  [0-9]+" "$O/bench.txt" 2>/dev/null | awk '{print $NF}')
+COPY=${COPY:-4241}
+
+if has e2e; then
+    for s in $SHAPES; do
+        late "e2e $s" && break
+        stamp "model $s"
+        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" || continue
+        fmts="bf16"
+        case " $QUANT_SHAPES " in *" $s "*) fmts="bf16 q8 q4" ;; esac
+        for f in $fmts; do
+            late "e2e $s $f" && break
+            d=$M/$s
+            if [ "$f" != bf16 ]; then
+                d=$M/$s-$f
+                bits=${f#q}; grp=64; [ "$bits" = 4 ] && grp=32
+                [ -f "$d/config.json" ] || "$K" convert --model "$M/$s" --out "$d" --bits "$bits" --group "$grp" --quiet \
+                    >"$O/convert.log" 2>&1 || { tail -3 "$O/convert.log"; continue; }
+            fi
+            stamp "kiln bench $s $f"
+            "$K" bench --device cuda --model "$d" --prompt 512 --gen 1 --runs 3 --json --quiet 2>>"$O/e2e.err" |
+                sed "s/^/{\"shape\":\"$s\",\"fmt\":\"$f\",\"what\":\"prefill512\"} /" | tee -a "$O/e2e.jsonl"
+            if [ "$f" != bf16 ]; then
+                KILN_CUDA_QGEMV=2 "$K" bench --device cuda --model "$d" --prompt 128 --gen 32 --batch 1 --runs 3 --json --quiet 2>>"$O/e2e.err" |
+                    sed "s/^/{\"shape\":\"$s\",\"fmt\":\"$f\",\"what\":\"decode_b1_k2\"} /" | tee -a "$O/e2e.jsonl"
+            fi
+            for b in 1 8 64; do
+                "$K" bench --device cuda --model "$d" --prompt 128 --gen 32 --batch $b --runs 3 --json --quiet 2>>"$O/e2e.err" |
+                    sed "s/^/{\"shape\":\"$s\",\"fmt\":\"$f\",\"what\":\"decode_b$b\"} /" | tee -a "$O/e2e.jsonl"
+            done
+        done
+    done
+    tail -5 "$O/e2e.err" 2>/dev/null
+    python3 - "$O/e2e.jsonl" "$COPY" <<'PY'
+import json, sys
+copy = float(sys.argv[2])
+print(f"{'shape':14} {'fmt':5} {'what':11} {'tok/s':>10} {'weights GB/s':>12} {'of copy':>8}")
+for line in open(sys.argv[1]):
+    tag, _, rest = line.partition("} ")
+    t = json.loads(tag + "}"); r = json.loads(rest)
+    if t["what"] == "prefill512":
+        print(f"{t['shape']:14} {t['fmt']:5} {'prefill512':11} {r['prefill_tok_s']:10.0f}")
+    else:
+        g = r["decode_weight_gb_s"]
+        print(f"{t['shape']:14} {t['fmt']:5} {t['what']:11} {r['decode_tok_s']:10.1f} {g:12.0f} {100*g/copy:7.0f}%")
+PY
+fi
+
+if has hf && ! late hf; then
+    stamp "transformers generate"
+    PYTHONUNBUFFERED=1 python3 - "$M" $SHAPES <<'PY' 2>&1 | grep -v Warning | tee "$O/hf.txt"
+import json, sys, time, torch, transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+print("transformers", transformers.__version__, "torch", torch.__version__)
+root = sys.argv[1]
+for shape in sys.argv[2:]:
+    cfg = AutoConfig.from_pretrained(f"{root}/{shape}")
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.eval()
+    V = cfg.vocab_size
+    def run(batch, prompt, new):
+        ids = torch.randint(0, V, (batch, prompt), device="cuda")
+        torch.cuda.synchronize(); t = time.time()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                       do_sample=False, cache_implementation="static", pad_token_id=0)
+        torch.cuda.synchronize(); return time.time() - t
+    with torch.inference_mode():
+        run(1, 16, 2)
+        pre = min(run(1, 512, 1) for _ in range(2))
+        print(f"hf {shape} bf16 prefill512: {512 / pre:.0f} tok/s ({pre * 1e3:.1f} ms incl. 1 token)")
+        for b in (1, 8, 64):
+            t1 = run(b, 128, 1); t33 = run(b, 128, 33)
+            print(f"hf {shape} bf16 decode_b{b}: {32 * b / (t33 - t1):.1f} tok/s (context 128)")
+    del model; torch.cuda.empty_cache()
+PY
+fi
+stamp done

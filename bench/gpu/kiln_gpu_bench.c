@@ -150,13 +150,23 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
             exit(1);
         }
     const int64_t ns[] = {1, 4};
-    for (int i = 0; i < 2; i++) {
-        double ms = time_matmul(w, copies, ns[i], 1, 15);
-        double gbs = bytes / (ms * 1e-3) / 1e9;
-        printf("gemv  %-5s %5lldx%-5lld n=%lld: %8.1f us  %6.0f GB/s  %4.0f%% of copy\n", fmt,
-               (long long)rows, (long long)cols, (long long)ns[i], ms * 1e3, gbs,
-               100.0 * gbs / copy_bw);
-    }
+    /* quantized: both GEMV kernels (1 = 4 warps split the columns of 4 rows; 2 = a warp owns R
+     * whole rows, R by shape (0) or forced 1/2/4) */
+    const int variants[][2] = {{1, 0}, {2, 0}, {2, 1}, {2, 2}, {2, 4}};
+    int nv = h.host.dtype == KILN_DT_U32 ? 5 : 1;
+    for (int i = 0; i < 2; i++)
+        for (int v = 0; v < nv; v++) {
+            if (i == 1 && v > 1) break;
+            kiln_cuda_set_qgemv_variant(variants[v][0], variants[v][1]);
+            double ms = time_matmul(w, copies, ns[i], 1, 15);
+            double gbs = bytes / (ms * 1e-3) / 1e9;
+            printf("gemv  %-5s %5lldx%-5lld n=%lld: %8.1f us  %6.0f GB/s  %4.0f%% of copy", fmt,
+                   (long long)rows, (long long)cols, (long long)ns[i], ms * 1e3, gbs,
+                   100.0 * gbs / copy_bw);
+            if (nv > 1) printf("  [kernel %d R=%d]", variants[v][0], variants[v][1]);
+            printf("\n");
+        }
+    kiln_cuda_set_qgemv_variant(-1, 0);
     double ms = time_matmul(w, copies < 4 ? copies : 4, 512, 2, 7);
     printf("gemm  %-5s %5lldx%-5lld n=512: %8.1f us  %6.1f TFLOP/s\n", fmt, (long long)rows,
            (long long)cols, ms * 1e3, 2.0 * 512 * rows * cols / (ms * 1e-3) / 1e12);

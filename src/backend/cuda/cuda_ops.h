@@ -26,6 +26,12 @@ kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n
 int kiln_cuda_device_count(char *why, size_t why_len);
 /* Forces the matmul path for benchmarks and tests: 0 auto, 1 GEMV kernel, 2 GEMM (cuBLAS). */
 void kiln_cuda_force_matmul_path(int path);
+/* Quantized GEMV kernel (n <= 8): 1 = block of 4 warps splitting the columns of 4 rows, 2 = each
+ * warp owns rows_per_warp (1, 2, 4; 0 = by shape) whole rows. Default: env KILN_CUDA_QGEMV. */
+void kiln_cuda_set_qgemv_variant(int variant, int rows_per_warp);
+/* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through
+ * two GEMMs (1, x kept to ~2^-17). Default: env KILN_CUDA_GEMM=split|bf16. */
+void kiln_cuda_set_gemm_split(int on);
 /* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
 void *kiln_cuda_stream(kiln_backend *be);
 

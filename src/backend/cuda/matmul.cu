@@ -14,10 +14,17 @@
 #include "backend/cuda/quant.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define GEMV_WARPS 4
 #define GEMV_R     4
 #define GEMV_MAX_N 8
+#ifndef KCU_GEMM_SPLIT_DEFAULT
+#define KCU_GEMM_SPLIT_DEFAULT 0
+#endif
+#ifndef KCU_QGEMV_DEFAULT
+#define KCU_QGEMV_DEFAULT 1
+#endif
 
 static int g_force_path = 0;
 extern "C" void kiln_cuda_force_matmul_path(int path) {
@@ -205,6 +212,131 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
     gemv_finish<NT>(acc, y, n, rows, r0, bias);
 }
 
+
+/* Warp-per-rows variant: each warp owns R whole rows and walks all columns (no block reduction, no
+ * __syncthreads), with 32-bit offsets inside a row; each code is turned into a float once and used
+ * for all NT tokens. Selected by kcu_qgemv_variant() (env KILN_CUDA_QGEMV: 1 = the kernel above,
+ * 2 = this one). */
+template <int B, int NT, int R>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_quant_w(float *y, const float *x, int n, int rows, int cols, const uint32_t *w,
+                   const void *scales, const void *biases, int sdt, int group, const float *bias) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = (blockIdx.x * GEMV_WARPS + warp) * R;
+    if (r0 >= rows) return;
+    const int wpr = cols / 32 * B, gpr = cols / group;
+    const uint32_t *wr[R];
+    int64_t gr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        int row = r0 + r < rows ? r0 + r : rows - 1;
+        wr[r] = w + (int64_t)row * wpr;
+        gr[r] = (int64_t)row * gpr;
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    const float scale_b = (float)(1 << B);
+    for (int c = lane * 32; c < cols; c += 1024) {
+        uint32_t wd[R][B];
+        float s[R], bb[R];
+        const int g = c / group;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            load_words<B>(wr[r] + c / 32 * B, wd[r]);
+            s[r] = kcu_load(scales, gr[r] + g, sdt) * scale_b;
+            bb[r] = kcu_load(biases, gr[r] + g, sdt);
+        }
+        float d[R][NT], sx[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            sx[t] = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) d[r][t] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float xv[NT][4];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float4 a = t < n ? __ldg((const float4 *)(x + (int64_t)t * cols + c) + k)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+                xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
+                sx[t] += (a.x + a.y) + (a.z + a.w);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float f = code_f1<B>(wd[r], 4 * k + i);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) d[r][t] = fmaf(f, xv[t][i], d[r][t]);
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = fmaf(s[r], d[r][t] - sx[t], fmaf(bb[r], sx[t], acc[r][t]));
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = kcu_warp_sum(acc[r][t]);
+            if (lane == 0 && r0 + r < rows && t < n)
+                y[(int64_t)t * rows + r0 + r] = v + (bias ? bias[r0 + r] : 0.0f);
+        }
+}
+
+static int g_qgemv_variant = -1, g_qgemv_rows = 0;
+static int kcu_qgemv_variant(void) {
+    if (g_qgemv_variant < 0) {
+        const char *e = getenv("KILN_CUDA_QGEMV");
+        g_qgemv_variant = e && *e ? atoi(e) : KCU_QGEMV_DEFAULT;
+        const char *r = getenv("KILN_CUDA_QGEMV_R");
+        g_qgemv_rows = r && *r ? atoi(r) : 0;
+    }
+    return g_qgemv_variant;
+}
+extern "C" void kiln_cuda_set_qgemv_variant(int variant, int rows_per_warp) {
+    g_qgemv_variant = variant; /* < 0: back to the environment / default */
+    g_qgemv_rows = rows_per_warp;
+    if (variant < 0) kcu_qgemv_variant();
+}
+
+template <int B, int NT>
+static void launch_quant_w(kcu_state *st, float *y, const float *x, int64_t n,
+                           const kiln_matrix *w) {
+    int R = g_qgemv_rows;
+    if (R != 1 && R != 2 && R != 4) { /* enough warps to fill the GPU: >= 24 per SM */
+        int64_t want = (int64_t)st->n_sms * 24;
+        R = w->rows / 4 >= want ? 4 : w->rows / 2 >= want ? 2 : 1;
+    }
+    if (NT > 1 && R > 2) R = 2;
+    const int Rc = NT > 1 ? (R > 1 ? 2 : 1) : R;
+    dim3 block(GEMV_WARPS * 32), grid((unsigned)((w->rows + GEMV_WARPS * Rc - 1) / (GEMV_WARPS * Rc)));
+    const uint32_t *q = (const uint32_t *)w->data;
+    int sdt = (int)w->scale_dtype, g = w->group_size;
+#define KW(RR)                                                                                     \
+    k_gemv_quant_w<B, NT, RR><<<grid, block, 0, st->stream>>>(                                     \
+        y, x, (int)n, (int)w->rows, (int)w->cols, q, w->scales, w->biases, sdt, g, w->bias)
+    if (Rc == 1) {
+        KW(1);
+    } else {
+        if constexpr (NT == 1) {
+            if (Rc == 4) KW(4);
+            else KW(2);
+        } else {
+            KW(2);
+        }
+    }
+    KCU_LAUNCHED(st);
+#undef KW
+}
+
 /* ---- fallbacks and helpers ---- */
 
 /* One warp per (token, row): any format, any shape or alignment. */
@@ -224,6 +356,29 @@ __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* x = hi + lo with both halves bf16 (hi = bf16(x), lo = bf16(x - hi)): two GEMMs against them
+ * carry x to ~2^-17 relative instead of bf16's 2^-9. */
+__global__ void k_to_bf16_split(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        __nv_bfloat16 h = __float2bfloat16_rn(src[i]);
+        hi[i] = h;
+        lo[i] = __float2bfloat16_rn(src[i] - __bfloat162float(h));
+    }
+}
+
+static int g_gemm_split = -1;
+static bool kcu_gemm_split(void) {
+    if (g_gemm_split < 0) {
+        const char *e = getenv("KILN_CUDA_GEMM");
+        g_gemm_split = e && *e ? strcmp(e, "split") == 0 : KCU_GEMM_SPLIT_DEFAULT;
+    }
+    return g_gemm_split == 1;
+}
+extern "C" void kiln_cuda_set_gemm_split(int on) {
+    g_gemm_split = on ? 1 : 0;
 }
 
 /* Rows [r0, r0+nr) of w as bf16 [nr, cols]. */
@@ -246,7 +401,29 @@ template <int NT>
 static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     dim3 grid((unsigned)((w->rows + GEMV_R - 1) / GEMV_R)), block(GEMV_WARPS * 32);
     cudaStream_t s = st->stream;
-    if (kiln_matrix_is_quantized(w)) {
+    if (kiln_matrix_is_quantized(w) && kcu_qgemv_variant() == 2 && w->rows < INT32_MAX / 2 &&
+        w->cols < INT32_MAX / 8) {
+        switch (w->bits) {
+        case 2:
+            launch_quant_w<2, NT>(st, y, x, n, w);
+            break;
+        case 3:
+            launch_quant_w<3, NT>(st, y, x, n, w);
+            break;
+        case 4:
+            launch_quant_w<4, NT>(st, y, x, n, w);
+            break;
+        case 5:
+            launch_quant_w<5, NT>(st, y, x, n, w);
+            break;
+        case 6:
+            launch_quant_w<6, NT>(st, y, x, n, w);
+            break;
+        default:
+            launch_quant_w<8, NT>(st, y, x, n, w);
+            break;
+        }
+    } else if (kiln_matrix_is_quantized(w)) {
         const uint32_t *q = (const uint32_t *)w->data;
         int sdt = (int)w->scale_dtype, g = w->group_size;
 #define KQ(B)                                                                                      \
@@ -305,7 +482,8 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
                                    &zero, y, (int)rows));
     } else {
         /* scratch: x as bf16, then (unless W is bf16) a slice of W rows as bf16 */
-        size_t xb = ((size_t)(n * cols) * 2 + 255) & ~(size_t)255;
+        const bool split = kcu_gemm_split();
+        size_t xb1 = ((size_t)(n * cols) * 2 + 255) & ~(size_t)255, xb = split ? 2 * xb1 : xb1;
         int64_t slice = w->dtype == KILN_DT_BF16 ? 0 : rows;
         const int64_t max_slice_elems = (int64_t)64 << 20; /* 128 MiB of bf16 */
         if (slice * cols > max_slice_elems) slice = max_slice_elems / cols;
@@ -314,13 +492,23 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
         char *scr = (char *)kcu_scratch(st, xb + (size_t)(slice * cols) * 2);
         if (!scr) return;
         __nv_bfloat16 *xh = (__nv_bfloat16 *)scr, *wh = (__nv_bfloat16 *)(scr + xb);
-        k_to_bf16<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(xh, x, n * cols);
+        __nv_bfloat16 *xl = (__nv_bfloat16 *)(scr + xb1);
+        if (split)
+            k_to_bf16_split<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(xh, xl, x,
+                                                                                     n * cols);
+        else
+            k_to_bf16<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(xh, x, n * cols);
         KCU_LAUNCHED(st);
         if (w->dtype == KILN_DT_BF16) {
             KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
                                         (int)cols, &one, w->data, CUDA_R_16BF, (int)cols, xh,
                                         CUDA_R_16BF, (int)cols, &zero, y, CUDA_R_32F, (int)rows,
                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            if (split)
+                KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
+                                            (int)cols, &one, w->data, CUDA_R_16BF, (int)cols, xl,
+                                            CUDA_R_16BF, (int)cols, &one, y, CUDA_R_32F, (int)rows,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         } else {
             for (int64_t r0 = 0; r0 < rows; r0 += slice) {
                 int64_t nr = rows - r0 < slice ? rows - r0 : slice;
@@ -331,6 +519,12 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
                                             (int)cols, &one, wh, CUDA_R_16BF, (int)cols, xh,
                                             CUDA_R_16BF, (int)cols, &zero, y + r0, CUDA_R_32F,
                                             (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                if (split)
+                    KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr,
+                                                (int)n, (int)cols, &one, wh, CUDA_R_16BF, (int)cols,
+                                                xl, CUDA_R_16BF, (int)cols, &one, y + r0,
+                                                CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
+                                                CUBLAS_GEMM_DEFAULT));
             }
         }
     }
