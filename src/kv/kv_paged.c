@@ -173,6 +173,12 @@ typedef struct paged_job {
     const kiln_attn_params *p;
 } paged_job;
 
+enum { TILE_Q = 16 }; /* queries sharing one decode of each key / value row */
+
+/* One work item: kv head g and a tile of up to TILE_Q queries, with every query head of the GQA
+ * group. Each key and value row is decoded once for the whole tile; for every (query, head) the
+ * scores, the softmax sums and the weighted sum of values run in increasing key order, exactly as
+ * in kiln_attention_contiguous. */
 static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const paged_job *j = ctx;
@@ -186,33 +192,43 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
     const int n_keys = c->base.len + j->n;
     const bool k_direct = f->k.kind == KV_CODEC_F32 && !f->k.rotate;
     const bool v_direct = f->v.kind == KV_CODEC_F32 && !f->v.rotate;
-    float *scores = malloc((size_t)(n_keys > 0 ? n_keys : 1) * sizeof(float));
-    float *buf = malloc((size_t)(2 * hd + vhd) * sizeof(float));
-    if (!scores || !buf) { /* cannot happen in practice; leaves out untouched */
+    const int rows = TILE_Q * group;
+    float *scores = malloc((size_t)rows * (size_t)(n_keys > 0 ? n_keys : 1) * sizeof(float));
+    float *buf = malloc((size_t)(hd + vhd + rows * hd) * sizeof(float));
+    float *mx = malloc((size_t)rows * 2 * sizeof(float));
+    const float **qv = malloc((size_t)rows * sizeof *qv);
+    if (!scores || !buf || !mx || !qv) { /* cannot happen in practice; leaves out untouched */
         free(scores);
         free(buf);
+        free(mx);
+        free(qv);
         return;
     }
-    float *kbuf = buf, *qbuf = buf + hd, *vbuf = buf + 2 * hd;
+    float *kbuf = buf, *vbuf = buf + hd, *qrot = buf + hd + vhd;
+    float *inv = mx + rows;
+    const int n_tiles = (j->n + TILE_Q - 1) / TILE_Q;
     for (int64_t w = begin; w < end; w++) {
-        int t = (int)(w / n_heads), h = (int)(w % n_heads), g = h / group;
-        int pos = c->base.len + t;
-        int first = d->window > 0 ? pos - d->window + 1 : 0;
-        if (first < 0) first = 0;
-        int last = pos;
-        const float *qv = j->q + (int64_t)t * n_heads * hd + (int64_t)h * hd;
-        float *o = j->out + (int64_t)t * n_heads * vhd + (int64_t)h * vhd;
-        for (int e = 0; e < vhd; e++) o[e] = 0.0f;
-        if (last < first) continue;
-        if (f->k.rotate) { /* q.k is invariant under the orthonormal rotation applied to k */
-            memcpy(qbuf, qv, (size_t)hd * sizeof(float));
-            kiln_hadamard_rotate(qbuf, hd);
-            qv = qbuf;
+        const int g = (int)(w / n_tiles), t0 = (int)(w % n_tiles) * TILE_Q;
+        const int nt = j->n - t0 < TILE_Q ? j->n - t0 : TILE_Q;
+        /* rows r = (t - t0) * group + (h - g*group); query t sees keys first(t)..pos(t) */
+        const int pos_hi = c->base.len + t0 + nt - 1;
+        int lo = c->base.len + t0; /* smallest first(t) over the tile */
+        lo = d->window > 0 ? lo - d->window + 1 : 0;
+        if (lo < 0) lo = 0;
+        for (int r = 0; r < nt * group; r++) {
+            int t = t0 + r / group, h = g * group + r % group;
+            const float *q = j->q + (int64_t)t * n_heads * hd + (int64_t)h * hd;
+            float *o = j->out + (int64_t)t * n_heads * vhd + (int64_t)h * vhd;
+            for (int e = 0; e < vhd; e++) o[e] = 0.0f;
+            if (f->k.rotate) { /* q.k is invariant under the orthonormal rotation of k */
+                memcpy(qrot + (size_t)r * hd, q, (size_t)hd * sizeof(float));
+                kiln_hadamard_rotate(qrot + (size_t)r * hd, hd);
+                q = qrot + (size_t)r * hd;
+            }
+            qv[r] = q;
+            mx[r] = -INFINITY;
         }
-        int cnt = last - first + 1;
-        float mx = -INFINITY;
-        for (int i = 0; i < cnt; i++) {
-            int kp = first + i;
+        for (int kp = lo; kp <= pos_hi; kp++) {
             const uint8_t *rec =
                 kv_pool_block(pool, table[kp / B]) + ((size_t)(kp % B) * H + (size_t)g) * f->k_rec;
             const float *kv;
@@ -222,19 +238,29 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
                 kv_codec_decode(&f->k, rec, hd, kbuf);
                 kv = kbuf;
             }
-            float s = kiln_cpu_dot(qv, kv, hd) * j->p->scale;
-            if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
-            scores[i] = s;
-            if (s > mx) mx = s;
+            for (int r = 0; r < nt * group; r++) {
+                int pos = c->base.len + t0 + r / group;
+                int first = d->window > 0 ? pos - d->window + 1 : 0;
+                if (kp < first || kp > pos) continue;
+                float s = kiln_cpu_dot(qv[r], kv, hd) * j->p->scale;
+                if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
+                scores[(size_t)r * n_keys + kp] = s;
+                if (s > mx[r]) mx[r] = s;
+            }
         }
-        float sum = 0.0f;
-        for (int i = 0; i < cnt; i++) {
-            scores[i] = expf(scores[i] - mx);
-            sum += scores[i];
+        for (int r = 0; r < nt * group; r++) {
+            int pos = c->base.len + t0 + r / group;
+            int first = d->window > 0 ? pos - d->window + 1 : 0;
+            if (first < 0) first = 0;
+            float *sc = scores + (size_t)r * n_keys;
+            float sm = 0.0f;
+            for (int kp = first; kp <= pos; kp++) {
+                sc[kp] = expf(sc[kp] - mx[r]);
+                sm += sc[kp];
+            }
+            inv[r] = 1.0f / sm;
         }
-        float inv = 1.0f / sum;
-        for (int i = 0; i < cnt; i++) {
-            int kp = first + i;
+        for (int kp = lo; kp <= pos_hi; kp++) {
             const uint8_t *rec = kv_pool_block(pool, table[kp / B]) + f->v_offset +
                                  ((size_t)(kp % B) * H + (size_t)g) * f->v_rec;
             const float *vv;
@@ -244,18 +270,31 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
                 kv_codec_decode(&f->v, rec, vhd, vbuf);
                 vv = vbuf;
             }
-            kiln_cpu_axpy(o, scores[i] * inv, vv, vhd);
+            for (int r = 0; r < nt * group; r++) {
+                int t = t0 + r / group, h = g * group + r % group, pos = c->base.len + t;
+                int first = d->window > 0 ? pos - d->window + 1 : 0;
+                if (kp < first || kp > pos) continue;
+                float *o = j->out + (int64_t)t * n_heads * vhd + (int64_t)h * vhd;
+                kiln_cpu_axpy(o, scores[(size_t)r * n_keys + kp] * inv[r], vv, vhd);
+            }
         }
-        if (f->v.rotate) kiln_hadamard_unrotate(o, vhd); /* once per output, not per key */
+        if (f->v.rotate) /* once per output row, not per key */
+            for (int r = 0; r < nt * group; r++) {
+                int t = t0 + r / group, h = g * group + r % group;
+                kiln_hadamard_unrotate(j->out + (int64_t)t * n_heads * vhd + (int64_t)h * vhd, vhd);
+            }
     }
     free(scores);
     free(buf);
+    free(mx);
+    free(qv);
 }
 
 static void paged_attend(kiln_kv *kv, int layer, const float *q, int n, float *out,
                          const kiln_attn_params *p, kiln_threadpool *pool) {
     paged_job j = {.c = (const kv_paged *)kv, .layer = layer, .q = q, .out = out, .n = n, .p = p};
-    kiln_parallel_for(pool, (int64_t)n * p->n_heads, 1, paged_slice, &j);
+    int64_t tiles = (n + TILE_Q - 1) / TILE_Q;
+    kiln_parallel_for(pool, tiles * kv->layers[layer].n_kv_heads, 1, paged_slice, &j);
 }
 
 /* Registers full blocks whose tokens are known (p->mu held). */

@@ -13,7 +13,7 @@ size_t kv_lloyd_row_bytes(int dim, int bits, int group) {
     return (size_t)ng * 2 + (size_t)(ng * ((group * bits + 7) / 8));
 }
 
-/* Record: [ng x f16 rms] then ng packed code groups. */
+/* Record: [ng x f16 scale (the RMS, refit by least squares)] then ng packed code groups. */
 void kv_lloyd_encode(const kiln_lloyd_max *lm, const float *x, int dim, int group, uint8_t *out) {
     const int ng = dim / group, gbytes = (group * lm->bits + 7) / 8;
     uint8_t codes[256];
@@ -25,7 +25,14 @@ void kv_lloyd_encode(const kiln_lloyd_max *lm, const float *x, int dim, int grou
         uint16_t r16 = kiln_f32_to_f16((float)sqrt(ss / group));
         float r = kiln_f16_to_f32(r16);
         float inv = r > 0 ? 1.0f / r : 0.0f;
-        for (int i = 0; i < group; i++) codes[i] = (uint8_t)kiln_lloyd_max_encode(lm, xg[i] * inv);
+        double xc = 0, cc = 0;
+        for (int i = 0; i < group; i++) {
+            codes[i] = (uint8_t)kiln_lloyd_max_encode(lm, xg[i] * inv);
+            xc += (double)xg[i] * lm->centroid[codes[i]];
+            cc += (double)lm->centroid[codes[i]] * lm->centroid[codes[i]];
+        }
+        /* the codes fixed, the least-squares scale sum(x c) / sum(c^2) lowers the error further */
+        if (cc > 0) r16 = kiln_f32_to_f16((float)(xc / cc));
         memcpy(out + 2 * g, &r16, 2);
         kiln_pack_bits(codes, group, lm->bits, packed + g * gbytes);
     }
