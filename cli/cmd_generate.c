@@ -38,7 +38,8 @@ int cmd_generate(int argc, char **argv) {
     cli_model_opts_init(&mo);
     const char *prompt = NULL, *ids_text = NULL;
     long long max_tokens = 128;
-    bool chat = false, print_ids = false, ignore_eos = false, temp_set = false;
+    bool chat = false, print_ids = false, ignore_eos = false;
+    bool set_temp = false, set_top_k = false, set_top_p = false, set_rep = false;
     kiln_sampler_params sp;
     kiln_sampler_params_default(&sp);
     for (int i = 1; i < argc; i++) {
@@ -72,16 +73,17 @@ int cmd_generate(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!cli_parse_int(v, 0, 1 << 30, &n)) return cli_error("--top-k: bad value '%s'", v);
             sp.top_k = (int)n;
+            set_top_k = true;
         } else if (strcmp(a, "--temperature") == 0 || strcmp(a, "--temp") == 0 ||
                    strcmp(a, "--top-p") == 0 || strcmp(a, "--min-p") == 0 ||
                    strcmp(a, "--repetition-penalty") == 0 || strcmp(a, "--presence-penalty") == 0 ||
                    strcmp(a, "--frequency-penalty") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!cli_parse_float(v, &d)) return cli_error("%s: bad value '%s'", a, v);
-            if (strncmp(a, "--temp", 6) == 0) sp.temperature = (float)d, temp_set = true;
-            else if (strcmp(a, "--top-p") == 0) sp.top_p = (float)d;
+            if (strncmp(a, "--temp", 6) == 0) sp.temperature = (float)d, set_temp = true;
+            else if (strcmp(a, "--top-p") == 0) sp.top_p = (float)d, set_top_p = true;
             else if (strcmp(a, "--min-p") == 0) sp.min_p = (float)d;
-            else if (strcmp(a, "--repetition-penalty") == 0) sp.repetition_penalty = (float)d;
+            else if (strcmp(a, "--repetition-penalty") == 0) sp.repetition_penalty = (float)d, set_rep = true;
             else if (strcmp(a, "--presence-penalty") == 0) sp.presence_penalty = (float)d;
             else sp.frequency_penalty = (float)d;
         } else {
@@ -89,7 +91,6 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     if (!prompt == !ids_text) return cli_error("generate: give exactly one of --prompt or --ids");
-    (void)temp_set;
 
     int32_t *ids = NULL;
     int n_ids = 0;
@@ -97,6 +98,14 @@ int cmd_generate(int argc, char **argv) {
     kiln_model *model = cli_load_model(&mo);
     if (!model) return free(ids), 1;
     const kiln_model_info *info = kiln_model_get_info(model);
+    {   /* generation_config.json supplies what the command line did not */
+        kiln_sampler_params d = sp;
+        kiln_model_default_sampling(model, &d);
+        if (!set_temp) sp.temperature = d.temperature;
+        if (!set_top_k) sp.top_k = d.top_k;
+        if (!set_top_p) sp.top_p = d.top_p;
+        if (!set_rep) sp.repetition_penalty = d.repetition_penalty;
+    }
     const char *dir = mo.model_dir ? mo.model_dir : cli_default_model_dir();
     kiln_tokenizer *tok = NULL;
     kiln_status st = kiln_tokenizer_load(dir, &tok);
@@ -118,8 +127,6 @@ int cmd_generate(int argc, char **argv) {
     if (prompt) {
         const char *text = prompt;
         if (chat) {
-            char msg[64 + 1];
-            (void)msg;
             size_t plen = strlen(prompt);
             char *json = malloc(plen * 6 + 64);
             if (!json) goto done;
@@ -162,6 +169,8 @@ int cmd_generate(int argc, char **argv) {
         cli_fail_status(st, "detokenizer");
         goto done;
     }
+    if (prompt && !chat) fputs(prompt, stdout); /* the completion continues the prompt */
+    fflush(stdout);
     double t0 = now_s();
     kiln_batch_entry e = {.seq = seq, .tokens = ids, .n_tokens = n_ids, .logits = KILN_LOGITS_LAST,
                           .logits_out = logits};

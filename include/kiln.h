@@ -174,6 +174,9 @@ typedef struct kiln_sampler_params {
 } kiln_sampler_params;
 
 void kiln_sampler_params_default(kiln_sampler_params *p);
+/* The model's defaults from generation_config.json (greedy unless it sets do_sample): fills
+ * temperature, top_k, top_p and repetition_penalty; leaves the other fields alone. */
+void kiln_model_default_sampling(const kiln_model *model, kiln_sampler_params *p);
 
 typedef struct kiln_sampler kiln_sampler;
 kiln_status kiln_sampler_new(const kiln_sampler_params *p, int vocab_size, kiln_sampler **out);

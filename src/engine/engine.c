@@ -240,3 +240,13 @@ kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
         kiln_kv_note_tokens(e[i].seq->kv, e[i].tokens, e[i].n_tokens);
     return m->family->forward(m, e, n);
 }
+
+void kiln_model_default_sampling(const kiln_model *m, kiln_sampler_params *p) {
+    if (!m || !p) return;
+    const kiln_config *c = &m->cfg;
+    bool sample = c->gen_do_sample; /* transformers: greedy unless do_sample */
+    p->temperature = sample && c->has_temperature ? c->gen_temperature : sample ? 1.0f : 0.0f;
+    p->top_k = sample && c->has_top_k ? c->gen_top_k : 0;
+    p->top_p = sample && c->has_top_p ? c->gen_top_p : 1.0f;
+    p->repetition_penalty = c->has_repetition_penalty ? c->gen_repetition_penalty : 1.0f;
+}
