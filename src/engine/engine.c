@@ -33,6 +33,14 @@ static void module_kind(const char *tensor, char *out, size_t cap) {
     snprintf(out, cap, "%s", s);
     char *dot = strrchr(out, '.');
     if (dot) *dot = 0;
+    /* experts.17.gate_proj -> experts.*.gate_proj */
+    char *ex = strstr(out, "experts.");
+    if (ex && ex[8] >= '0' && ex[8] <= '9') {
+        char *end = ex + 8;
+        while (*end >= '0' && *end <= '9') end++;
+        ex[8] = '*';
+        memmove(ex + 9, end, strlen(end) + 1);
+    }
 }
 
 /* Parameter count, stored bytes and a per-module-kind quantization summary. */
@@ -124,7 +132,7 @@ kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln
     m->family = kiln_family_find(&m->cfg);
     if (!m->family) {
         st = kiln_error(KILN_ERR_UNSUPPORTED, "%s/config.json: model_type '%s' is not supported "
-                        "(supported: llama, qwen2, qwen3)", dir, m->cfg.model_type);
+                        "(supported: %s)", dir, m->cfg.model_type, kiln_family_supported_types());
         goto fail;
     }
     st = kiln_st_open_dir(dir, &m->archive);

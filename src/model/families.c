@@ -19,3 +19,8 @@ const kiln_family *kiln_family_find(const kiln_config *cfg) {
         if (families[i]->matches(cfg)) return families[i];
     return NULL;
 }
+
+const char *kiln_family_supported_types(void) {
+    return "llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5_text, gemma3_text, "
+           "gemma4_text";
+}

@@ -70,6 +70,8 @@ void kiln_rope_round_to_dtype(float *inv_freq, int n, kiln_dtype dtype);
 
 /* Registered families (families.c). */
 const kiln_family *kiln_family_find(const kiln_config *cfg);
+/* The model_type values the registered families run, for error messages. */
+const char *kiln_family_supported_types(void);
 
 /* Scratch memory on the model's backend that grows as needed. */
 typedef struct kiln_scratch {
