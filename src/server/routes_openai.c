@@ -21,6 +21,7 @@ typedef struct oa_stream {
     char id[64];
     long created;
     bool started, finished_sent[GEN_MAX_N], usage_done;
+    int ids_sent[GEN_MAX_N];
     bool return_ids;
 } oa_stream;
 
@@ -320,7 +321,7 @@ static cJSON *chunk_base(oa_stream *os) {
 
 /* One chunk for choice i: delta (chat) or text (completions). */
 static void emit_choice_chunk(oa_stream *os, strbuf *out, int i, cJSON *delta_or_text,
-                              const char *finish, cJSON *logprobs) {
+                              const char *finish, cJSON *logprobs, cJSON *token_ids) {
     cJSON *j = chunk_base(os);
     cJSON *choices = cJSON_AddArrayToObject(j, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -337,6 +338,7 @@ static void emit_choice_chunk(oa_stream *os, strbuf *out, int i, cJSON *delta_or
         cJSON_AddStringToObject(ch, "finish_reason", finish);
     else
         cJSON_AddNullToObject(ch, "finish_reason");
+    if (token_ids) cJSON_AddItemToObject(ch, "token_ids", token_ids);
     cJSON_AddItemToArray(choices, ch);
     if (os->g.o.include_usage) cJSON_AddNullToObject(j, "usage");
     sse_json(out, NULL, j);
@@ -352,7 +354,7 @@ static void oa_produce(void *ctx, strbuf *out, bool *done) {
                 cJSON *d = cJSON_CreateObject();
                 cJSON_AddStringToObject(d, "role", "assistant");
                 cJSON_AddStringToObject(d, "content", "");
-                emit_choice_chunk(os, out, i, d, NULL, NULL);
+                emit_choice_chunk(os, out, i, d, NULL, NULL, NULL);
             }
         return;
     }
@@ -375,9 +377,16 @@ static void oa_produce(void *ctx, strbuf *out, bool *done) {
             cJSON *d = cJSON_CreateObject();
             cJSON_AddStringToObject(d, "reasoning_content", c->reasoning.data + c->reasoning_sent);
             c->reasoning_sent = c->reasoning.len;
-            emit_choice_chunk(os, out, i, d, NULL, NULL);
+            emit_choice_chunk(os, out, i, d, NULL, NULL, NULL);
         }
-        if (c->content.len > c->content_sent || lp) {
+        cJSON *new_ids = NULL;
+        if (os->return_ids && os->kind == KIND_TEXT && os->ids_sent[i] < c->n_toks) {
+            new_ids = cJSON_CreateArray();
+            for (int k = os->ids_sent[i]; k < c->n_toks; k++)
+                cJSON_AddItemToArray(new_ids, cJSON_CreateNumber(c->toks[k].id));
+            os->ids_sent[i] = c->n_toks;
+        }
+        if (c->content.len > c->content_sent || lp || new_ids) {
             const char *t = c->content.data ? c->content.data + c->content_sent : "";
             cJSON *d;
             if (os->kind == KIND_CHAT) {
@@ -387,16 +396,16 @@ static void oa_produce(void *ctx, strbuf *out, bool *done) {
                 d = cJSON_CreateString(t);
             }
             c->content_sent = c->content.len;
-            emit_choice_chunk(os, out, i, d, NULL, lp);
+            emit_choice_chunk(os, out, i, d, NULL, lp, new_ids);
         }
         if (c->done) {
             if (c->tool_calls && os->kind == KIND_CHAT) {
                 cJSON *d = cJSON_CreateObject();
                 cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(c->tool_calls, true));
-                emit_choice_chunk(os, out, i, d, NULL, NULL);
+                emit_choice_chunk(os, out, i, d, NULL, NULL, NULL);
             }
             cJSON *d = os->kind == KIND_CHAT ? cJSON_CreateObject() : cJSON_CreateString("");
-            emit_choice_chunk(os, out, i, d, c->finish, NULL);
+            emit_choice_chunk(os, out, i, d, c->finish, NULL, NULL);
             os->finished_sent[i] = true;
         }
     }

@@ -33,6 +33,8 @@ static size_t partial_suffix(const char *s, size_t n, const char *tag) {
 }
 
 static void emit_content(textstream *t, const char *s, size_t n, strbuf *content) {
+    while (t->after_think && n > 0 && (*s == '\n' || *s == '\r')) s++, n--;
+    if (n > 0) t->after_think = false;
     if (t->tool_mode) {
         sb_append(&t->tool_text, s, n);
         return;
@@ -85,10 +87,8 @@ static void route(textstream *t, const char *s, size_t n, bool final, strbuf *co
             else
                 emit_content(t, buf, pre, content);
             t->in_think = !t->in_think;
-            size_t skip = pre + strlen(tag);
-            if (!t->in_think) /* drop the newlines that follow </think> */
-                while (skip < len && buf[skip] == '\n') skip++;
-            sb_consume(&t->tagbuf, skip);
+            if (!t->in_think) t->after_think = true;
+            sb_consume(&t->tagbuf, pre + strlen(tag));
             continue;
         }
         size_t hold = 0;

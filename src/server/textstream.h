@@ -20,6 +20,7 @@ typedef struct textstream {
     bool tool_mode;   /* all further content goes to tool_text */
     bool saw_content; /* a non-space content byte was emitted (Llama JSON detection) */
     bool stopped;     /* a stop string matched */
+    bool after_think; /* drop newlines that follow </think> */
     int matched_stop; /* index into stops of the match, -1 if none */
     strbuf pending;   /* decoded text not yet past the stop matcher */
     strbuf tagbuf;    /* text past the stop matcher, held for a possible tag prefix */

@@ -33,7 +33,7 @@ static cJSON *call_from_object(const cJSON *o) {
 static bool add_json_calls(cJSON *out, const char *json, size_t len) {
     char *s = strndup(json, len);
     if (!s) return false;
-    cJSON *v = cJSON_Parse(s);
+    cJSON *v = cJSON_ParseWithOpts(s, NULL, true); /* no trailing text */
     free(s);
     if (!v) return false;
     bool ok = true;
