@@ -13,14 +13,14 @@ const ref = JSON.parse(fs.readFileSync(fx + "/reference.json", "utf8"));
 const srv = await startServer(["--model", fx, "--threads", "1", "--max-batch", "32", "--ctx", "256", "--prefix-cache", "8"]);
 const U = srv.url;
 const prompts = Array.from({ length: 8 }, (_, i) => [...ref.input_ids.slice(0, 2 + i), ...Array.from({ length: i }, (_, k) => (k * 31 + i * 7) % 500)]);
-const body = (p, stream) => ({ prompt: p, max_tokens: MAXTOK, temperature: 0, ignore_eos: true, return_token_ids: true, stream });
+const body = (p, stream, n = MAXTOK) => ({ prompt: p, max_tokens: n, temperature: 0, ignore_eos: true, return_token_ids: true, stream });
 const alone = [];
 for (const p of prompts) alone.push((await post(U + "/v1/completions", body(p, false))).json.choices[0].token_ids);
 check(alone.every(a => a.length === MAXTOK), "solo references have max_tokens ids each");
 
-async function streamIds(p, { abortAfter } = {}) {
+async function streamIds(p, { abortAfter, maxTokens } = {}) {
   const ac = new AbortController();
-  const r = await fetch(U + "/v1/completions", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body(p, true)), signal: ac.signal });
+  const r = await fetch(U + "/v1/completions", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body(p, true, maxTokens)), signal: ac.signal });
   if (r.status !== 200) return { error: "status " + r.status + " " + (await r.text()) };
   const reader = r.body.getReader(), dec = new TextDecoder();
   let buf = "", ids = [], done = false, finishReason = null, chunks = 0;
@@ -68,7 +68,7 @@ check(mismatches.length === 0, "load: every stream's ids == its solo output (no 
 
 // ---- disconnect soak -----------------------------------------------------------------------------
 const before = (await getJSON(U + "/stats")).json;
-const results = await Promise.all(Array.from({ length: CLIENTS }, (_, c) => streamIds(prompts[c % prompts.length], { abortAfter: 2 + (c % 5) })));
+const results = await Promise.all(Array.from({ length: CLIENTS }, (_, c) => streamIds(prompts[c % prompts.length], { abortAfter: 2 + (c % 5), maxTokens: 220 })));
 check(results.filter(r => r.aborted).length === CLIENTS, "soak: every client disconnected mid-stream", results.filter(r => !r.aborted).slice(0, 2));
 const st = await waitIdle(U, 15000);
 eq([st.requests.running, st.requests.waiting], [0, 0], "soak: nothing running or waiting afterwards");
