@@ -118,9 +118,12 @@ int cli_model_opts_parse(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (strcmp(a, "--device") == 0) {
         if (!(v = cli_value(argc, argv, i))) return -1;
-        if (strcmp(v, "cpu") == 0) o->load.device = KILN_DEVICE_CPU;
-        else if (strcmp(v, "cuda") == 0) o->load.device = KILN_DEVICE_CUDA;
-        else return cli_error("--device: '%s' is not cpu or cuda", v), -1;
+        if (strcmp(v, "cpu") == 0)
+            o->load.device = KILN_DEVICE_CPU;
+        else if (strcmp(v, "cuda") == 0)
+            o->load.device = KILN_DEVICE_CUDA;
+        else
+            return cli_error("--device: '%s' is not cpu or cuda", v), -1;
         return 1;
     }
     if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
@@ -150,7 +153,8 @@ int cli_model_opts_parse(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (strcmp(a, "--kv-budget") == 0) {
         if (!(v = cli_value(argc, argv, i))) return -1;
-        if (!cli_parse_int(v, 1, INT64_MAX, &n)) return cli_error("--kv-budget: bad value '%s'", v), -1;
+        if (!cli_parse_int(v, 1, INT64_MAX, &n))
+            return cli_error("--kv-budget: bad value '%s'", v), -1;
         o->load.kv.budget_bytes = n;
         o->load.kv.paged = true;
         return 1;
@@ -168,15 +172,16 @@ int cli_model_opts_parse(cli_model_opts *o, int argc, char **argv, int *i) {
 }
 
 void cli_model_opts_help(FILE *f) {
-    fprintf(f, "model options:\n"
-               "  --model DIR        model folder (HF or mlx-community layout); default: bundled demo\n"
-               "  --device cpu|cuda  backend (default cpu)\n"
-               "  --threads N        CPU threads (default: all cores)\n"
-               "  --kv KIND          KV cache: f32 (default), f16, bf16, q8, q4, turbo:kXvY\n"
-               "  --kv-block N       paged KV cache with N-token blocks\n"
-               "  --kv-budget BYTES  paged KV pool size\n"
-               "  --verbose          log what happens (loading, timings)\n"
-               "  --quiet            no progress output\n");
+    fprintf(
+        f, "model options:\n"
+           "  --model DIR        model folder (HF or mlx-community layout); default: bundled demo\n"
+           "  --device cpu|cuda  backend (default cpu)\n"
+           "  --threads N        CPU threads (default: all cores)\n"
+           "  --kv KIND          KV cache: f32 (default), f16, bf16, q8, q4, turbo:kXvY\n"
+           "  --kv-block N       paged KV cache with N-token blocks\n"
+           "  --kv-budget BYTES  paged KV pool size\n"
+           "  --verbose          log what happens (loading, timings)\n"
+           "  --quiet            no progress output\n");
 }
 
 const char *cli_default_model_dir(void) {

@@ -24,12 +24,14 @@ static double median(double *v, int n) {
 }
 
 static void help(FILE *f) {
-    fprintf(f, "usage: kiln bench [--model DIR] [--prompt N] [--gen N] [--batch B] [--runs R] [--json]\n\n"
-               "  --prompt N   prompt tokens for the prefill measurement (default 128)\n"
-               "  --gen N      decode steps (default 64)\n"
-               "  --batch B    sequences decoded together (default 1)\n"
-               "  --runs R     repetitions; medians are reported (default 5)\n"
-               "  --json       one JSON line instead of the table\n\n");
+    fprintf(
+        f,
+        "usage: kiln bench [--model DIR] [--prompt N] [--gen N] [--batch B] [--runs R] [--json]\n\n"
+        "  --prompt N   prompt tokens for the prefill measurement (default 128)\n"
+        "  --gen N      decode steps (default 64)\n"
+        "  --batch B    sequences decoded together (default 1)\n"
+        "  --runs R     repetitions; medians are reported (default 5)\n"
+        "  --json       one JSON line instead of the table\n\n");
     cli_model_opts_help(f);
 }
 
@@ -50,11 +52,16 @@ int cmd_bench(int argc, char **argv) {
         } else if (strcmp(a, "--json") == 0) {
             json = true;
             continue;
-        } else if (strcmp(a, "--prompt") == 0) dst = &P;
-        else if (strcmp(a, "--gen") == 0) dst = &G;
-        else if (strcmp(a, "--batch") == 0) dst = &B, hi = 1024;
-        else if (strcmp(a, "--runs") == 0) dst = &R, hi = 1000;
-        else return cli_error("bench: unknown option '%s' (see kiln bench --help)", a);
+        } else if (strcmp(a, "--prompt") == 0)
+            dst = &P;
+        else if (strcmp(a, "--gen") == 0)
+            dst = &G;
+        else if (strcmp(a, "--batch") == 0)
+            dst = &B, hi = 1024;
+        else if (strcmp(a, "--runs") == 0)
+            dst = &R, hi = 1000;
+        else
+            return cli_error("bench: unknown option '%s' (see kiln bench --help)", a);
         if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(v, lo, hi, dst))
             return cli_error("%s: bad value", a);
     }
@@ -85,7 +92,8 @@ int cmd_bench(int argc, char **argv) {
         for (int b = 0; b < nb; b++) kiln_seq_truncate(seqs[b], 0);
         double t0 = now_s();
         for (int b = 0; b < nb; b++) {
-            kiln_batch_entry pe = {seqs[b], prompt, (int)P, KILN_LOGITS_LAST, logits + (size_t)b * V};
+            kiln_batch_entry pe = {seqs[b], prompt, (int)P, KILN_LOGITS_LAST,
+                                   logits + (size_t)b * V};
             kiln_status st = kiln_forward(model, &pe, 1);
             if (st != KILN_OK) {
                 cli_fail_status(st, "prefill");
@@ -96,7 +104,8 @@ int cmd_bench(int argc, char **argv) {
         for (int step = 0; step < G; step++) {
             for (int b = 0; b < nb; b++) {
                 next[b] = (int32_t)((prompt[(step + b) % P] + step) % V);
-                e[b] = (kiln_batch_entry){seqs[b], &next[b], 1, KILN_LOGITS_LAST, logits + (size_t)b * V};
+                e[b] = (kiln_batch_entry){seqs[b], &next[b], 1, KILN_LOGITS_LAST,
+                                          logits + (size_t)b * V};
             }
             kiln_status st = kiln_forward(model, e, nb);
             if (st != KILN_OK) {
@@ -125,9 +134,10 @@ int cmd_bench(int argc, char **argv) {
         printf("model        %s (%s, %.1fM params, %.1f MB weights)\n",
                mo.model_dir ? mo.model_dir : cli_default_model_dir(), in->architecture,
                in->n_params / 1e6, in->weight_bytes / 1e6);
-        printf("prefill      %lld tokens x %lld seq: %.1f tok/s (median of %lld), TTFT %.1f ms\n", P,
-               B, p50, R, ttft_ms);
-        printf("decode       %lld steps x %lld seq: %.1f tok/s (median of %lld), weights read at %.1f GB/s\n",
+        printf("prefill      %lld tokens x %lld seq: %.1f tok/s (median of %lld), TTFT %.1f ms\n",
+               P, B, p50, R, ttft_ms);
+        printf("decode       %lld steps x %lld seq: %.1f tok/s (median of %lld), weights read at "
+               "%.1f GB/s\n",
                G, B, d50, R, gbps);
         printf("peak RSS     %.1f MB\n", ru.ru_maxrss / 1024.0);
     }

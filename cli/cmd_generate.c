@@ -64,7 +64,8 @@ int cmd_generate(int argc, char **argv) {
             ignore_eos = true;
         } else if (strcmp(a, "--max-tokens") == 0 || strcmp(a, "-n") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (!cli_parse_int(v, 0, 1 << 24, &max_tokens)) return cli_error("--max-tokens: bad value '%s'", v);
+            if (!cli_parse_int(v, 0, 1 << 24, &max_tokens))
+                return cli_error("--max-tokens: bad value '%s'", v);
         } else if (strcmp(a, "--seed") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!cli_parse_int(v, 0, INT64_MAX, &n)) return cli_error("--seed: bad value '%s'", v);
@@ -80,12 +81,18 @@ int cmd_generate(int argc, char **argv) {
                    strcmp(a, "--frequency-penalty") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!cli_parse_float(v, &d)) return cli_error("%s: bad value '%s'", a, v);
-            if (strncmp(a, "--temp", 6) == 0) sp.temperature = (float)d, set_temp = true;
-            else if (strcmp(a, "--top-p") == 0) sp.top_p = (float)d, set_top_p = true;
-            else if (strcmp(a, "--min-p") == 0) sp.min_p = (float)d;
-            else if (strcmp(a, "--repetition-penalty") == 0) sp.repetition_penalty = (float)d, set_rep = true;
-            else if (strcmp(a, "--presence-penalty") == 0) sp.presence_penalty = (float)d;
-            else sp.frequency_penalty = (float)d;
+            if (strncmp(a, "--temp", 6) == 0)
+                sp.temperature = (float)d, set_temp = true;
+            else if (strcmp(a, "--top-p") == 0)
+                sp.top_p = (float)d, set_top_p = true;
+            else if (strcmp(a, "--min-p") == 0)
+                sp.min_p = (float)d;
+            else if (strcmp(a, "--repetition-penalty") == 0)
+                sp.repetition_penalty = (float)d, set_rep = true;
+            else if (strcmp(a, "--presence-penalty") == 0)
+                sp.presence_penalty = (float)d;
+            else
+                sp.frequency_penalty = (float)d;
         } else {
             return cli_error("generate: unknown option '%s' (see kiln generate --help)", a);
         }
@@ -98,7 +105,7 @@ int cmd_generate(int argc, char **argv) {
     kiln_model *model = cli_load_model(&mo);
     if (!model) return free(ids), 1;
     const kiln_model_info *info = kiln_model_get_info(model);
-    {   /* generation_config.json supplies what the command line did not */
+    { /* generation_config.json supplies what the command line did not */
         kiln_sampler_params d = sp;
         kiln_model_default_sampling(model, &d);
         if (!set_temp) sp.temperature = d.temperature;
@@ -133,10 +140,14 @@ int cmd_generate(int argc, char **argv) {
             char *w = json + sprintf(json, "[{\"role\":\"user\",\"content\":\"");
             for (const char *c = prompt; *c; c++) {
                 unsigned char ch = (unsigned char)*c;
-                if (ch == '"' || ch == '\\') *w++ = '\\', *w++ = (char)ch;
-                else if (ch == '\n') *w++ = '\\', *w++ = 'n';
-                else if (ch < 0x20) w += sprintf(w, "\\u%04x", ch);
-                else *w++ = (char)ch;
+                if (ch == '"' || ch == '\\')
+                    *w++ = '\\', *w++ = (char)ch;
+                else if (ch == '\n')
+                    *w++ = '\\', *w++ = 'n';
+                else if (ch < 0x20)
+                    w += sprintf(w, "\\u%04x", ch);
+                else
+                    *w++ = (char)ch;
             }
             strcpy(w, "\"}]");
             st = kiln_chat_render(tok, json, NULL, true, NULL, &rendered);
@@ -172,7 +183,10 @@ int cmd_generate(int argc, char **argv) {
     if (prompt && !chat) fputs(prompt, stdout); /* the completion continues the prompt */
     fflush(stdout);
     double t0 = now_s();
-    kiln_batch_entry e = {.seq = seq, .tokens = ids, .n_tokens = n_ids, .logits = KILN_LOGITS_LAST,
+    kiln_batch_entry e = {.seq = seq,
+                          .tokens = ids,
+                          .n_tokens = n_ids,
+                          .logits = KILN_LOGITS_LAST,
                           .logits_out = logits};
     if ((st = kiln_forward(model, &e, 1)) != KILN_OK) {
         cli_fail_status(st, "prefill");
@@ -186,15 +200,19 @@ int cmd_generate(int argc, char **argv) {
         if (!ignore_eos && is_eos(info, next)) break;
         if (stream) {
             char *piece = NULL;
-            if (kiln_detok_stream_push(stream, next, &piece) == KILN_OK && piece) fputs(piece, stdout);
+            if (kiln_detok_stream_push(stream, next, &piece) == KILN_OK && piece)
+                fputs(piece, stdout);
             free(piece);
         } else {
             printf("%s%d", n_gen > 1 ? " " : "", next);
         }
         fflush(stdout);
         if (n_gen >= max_tokens) break;
-        e = (kiln_batch_entry){.seq = seq, .tokens = &next, .n_tokens = 1,
-                               .logits = KILN_LOGITS_LAST, .logits_out = logits};
+        e = (kiln_batch_entry){.seq = seq,
+                               .tokens = &next,
+                               .n_tokens = 1,
+                               .logits = KILN_LOGITS_LAST,
+                               .logits_out = logits};
         if ((st = kiln_forward(model, &e, 1)) != KILN_OK) {
             if (st == KILN_ERR_CACHE_FULL) {
                 fprintf(stderr, "\nkiln: stopped: %s\n", kiln_last_error());

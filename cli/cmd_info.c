@@ -29,16 +29,18 @@ int cmd_info(int argc, char **argv) {
     printf("model:          %s\n", mo.model_dir ? mo.model_dir : cli_default_model_dir());
     printf("architecture:   %s\n", in->architecture);
     printf("parameters:     %lld (%.2fM)\n", (long long)in->n_params, in->n_params / 1e6);
-    printf("weights:        %lld bytes (%.2f MB)\n", (long long)in->weight_bytes, in->weight_bytes / 1e6);
-    printf("layers:         %d  [%s]  (F full attention, S sliding window, L linear)\n", in->n_layers,
-           in->layer_pattern);
+    printf("weights:        %lld bytes (%.2f MB)\n", (long long)in->weight_bytes,
+           in->weight_bytes / 1e6);
+    printf("layers:         %d  [%s]  (F full attention, S sliding window, L linear)\n",
+           in->n_layers, in->layer_pattern);
     printf("hidden:         %d, heads %d, kv heads %d, head dim %d\n", in->hidden_size, in->n_heads,
            in->n_kv_heads, in->head_dim);
     printf("vocabulary:     %d\n", in->vocab_size);
     printf("context:        %d\n", in->max_position);
     printf("kv cache:       %s, %lld bytes per token", mo.load.kv.kind,
            (long long)in->kv_bytes_per_token);
-    if (in->state_bytes_fixed) printf(" + %lld bytes fixed state per sequence", (long long)in->state_bytes_fixed);
+    if (in->state_bytes_fixed)
+        printf(" + %lld bytes fixed state per sequence", (long long)in->state_bytes_fixed);
     printf("\n");
     printf("quantization:   %s\n", in->quant_summary);
     printf("bos / eos:      %d /", in->bos_id);

@@ -80,7 +80,8 @@ int cmd_perplexity(int argc, char **argv) {
     int V = kiln_model_get_info(model)->vocab_size;
     for (long i = 0; i < n_windows * window; i++)
         if (ids[i] < 0 || ids[i] >= V) {
-            cli_error("%s: id %d at index %ld is outside the vocabulary [0, %d)", path, ids[i], i, V);
+            cli_error("%s: id %d at index %ld is outside the vocabulary [0, %d)", path, ids[i], i,
+                      V);
             kiln_model_free(model);
             free(ids);
             return 2;
@@ -98,7 +99,8 @@ int cmd_perplexity(int argc, char **argv) {
     for (long w0 = 0; w0 < n_windows; w0 += B) {
         int nb = (int)(n_windows - w0 < B ? n_windows - w0 : B);
         for (int b = 0; b < nb; b++) {
-            kiln_status st = seqs[b] ? kiln_seq_truncate(seqs[b], 0) : kiln_seq_new(model, &seqs[b]);
+            kiln_status st =
+                seqs[b] ? kiln_seq_truncate(seqs[b], 0) : kiln_seq_new(model, &seqs[b]);
             if (st != KILN_OK) {
                 cli_fail_status(st, "perplexity");
                 goto done;
@@ -118,7 +120,8 @@ int cmd_perplexity(int argc, char **argv) {
                 wsum += token_nll(logits + ((size_t)b * window + t) * V, V, w[t + 1]);
             total += wsum;
             count += window - 1;
-            fprintf(stderr, "window %ld/%ld: nll %.5f\n", w0 + b + 1, n_windows, wsum / (window - 1));
+            fprintf(stderr, "window %ld/%ld: nll %.5f\n", w0 + b + 1, n_windows,
+                    wsum / (window - 1));
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);

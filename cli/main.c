@@ -22,7 +22,8 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln <verb> [options]   (kiln <verb> --help for a verb's options)\n\nverbs:\n");
+    fprintf(f,
+            "usage: kiln <verb> [options]   (kiln <verb> --help for a verb's options)\n\nverbs:\n");
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
         fprintf(f, "  %-14s %s\n", verbs[i].name, verbs[i].summary);
 }

@@ -4,8 +4,8 @@
  * message (kiln_last_error) says what went wrong, naming the file / tensor / field involved.
  * Nothing here aborts on bad input. Objects come in new/free pairs; free(NULL) is a no-op.
  *
- * Flow: kiln_model_load -> kiln_seq_new (one per sequence: owns its KV state) -> kiln_forward over a
- * batch of (sequence, new tokens) entries -> logits -> kiln_sampler_sample -> next token.
+ * Flow: kiln_model_load -> kiln_seq_new (one per sequence: owns its KV state) -> kiln_forward over
+ * a batch of (sequence, new tokens) entries -> logits -> kiln_sampler_sample -> next token.
  */
 #ifndef KILN_H
 #define KILN_H
@@ -21,16 +21,16 @@ extern "C" {
 /* ---- status ------------------------------------------------------------------------------- */
 typedef enum kiln_status {
     KILN_OK = 0,
-    KILN_ERR_INVALID_ARG,  /* caller passed something malformed (bad ids, shapes, options) */
-    KILN_ERR_IO,           /* a file could not be opened/read/written */
-    KILN_ERR_FORMAT,       /* a file is corrupt or inconsistent (bad JSON, header, offsets) */
-    KILN_ERR_UNSUPPORTED,  /* valid input kiln does not implement (architecture, dtype, option) */
-    KILN_ERR_NOT_FOUND,    /* a named thing (tensor, file, token) is missing */
-    KILN_ERR_OOM,          /* an allocation failed */
-    KILN_ERR_CACHE_FULL,   /* the KV pool / cache has no room: retry later or shorten */
-    KILN_ERR_CANCELLED,    /* the operation was cancelled */
-    KILN_ERR_DEVICE,       /* a backend (CUDA) call failed */
-    KILN_ERR_INTERNAL,     /* a bug in kiln */
+    KILN_ERR_INVALID_ARG, /* caller passed something malformed (bad ids, shapes, options) */
+    KILN_ERR_IO,          /* a file could not be opened/read/written */
+    KILN_ERR_FORMAT,      /* a file is corrupt or inconsistent (bad JSON, header, offsets) */
+    KILN_ERR_UNSUPPORTED, /* valid input kiln does not implement (architecture, dtype, option) */
+    KILN_ERR_NOT_FOUND,   /* a named thing (tensor, file, token) is missing */
+    KILN_ERR_OOM,         /* an allocation failed */
+    KILN_ERR_CACHE_FULL,  /* the KV pool / cache has no room: retry later or shorten */
+    KILN_ERR_CANCELLED,   /* the operation was cancelled */
+    KILN_ERR_DEVICE,      /* a backend (CUDA) call failed */
+    KILN_ERR_INTERNAL,    /* a bug in kiln */
 } kiln_status;
 
 /* Message for the last failure on this thread ("" if none). Valid until the next kiln call. */
@@ -49,17 +49,17 @@ typedef enum { KILN_DEVICE_CPU = 0, KILN_DEVICE_CUDA = 1 } kiln_device;
 /* Which KV cache kind new sequences get, and its parameters. Parsed from "--kv" strings by
  * kiln_kv_options_parse: "f32" (default), "f16", "bf16", "q8", "q4", "turbo:k8v3", ... */
 typedef struct kiln_kv_options {
-    char kind[32];      /* "f32", "f16", "bf16", "q8", "q4", "turbo:kXvY" */
-    int block_tokens;   /* paged block size in tokens (0 = default 16) */
+    char kind[32];        /* "f32", "f16", "bf16", "q8", "q4", "turbo:kXvY" */
+    int block_tokens;     /* paged block size in tokens (0 = default 16) */
     int64_t budget_bytes; /* paged pool budget (0 = default) */
-    bool paged;         /* use the paged pool */
+    bool paged;           /* use the paged pool */
 } kiln_kv_options;
 
 typedef struct kiln_load_options {
     kiln_device device;
-    int n_threads;           /* 0 = all cores */
-    bool show_progress;      /* progress lines on stderr for long loads */
-    kiln_kv_options kv;      /* cache kind for sequences created from this model */
+    int n_threads;      /* 0 = all cores */
+    bool show_progress; /* progress lines on stderr for long loads */
+    kiln_kv_options kv; /* cache kind for sequences created from this model */
 } kiln_load_options;
 
 void kiln_load_options_default(kiln_load_options *opts);
@@ -69,17 +69,17 @@ kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln
 void kiln_model_free(kiln_model *model);
 
 typedef struct kiln_model_info {
-    const char *architecture;  /* "llama", "qwen2", "qwen3", ... (config model_type) */
+    const char *architecture; /* "llama", "qwen2", "qwen3", ... (config model_type) */
     int vocab_size;
     int hidden_size;
     int n_layers;
     int n_heads;
     int n_kv_heads;
     int head_dim;
-    int64_t n_params;          /* logical parameters (quantized weights counted unpacked) */
-    int64_t weight_bytes;      /* bytes of weight data as stored */
-    int64_t kv_bytes_per_token;/* across all layers, for the model's cache kind */
-    int64_t state_bytes_fixed; /* per-sequence fixed state (recurrent layers), 0 if none */
+    int64_t n_params;           /* logical parameters (quantized weights counted unpacked) */
+    int64_t weight_bytes;       /* bytes of weight data as stored */
+    int64_t kv_bytes_per_token; /* across all layers, for the model's cache kind */
+    int64_t state_bytes_fixed;  /* per-sequence fixed state (recurrent layers), 0 if none */
     int max_position;
     int n_eos;
     const int32_t *eos_ids;    /* [n_eos] */
@@ -95,7 +95,7 @@ typedef struct kiln_seq kiln_seq;
 
 kiln_status kiln_seq_new(kiln_model *model, kiln_seq **out);
 void kiln_seq_free(kiln_seq *seq);
-int kiln_seq_len(const kiln_seq *seq);               /* tokens held in the cache */
+int kiln_seq_len(const kiln_seq *seq);                 /* tokens held in the cache */
 kiln_status kiln_seq_truncate(kiln_seq *seq, int len); /* roll back to the first len tokens */
 /* Prefix sharing (paged KV kinds: --kv other than f32, or --kv-block/--kv-budget). On an empty
  * sequence, attaches the longest run of cached full blocks matching tokens[0..n_tokens) (blocks
@@ -112,11 +112,11 @@ typedef enum {
 } kiln_logits_mode;
 
 typedef struct kiln_batch_entry {
-    kiln_seq *seq;           /* its cache is extended by n_tokens */
-    const int32_t *tokens;   /* [n_tokens] new tokens, positions seq_len .. seq_len+n_tokens-1 */
+    kiln_seq *seq;         /* its cache is extended by n_tokens */
+    const int32_t *tokens; /* [n_tokens] new tokens, positions seq_len .. seq_len+n_tokens-1 */
     int n_tokens;
     kiln_logits_mode logits;
-    float *logits_out;       /* caller-owned: [vocab] or [n_tokens, vocab] */
+    float *logits_out; /* caller-owned: [vocab] or [n_tokens, vocab] */
 } kiln_batch_entry;
 
 /* One forward step over several sequences at once; each entry must name a distinct sequence. */

@@ -131,8 +131,10 @@ kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln
     if (st != KILN_OK) goto fail;
     m->family = kiln_family_find(&m->cfg);
     if (!m->family) {
-        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s/config.json: model_type '%s' is not supported "
-                        "(supported: %s)", dir, m->cfg.model_type, kiln_family_supported_types());
+        st = kiln_error(KILN_ERR_UNSUPPORTED,
+                        "%s/config.json: model_type '%s' is not supported "
+                        "(supported: %s)",
+                        dir, m->cfg.model_type, kiln_family_supported_types());
         goto fail;
     }
     st = kiln_st_open_dir(dir, &m->archive);
@@ -180,7 +182,9 @@ fail:
     return st;
 }
 
-const kiln_model_info *kiln_model_get_info(const kiln_model *m) { return m ? &m->info : NULL; }
+const kiln_model_info *kiln_model_get_info(const kiln_model *m) {
+    return m ? &m->info : NULL;
+}
 
 kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
     if (!m || !out) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_new: NULL argument");
@@ -208,7 +212,9 @@ void kiln_seq_free(kiln_seq *s) {
     free(s);
 }
 
-int kiln_seq_len(const kiln_seq *s) { return s ? s->kv->len : 0; }
+int kiln_seq_len(const kiln_seq *s) {
+    return s ? s->kv->len : 0;
+}
 
 kiln_status kiln_seq_truncate(kiln_seq *s, int len) {
     if (!s) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_truncate: NULL sequence");
@@ -220,29 +226,39 @@ kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
     if (n < 0) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward: negative entry count");
     for (int i = 0; i < n; i++) {
         if (!e[i].seq || e[i].seq->model != m)
-            return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: sequence is NULL or belongs "
-                              "to another model", i);
+            return kiln_error(KILN_ERR_INVALID_ARG,
+                              "batch entry %d: sequence is NULL or belongs "
+                              "to another model",
+                              i);
         if (e[i].n_tokens < 0 || (e[i].n_tokens > 0 && !e[i].tokens))
             return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: bad token array", i);
         if (e[i].n_tokens == 0 && e[i].logits != KILN_LOGITS_NONE)
-            return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: logits requested for zero "
-                              "tokens", i);
+            return kiln_error(KILN_ERR_INVALID_ARG,
+                              "batch entry %d: logits requested for zero "
+                              "tokens",
+                              i);
         if (e[i].logits != KILN_LOGITS_NONE && !e[i].logits_out)
-            return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: logits requested but "
-                              "logits_out is NULL", i);
+            return kiln_error(KILN_ERR_INVALID_ARG,
+                              "batch entry %d: logits requested but "
+                              "logits_out is NULL",
+                              i);
         for (int j = 0; j < e[i].n_tokens; j++)
             if (e[i].tokens[j] < 0 || e[i].tokens[j] >= m->cfg.vocab_size)
-                return kiln_error(KILN_ERR_INVALID_ARG, "batch entry %d: token id %d at index %d "
-                                  "is outside the vocabulary [0, %d)", i, e[i].tokens[j], j,
-                                  m->cfg.vocab_size);
+                return kiln_error(KILN_ERR_INVALID_ARG,
+                                  "batch entry %d: token id %d at index %d "
+                                  "is outside the vocabulary [0, %d)",
+                                  i, e[i].tokens[j], j, m->cfg.vocab_size);
         if ((int64_t)e[i].seq->kv->len + e[i].n_tokens > m->max_tokens)
-            return kiln_error(KILN_ERR_CACHE_FULL, "batch entry %d: %d + %d tokens exceed the "
-                              "context limit of %d", i, e[i].seq->kv->len, e[i].n_tokens,
-                              m->max_tokens);
+            return kiln_error(KILN_ERR_CACHE_FULL,
+                              "batch entry %d: %d + %d tokens exceed the "
+                              "context limit of %d",
+                              i, e[i].seq->kv->len, e[i].n_tokens, m->max_tokens);
         for (int k = 0; k < i; k++)
             if (e[k].seq == e[i].seq)
-                return kiln_error(KILN_ERR_INVALID_ARG, "batch entries %d and %d name the same "
-                                  "sequence", k, i);
+                return kiln_error(KILN_ERR_INVALID_ARG,
+                                  "batch entries %d and %d name the same "
+                                  "sequence",
+                                  k, i);
     }
     for (int i = 0; i < n; i++) /* token ids let paged caches register prefix blocks */
         kiln_kv_note_tokens(e[i].seq->kv, e[i].tokens, e[i].n_tokens);

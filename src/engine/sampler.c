@@ -37,7 +37,9 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t xoshiro_next(uint64_t *s) {
     uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
@@ -54,9 +56,10 @@ kiln_status kiln_sampler_new(const kiln_sampler_params *p, int vocab, kiln_sampl
     if (!p || !out || vocab <= 0)
         return kiln_error(KILN_ERR_INVALID_ARG, "kiln_sampler_new: bad arguments");
     *out = NULL;
-    if (!(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) || !(p->min_p >= 0 && p->min_p <= 1) ||
-        p->top_k < 0 || !(p->repetition_penalty > 0) || p->penalty_last_n < 0 ||
-        !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) || !isfinite(p->temperature))
+    if (!(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) ||
+        !(p->min_p >= 0 && p->min_p <= 1) || p->top_k < 0 || !(p->repetition_penalty > 0) ||
+        p->penalty_last_n < 0 || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty) || !isfinite(p->temperature))
         return kiln_error(KILN_ERR_INVALID_ARG,
                           "sampler: temperature must be >= 0, top_p in (0, 1], min_p in [0, 1], "
                           "top_k >= 0, repetition_penalty > 0");
@@ -85,9 +88,11 @@ void kiln_sampler_free(kiln_sampler *s) {
 
 static void apply_penalties(kiln_sampler *s, float *logits, const int32_t *hist, int n_hist) {
     const kiln_sampler_params *p = &s->p;
-    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f)
+    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+        p->frequency_penalty == 0.0f)
         return;
-    int start = p->penalty_last_n > 0 && n_hist > p->penalty_last_n ? n_hist - p->penalty_last_n : 0;
+    int start =
+        p->penalty_last_n > 0 && n_hist > p->penalty_last_n ? n_hist - p->penalty_last_n : 0;
     for (int i = start; i < n_hist; i++)
         if (hist[i] >= 0 && hist[i] < s->vocab) s->counts[hist[i]]++;
     for (int i = start; i < n_hist; i++) {

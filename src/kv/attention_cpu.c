@@ -37,8 +37,8 @@ static void attn_slice(void *ctx, int64_t begin, int64_t end, int thread) {
         int cnt = last - first + 1;
         float mx = -INFINITY;
         for (int i = 0; i < cnt; i++) {
-            const float *kv = j->k_rows + (int64_t)(first - j->key_pos0 + i) * kstride +
-                              (int64_t)g * j->head_dim;
+            const float *kv =
+                j->k_rows + (int64_t)(first - j->key_pos0 + i) * kstride + (int64_t)g * j->head_dim;
             float s = kiln_cpu_dot(qv, kv, j->head_dim) * j->p->scale;
             if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
             scores[i] = s;
@@ -63,9 +63,19 @@ void kiln_attention_contiguous(const float *q, int n, int pos0, const float *k_r
                                const float *v_rows, int n_keys, int key_pos0, int n_kv_heads,
                                int head_dim, int v_head_dim, int window, float *out,
                                const kiln_attn_params *p, kiln_threadpool *pool) {
-    attn_job j = {.q = q, .k_rows = k_rows, .v_rows = v_rows, .out = out, .n = n, .pos0 = pos0,
-                  .n_keys = n_keys, .key_pos0 = key_pos0, .n_kv_heads = n_kv_heads,
-                  .head_dim = head_dim, .v_head_dim = v_head_dim, .window = window, .p = p};
+    attn_job j = {.q = q,
+                  .k_rows = k_rows,
+                  .v_rows = v_rows,
+                  .out = out,
+                  .n = n,
+                  .pos0 = pos0,
+                  .n_keys = n_keys,
+                  .key_pos0 = key_pos0,
+                  .n_kv_heads = n_kv_heads,
+                  .head_dim = head_dim,
+                  .v_head_dim = v_head_dim,
+                  .window = window,
+                  .p = p};
     int64_t work = (int64_t)n * p->n_heads;
     kiln_parallel_for(pool, work, 1, attn_slice, &j);
 }

@@ -21,8 +21,12 @@ typedef struct kv_contiguous {
     contiguous_layer *layer; /* [n_layers] */
 } kv_contiguous;
 
-static int64_t k_width(const kiln_kv_layer_desc *d) { return (int64_t)d->n_kv_heads * d->head_dim; }
-static int64_t v_width(const kiln_kv_layer_desc *d) { return (int64_t)d->n_kv_heads * d->v_head_dim; }
+static int64_t k_width(const kiln_kv_layer_desc *d) {
+    return (int64_t)d->n_kv_heads * d->head_dim;
+}
+static int64_t v_width(const kiln_kv_layer_desc *d) {
+    return (int64_t)d->n_kv_heads * d->v_head_dim;
+}
 
 static void contiguous_free(kiln_kv *kv) {
     kv_contiguous *c = (kv_contiguous *)kv;
@@ -53,10 +57,14 @@ static kiln_status contiguous_reserve(kiln_kv *kv, int n_new) {
         const kiln_kv_layer_desc *d = &kv->layers[l];
         if (!d->is_attention) continue;
         float *k = realloc(c->layer[l].k, (size_t)(cap * k_width(d)) * sizeof(float));
-        if (!k) return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens", (long long)cap);
+        if (!k)
+            return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens",
+                              (long long)cap);
         c->layer[l].k = k;
         float *v = realloc(c->layer[l].v, (size_t)(cap * v_width(d)) * sizeof(float));
-        if (!v) return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens", (long long)cap);
+        if (!v)
+            return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens",
+                              (long long)cap);
         c->layer[l].v = v;
     }
     c->capacity = (int)cap;
@@ -66,8 +74,10 @@ static kiln_status contiguous_reserve(kiln_kv *kv, int n_new) {
 static void contiguous_store(kiln_kv *kv, int layer, const float *k, const float *v, int n) {
     kv_contiguous *c = (kv_contiguous *)kv;
     const kiln_kv_layer_desc *d = &kv->layers[layer];
-    memcpy(c->layer[layer].k + (int64_t)kv->len * k_width(d), k, (size_t)(n * k_width(d)) * sizeof(float));
-    memcpy(c->layer[layer].v + (int64_t)kv->len * v_width(d), v, (size_t)(n * v_width(d)) * sizeof(float));
+    memcpy(c->layer[layer].k + (int64_t)kv->len * k_width(d), k,
+           (size_t)(n * k_width(d)) * sizeof(float));
+    memcpy(c->layer[layer].v + (int64_t)kv->len * v_width(d), v,
+           (size_t)(n * v_width(d)) * sizeof(float));
 }
 
 static void contiguous_attend(kiln_kv *kv, int layer, const float *q, int n, float *out,
@@ -78,17 +88,22 @@ static void contiguous_attend(kiln_kv *kv, int layer, const float *q, int n, flo
                               d->n_kv_heads, d->head_dim, d->v_head_dim, d->window, out, p, pool);
 }
 
-static void contiguous_commit(kiln_kv *kv, int n) { kv->len += n; }
+static void contiguous_commit(kiln_kv *kv, int n) {
+    kv->len += n;
+}
 
 static kiln_status contiguous_truncate(kiln_kv *kv, int len) {
     kv_contiguous *c = (kv_contiguous *)kv;
     if (len < 0 || len > kv->len)
-        return kiln_error(KILN_ERR_INVALID_ARG, "kv: cannot truncate %d tokens to %d", kv->len, len);
+        return kiln_error(KILN_ERR_INVALID_ARG, "kv: cannot truncate %d tokens to %d", kv->len,
+                          len);
     bool has_state = false;
     for (int l = 0; l < kv->n_layers; l++) has_state |= c->layer[l].state != NULL;
     if (has_state && len != 0 && len != kv->len)
-        return kiln_error(KILN_ERR_UNSUPPORTED, "kv: a recurrent state cannot be rolled back to "
-                          "%d of %d tokens (only to 0)", len, kv->len);
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "kv: a recurrent state cannot be rolled back to "
+                          "%d of %d tokens (only to 0)",
+                          len, kv->len);
     if (len == 0)
         for (int l = 0; l < kv->n_layers; l++)
             if (c->layer[l].state)

@@ -49,7 +49,9 @@ kiln_status kiln_rope_inv_freq(const kiln_rope_config *rope, int rot_dim, float 
 
 void kiln_rope_round_to_dtype(float *inv_freq, int n, kiln_dtype dtype) {
     for (int i = 0; i < n; i++) {
-        if (dtype == KILN_DT_BF16) inv_freq[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(inv_freq[i]));
-        else if (dtype == KILN_DT_F16) inv_freq[i] = kiln_f16_to_f32(kiln_f32_to_f16(inv_freq[i]));
+        if (dtype == KILN_DT_BF16)
+            inv_freq[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(inv_freq[i]));
+        else if (dtype == KILN_DT_F16)
+            inv_freq[i] = kiln_f16_to_f32(kiln_f32_to_f16(inv_freq[i]));
     }
 }

@@ -50,12 +50,19 @@ static kiln_status vector_to_f32(const kiln_model *m, const kiln_st_tensor *t, i
     for (int64_t i = 0; i < n; i++) {
         float x;
         switch (t->dtype) {
-        case KILN_DT_F32: memcpy(&x, (const char *)t->data + 4 * i, 4); break;
-        case KILN_DT_F16: x = kiln_f16_to_f32(((const uint16_t *)t->data)[i]); break;
-        case KILN_DT_BF16: x = kiln_bf16_to_f32(((const uint16_t *)t->data)[i]); break;
+        case KILN_DT_F32:
+            memcpy(&x, (const char *)t->data + 4 * i, 4);
+            break;
+        case KILN_DT_F16:
+            x = kiln_f16_to_f32(((const uint16_t *)t->data)[i]);
+            break;
+        case KILN_DT_BF16:
+            x = kiln_bf16_to_f32(((const uint16_t *)t->data)[i]);
+            break;
         default:
             free(v);
-            return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float type",
+            return kiln_error(KILN_ERR_FORMAT,
+                              "%s: tensor '%s' has dtype %s, expected a float type",
                               tensor_file(m, t), t->name, kiln_dtype_name(t->dtype));
         }
         v[i] = add_one ? 1.0f + x : x;
@@ -123,16 +130,20 @@ kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows,
             if (w->ndim == 2 && cols > 0) bits = (int)(w->shape[1] * 32 / cols);
         }
         if (w->dtype != KILN_DT_U32)
-            return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s.weight' is quantized (has .scales) "
-                              "but has dtype %s, expected U32", tensor_file(m, w), module,
-                              kiln_dtype_name(w->dtype));
+            return kiln_error(KILN_ERR_FORMAT,
+                              "%s: tensor '%s.weight' is quantized (has .scales) "
+                              "but has dtype %s, expected U32",
+                              tensor_file(m, w), module, kiln_dtype_name(w->dtype));
         if (bits < 2 || bits > 8 || (group != 32 && group != 64 && group != 128))
-            return kiln_error(KILN_ERR_UNSUPPORTED, "%s: module '%s': %d-bit group %d quantization "
-                              "is not supported (bits 2..8, group 32/64/128)", m->dir, module,
-                              bits, group);
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: module '%s': %d-bit group %d quantization "
+                              "is not supported (bits 2..8, group 32/64/128)",
+                              m->dir, module, bits, group);
         if (cols % group || (cols * bits) % 32)
-            return kiln_error(KILN_ERR_FORMAT, "module '%s': in-features %lld not divisible by "
-                              "group %d", module, (long long)cols, group);
+            return kiln_error(KILN_ERR_FORMAT,
+                              "module '%s': in-features %lld not divisible by "
+                              "group %d",
+                              module, (long long)cols, group);
         snprintf(want, sizeof want, "[%lld, %lld] (U32, %d-bit)", (long long)rows,
                  (long long)(cols * bits / 32), bits);
         if (w->ndim != 2 || w->shape[0] != rows || w->shape[1] != cols * bits / 32)
@@ -144,9 +155,11 @@ kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows,
         if (biases->ndim != 2 || biases->shape[0] != rows || biases->shape[1] != cols / group)
             return shape_error(m, biases, want);
         if (!is_scale_dtype(scales->dtype) || biases->dtype != scales->dtype)
-            return kiln_error(KILN_ERR_FORMAT, "%s: module '%s': scales/biases dtypes %s/%s (want "
-                              "matching F16, BF16 or F32)", tensor_file(m, scales), module,
-                              kiln_dtype_name(scales->dtype), kiln_dtype_name(biases->dtype));
+            return kiln_error(KILN_ERR_FORMAT,
+                              "%s: module '%s': scales/biases dtypes %s/%s (want "
+                              "matching F16, BF16 or F32)",
+                              tensor_file(m, scales), module, kiln_dtype_name(scales->dtype),
+                              kiln_dtype_name(biases->dtype));
         host.dtype = KILN_DT_U32;
         host.bits = bits;
         host.group_size = group;
@@ -156,11 +169,13 @@ kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows,
         host.biases = biases->data;
     } else {
         if (w->dtype != KILN_DT_F32 && w->dtype != KILN_DT_F16 && w->dtype != KILN_DT_BF16)
-            return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s.weight' has dtype %s (want F32, F16, "
-                              "BF16, or U32 with .scales/.biases)", tensor_file(m, w), module,
-                              kiln_dtype_name(w->dtype));
+            return kiln_error(KILN_ERR_FORMAT,
+                              "%s: tensor '%s.weight' has dtype %s (want F32, F16, "
+                              "BF16, or U32 with .scales/.biases)",
+                              tensor_file(m, w), module, kiln_dtype_name(w->dtype));
         snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
-        if (w->ndim != 2 || w->shape[0] != rows || w->shape[1] != cols) return shape_error(m, w, want);
+        if (w->ndim != 2 || w->shape[0] != rows || w->shape[1] != cols)
+            return shape_error(m, w, want);
         host.dtype = w->dtype;
         host.data = w->data;
     }

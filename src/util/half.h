@@ -31,7 +31,9 @@ static inline float kiln_f16_to_f32(uint16_t h) {
             u = sign;
         } else { /* subnormal: normalise */
             int e = -1;
-            do { e++, man <<= 1; } while ((man & 0x400u) == 0);
+            do {
+                e++, man <<= 1;
+            } while ((man & 0x400u) == 0);
             u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
         }
     } else if (exp == 31) {

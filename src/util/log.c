@@ -6,8 +6,12 @@
 
 static kiln_log_level current_level = KILN_LOG_WARN;
 
-void kiln_set_log_level(kiln_log_level level) { current_level = level; }
-kiln_log_level kiln_get_log_level(void) { return current_level; }
+void kiln_set_log_level(kiln_log_level level) {
+    current_level = level;
+}
+kiln_log_level kiln_get_log_level(void) {
+    return current_level;
+}
 
 void kiln_log(kiln_log_level level, const char *fmt, ...) {
     if (level > current_level) return;

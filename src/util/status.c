@@ -7,9 +7,13 @@
 
 static _Thread_local char last_error[2048];
 
-const char *kiln_last_error(void) { return last_error; }
+const char *kiln_last_error(void) {
+    return last_error;
+}
 
-void kiln_error_clear(void) { last_error[0] = 0; }
+void kiln_error_clear(void) {
+    last_error[0] = 0;
+}
 
 kiln_status kiln_error(kiln_status status, const char *fmt, ...) {
     va_list ap;
@@ -40,17 +44,28 @@ kiln_status kiln_error_wrap(kiln_status status, const char *fmt, ...) {
 
 const char *kiln_status_name(kiln_status status) {
     switch (status) {
-    case KILN_OK: return "ok";
-    case KILN_ERR_INVALID_ARG: return "invalid argument";
-    case KILN_ERR_IO: return "I/O error";
-    case KILN_ERR_FORMAT: return "format error";
-    case KILN_ERR_UNSUPPORTED: return "unsupported";
-    case KILN_ERR_NOT_FOUND: return "not found";
-    case KILN_ERR_OOM: return "out of memory";
-    case KILN_ERR_CACHE_FULL: return "cache full";
-    case KILN_ERR_CANCELLED: return "cancelled";
-    case KILN_ERR_DEVICE: return "device error";
-    case KILN_ERR_INTERNAL: return "internal error";
+    case KILN_OK:
+        return "ok";
+    case KILN_ERR_INVALID_ARG:
+        return "invalid argument";
+    case KILN_ERR_IO:
+        return "I/O error";
+    case KILN_ERR_FORMAT:
+        return "format error";
+    case KILN_ERR_UNSUPPORTED:
+        return "unsupported";
+    case KILN_ERR_NOT_FOUND:
+        return "not found";
+    case KILN_ERR_OOM:
+        return "out of memory";
+    case KILN_ERR_CACHE_FULL:
+        return "cache full";
+    case KILN_ERR_CANCELLED:
+        return "cancelled";
+    case KILN_ERR_DEVICE:
+        return "device error";
+    case KILN_ERR_INTERNAL:
+        return "internal error";
     }
     return "unknown status";
 }

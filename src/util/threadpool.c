@@ -140,7 +140,9 @@ void kiln_threadpool_free(kiln_threadpool *p) {
     free(p);
 }
 
-int kiln_threadpool_size(const kiln_threadpool *p) { return p ? p->n_threads : 1; }
+int kiln_threadpool_size(const kiln_threadpool *p) {
+    return p ? p->n_threads : 1;
+}
 
 void kiln_parallel_for(kiln_threadpool *p, int64_t n, int64_t grain, kiln_range_fn fn, void *ctx) {
     if (n <= 0) return;

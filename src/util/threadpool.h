@@ -16,7 +16,8 @@ int kiln_threadpool_size(const kiln_threadpool *pool);
 
 /* Splits [0, n) into contiguous slices (each a multiple of grain, except the last) across the
  * threads and waits for all. pool may be NULL (runs inline). Not re-entrant. */
-void kiln_parallel_for(kiln_threadpool *pool, int64_t n, int64_t grain, kiln_range_fn fn, void *ctx);
+void kiln_parallel_for(kiln_threadpool *pool, int64_t n, int64_t grain, kiln_range_fn fn,
+                       void *ctx);
 
 int kiln_cpu_count(void);
 
