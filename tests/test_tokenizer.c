@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *npm_dir(void) {
     static char dir[1024];
@@ -365,8 +366,47 @@ static int batch(const char *dir) {
     return 0;
 }
 
+/* --bench MODEL_DIR FILE [REPEAT]: encode throughput (bench/bench_tokenizer.sh). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int bench(const char *dir, const char *file, int repeat) {
+    size_t len;
+    char *text = test_read_file(file, &len);
+    kiln_tokenizer *tok = NULL;
+    if (!text || kiln_tokenizer_load(dir, &tok) != KILN_OK) {
+        fprintf(stderr, "bench: %s\n", text ? kiln_last_error() : "cannot read the text");
+        free(text);
+        return 1;
+    }
+    double best = 1e30;
+    int n = 0;
+    for (int r = 0; r < repeat; r++) {
+        int32_t *ids = NULL;
+        double t0 = now_s();
+        kiln_status st = kiln_tokenize(tok, text, len, false, &ids, &n);
+        double dt = now_s() - t0;
+        free(ids);
+        if (st != KILN_OK) {
+            fprintf(stderr, "bench: %s\n", kiln_last_error());
+            return 1;
+        }
+        if (dt < best) best = dt;
+    }
+    printf("{\"bytes\": %zu, \"tokens\": %d, \"seconds\": %.4f, \"mb_per_s\": %.2f}\n", len, n,
+           best, len / best / 1e6);
+    kiln_tokenizer_free(tok);
+    free(text);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--batch") == 0) return batch(argv[2]);
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "--bench") == 0)
+        return bench(argv[2], argv[3], argc == 5 ? atoi(argv[4]) : 3);
     check_errors();
     check_demo();
     const char *dir = npm_dir();

@@ -168,7 +168,7 @@ static void sl_free(strlist *l) {
     memset(l, 0, sizeof *l);
 }
 
-#define SL_STR(l, i) ((l)->text.p + (l)->off[i])
+#define SL_STR(l, i) ((l)->text.p ? (l)->text.p + (l)->off[i] : "")
 
 static bool byte_token(const char *s, size_t n, uint8_t *byte) {
     if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return false;

@@ -71,8 +71,7 @@ kiln_status tok_pattern_parse(const cJSON *j, const char *what, tok_pattern *out
     if (st != KILN_OK) return st;
     int err;
     PCRE2_SIZE erroff;
-    out->re = pcre2_compile((PCRE2_SPTR)src.p, src.n, PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK,
-                            &err, &erroff, NULL);
+    out->re = pcre2_compile((PCRE2_SPTR)src.p, src.n, PCRE2_UTF | PCRE2_UCP, &err, &erroff, NULL);
     tok_buf_free(&src);
     if (!out->re) {
         PCRE2_UCHAR msg[256];

@@ -241,6 +241,12 @@ static kiln_status parse_config(kiln_tokenizer *tok, const char *json, size_t le
 kiln_status kiln_tokenizer_load_json(const char *json, size_t len, const char *config_json,
                                      size_t config_len, kiln_tokenizer **out) {
     *out = NULL;
+    /* JSON is UTF-8 (RFC 8259); checking it here keeps every string the pipeline uses valid, which
+     * the regex matcher relies on */
+    size_t bad = tok_utf8_validate(json, len);
+    if (bad != len)
+        return kiln_error(KILN_ERR_FORMAT, "tokenizer.json: not valid UTF-8 (byte offset %zu)",
+                          bad);
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
