@@ -31,7 +31,7 @@ int cmd_info(int argc, char **argv) {
     printf("parameters:     %lld (%.2fM)\n", (long long)in->n_params, in->n_params / 1e6);
     printf("weights:        %lld bytes (%.2f MB)\n", (long long)in->weight_bytes,
            in->weight_bytes / 1e6);
-    printf("layers:         %d  [%s]  (F full attention, S sliding window, L linear)\n",
+    printf("layers:         %d  [%s]  (F full attention, S sliding window, L linear; +M MoE MLP)\n",
            in->n_layers, in->layer_pattern);
     printf("hidden:         %d, heads %d, kv heads %d, head dim %d\n", in->hidden_size, in->n_heads,
            in->n_kv_heads, in->head_dim);

@@ -188,10 +188,11 @@ static void check_pattern(const char *name, const char *want) {
 
 int main(void) {
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) check_fixture(fixtures[i]);
-    check_pattern("qwen3_next", "L F L F");
-    check_pattern("qwen3_next-mlx-q4g32", "L F L F");
+    check_pattern("qwen3_next", "L+M F+M L+M F+M");
+    check_pattern("qwen3_next-mlx-q4g32", "L+M F+M L+M F+M");
     check_pattern("qwen3_5_text", "L F L F");
-    check_pattern("qwen3_moe", "F F F");
+    check_pattern("qwen3_moe", "F+M F+M F+M");
+    check_pattern("qwen3_moe-mlx-q4g32", "F+M F+M F+M");
     check_pattern("gemma3_text", "S F S F");
     check_pattern("gemma4_text", "S S S F");
     return test_finish();

@@ -109,6 +109,7 @@ void kiln_model_free(kiln_model *m) {
     free(m->kv_layers);
     free(m->quant_summary);
     free(m->layer_pattern);
+    free(m->layer_moe);
     free(m->dir);
     free(m);
 }
@@ -159,16 +160,20 @@ kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln
     st = m->family->load(m);
     if (st != KILN_OK) goto fail;
     m->info.kv_bytes_per_token = kiln_kv_bytes_per_token(m->kv_layers, m->n_kv_layers, &m->kv_opts);
-    /* layer pattern: F = full attention, S = sliding window, L = linear (no KV) */
-    m->layer_pattern = calloc((size_t)m->n_kv_layers * 2 + 1, 1);
+    /* layer pattern: F = full attention, S = sliding window, L = linear (no KV); +M = MoE MLP */
+    m->layer_pattern = calloc((size_t)m->n_kv_layers * 4 + 1, 1);
     if (!m->layer_pattern) {
         st = kiln_error(KILN_ERR_OOM, "out of memory");
         goto fail;
     }
-    for (int i = 0; i < m->n_kv_layers; i++) {
+    for (int i = 0, o = 0; i < m->n_kv_layers; i++) {
         const kiln_kv_layer_desc *d = &m->kv_layers[i];
-        m->layer_pattern[2 * i] = !d->is_attention ? 'L' : d->window > 0 ? 'S' : 'F';
-        m->layer_pattern[2 * i + 1] = i + 1 < m->n_kv_layers ? ' ' : 0;
+        if (i) m->layer_pattern[o++] = ' ';
+        m->layer_pattern[o++] = !d->is_attention ? 'L' : d->window > 0 ? 'S' : 'F';
+        if (m->layer_moe && m->layer_moe[i]) {
+            m->layer_pattern[o++] = '+';
+            m->layer_pattern[o++] = 'M';
+        }
     }
     m->info.layer_pattern = m->layer_pattern;
     double t1 = now_ms();

@@ -41,6 +41,9 @@ struct kiln_model {
     kiln_model_info info;
     char *quant_summary;           /* owned string behind info.quant_summary */
     char *layer_pattern;           /* owned string behind info.layer_pattern */
+    /* [n_kv_layers] or NULL: layers whose MLP is a sparse MoE (set by the family at load,
+     * shown as "+M" in the layer pattern; freed with the model) */
+    bool *layer_moe;
     int32_t eos_ids[KILN_MAX_EOS];
     void *kv_shared;               /* paged KV pool of this model's sequences (kv_factory) */
 };

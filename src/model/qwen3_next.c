@@ -313,7 +313,10 @@ static kiln_status qn_load(kiln_model *m) {
     m->kv_layers = calloc((size_t)s->n_layers, sizeof *m->kv_layers);
     if (!m->kv_layers) return kiln_error(KILN_ERR_OOM, "out of memory");
     m->info.state_bytes_fixed = 0;
+    m->layer_moe = calloc((size_t)s->n_layers, sizeof *m->layer_moe);
+    if (!m->layer_moe) return kiln_error(KILN_ERR_OOM, "out of memory");
     for (int i = 0; i < s->n_layers; i++) {
+        m->layer_moe[i] = s->layers[i].moe;
         if (s->layers[i].linear) {
             m->kv_layers[i] =
                 (kiln_kv_layer_desc){.is_attention = false, .state_floats = state_floats(s)};
