@@ -7,6 +7,8 @@
  * Heads are independent, so both forms run heads in parallel on the pool. */
 #include "model/deltanet.h"
 
+#include "backend/cpu/cpu_ops.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,8 @@ typedef struct gdn_job {
     float *S, *out;
 } gdn_job;
 
+/* One decode step per head, two passes over S [dk, dv] with SIMD dot/axpy over dv:
+ *   r = S^T k;  d = beta (v - e^g r);  S = e^g S + k d^T (row by row);  o = S^T q / sqrt(dk). */
 static void recurrent_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
     (void)thread;
     const gdn_job *j = ctx;
@@ -68,25 +72,24 @@ static void recurrent_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
             const float *q = j->q + (t * nk + kh) * dk;
             const float *k = j->k + (t * nk + kh) * dk;
             const float *v = j->v + (t * nv + h) * dv;
-            float decay = expf(j->g[t * nv + h]), b = j->beta[t * nv + h];
-            for (int i = 0; i < dk * dv; i++) S[i] *= decay;
-            for (int c = 0; c < dv; c++) dlt[c] = 0;
-            for (int i = 0; i < dk; i++)
-                for (int c = 0; c < dv; c++) dlt[c] += S[i * dv + c] * k[i];
-            for (int c = 0; c < dv; c++) dlt[c] = (v[c] - dlt[c]) * b;
-            for (int i = 0; i < dk; i++)
-                for (int c = 0; c < dv; c++) S[i * dv + c] += k[i] * dlt[c];
+            const float decay = expf(j->g[t * nv + h]), b = j->beta[t * nv + h];
+            memset(dlt, 0, (size_t)dv * sizeof(float));
+            for (int i = 0; i < dk; i++) kiln_cpu_axpy(dlt, k[i], S + (int64_t)i * dv, dv);
+            for (int c = 0; c < dv; c++) dlt[c] = (v[c] - decay * dlt[c]) * b;
             float *o = j->out + (t * nv + h) * dv;
-            for (int c = 0; c < dv; c++) o[c] = 0;
+            memset(o, 0, (size_t)dv * sizeof(float));
             for (int i = 0; i < dk; i++) {
-                float qi = q[i] * scale;
-                for (int c = 0; c < dv; c++) o[c] += S[i * dv + c] * qi;
+                float *row = S + (int64_t)i * dv;
+                kiln_cpu_scale(row, decay, dv);
+                kiln_cpu_axpy(row, k[i], dlt, dv);
+                kiln_cpu_axpy(o, q[i] * scale, row, dv);
             }
         }
     }
     free(dlt);
 }
 
+/* Chunked form per head; every inner loop is a dot over dk or an axpy over dv / dk. */
 static void chunked_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
     (void)thread;
     const gdn_job *j = ctx;
@@ -95,10 +98,11 @@ static void chunked_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
     const int CH = j->chunk;
     const float scale = 1.0f / sqrtf((float)dk);
     float *A = malloc((size_t)CH * CH * sizeof(float)); /* [L, L] */
-    float *gc = malloc((size_t)CH * sizeof(float));     /* [L] cumulative log decay */
+    float *gc = malloc((size_t)CH * 3 * sizeof(float)); /* [L] cumulative log decay, e^gc, beta */
     float *W = malloc((size_t)CH * dk * sizeof(float)); /* [L, dk] */
     float *U = malloc((size_t)CH * dv * sizeof(float)); /* [L, dv] -> v' */
     if (!A || !gc || !W || !U) goto done;
+    float *eg = gc + CH, *bt = gc + 2 * CH;
     for (int64_t h = h0; h < h1; h++) {
         float *S = j->S + h * dk * dv;
         const int64_t kh = h / r;
@@ -111,16 +115,15 @@ static void chunked_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
             for (int i = 0; i < L; i++) {
                 acc += j->g[(c0 + i) * nv + h];
                 gc[i] = acc;
+                eg[i] = expf(acc);
+                bt[i] = j->beta[(c0 + i) * nv + h];
             }
             /* strictly lower A, then forward substitution in place (row i uses updated rows) */
             for (int i = 0; i < L; i++) {
-                const float bi = j->beta[(c0 + i) * nv + h];
-                for (int jj = 0; jj < i; jj++) {
-                    const float *ki = K_(c0 + i), *kj = K_(c0 + jj);
-                    float dot = 0;
-                    for (int x = 0; x < dk; x++) dot += ki[x] * kj[x];
-                    A[i * CH + jj] = -bi * dot * expf(gc[i] - gc[jj]);
-                }
+                const float *ki = K_(c0 + i);
+                for (int jj = 0; jj < i; jj++)
+                    A[i * CH + jj] =
+                        -bt[i] * kiln_cpu_dot(ki, K_(c0 + jj), dk) * expf(gc[i] - gc[jj]);
             }
             for (int i = 1; i < L; i++)
                 for (int jj = 0; jj < i; jj++) {
@@ -128,58 +131,39 @@ static void chunked_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
                     for (int m = jj + 1; m < i; m++) s += A[i * CH + m] * A[m * CH + jj];
                     A[i * CH + jj] = s;
                 }
-            /* U = T (beta v), W = T (beta k e^c) with T = A + I */
+            /* U = T (beta v), W = T (beta k e^c) with T = A + I; then v' = U - W S */
             for (int i = 0; i < L; i++) {
                 float *u = U + i * dv, *w = W + i * dk;
-                for (int c = 0; c < dv; c++) u[c] = 0;
-                for (int x = 0; x < dk; x++) w[x] = 0;
+                memset(u, 0, (size_t)dv * sizeof(float));
+                memset(w, 0, (size_t)dk * sizeof(float));
                 for (int jj = 0; jj <= i; jj++) {
-                    float t = jj == i ? 1.0f : A[i * CH + jj];
-                    float bj = j->beta[(c0 + jj) * nv + h];
-                    const float *vj = V(c0 + jj), *kj = K_(c0 + jj);
-                    float tv = t * bj, tk = t * bj * expf(gc[jj]);
-                    for (int c = 0; c < dv; c++) u[c] += tv * vj[c];
-                    for (int x = 0; x < dk; x++) w[x] += tk * kj[x];
+                    const float t = jj == i ? 1.0f : A[i * CH + jj];
+                    kiln_cpu_axpy(u, t * bt[jj], V(c0 + jj), dv);
+                    kiln_cpu_axpy(w, t * bt[jj] * eg[jj], K_(c0 + jj), dk);
                 }
-                /* v' = U - W S */
-                for (int x = 0; x < dk; x++) {
-                    const float wx = w[x];
-                    const float *srow = S + x * dv;
-                    for (int c = 0; c < dv; c++) u[c] -= wx * srow[c];
-                }
+                for (int x = 0; x < dk; x++) kiln_cpu_axpy(u, -w[x], S + (int64_t)x * dv, dv);
             }
-            /* outputs */
+            /* outputs: e^{c_i} q_i S + sum_{j<=i} (q_i . k_j) e^{c_i - c_j} v'_j */
             for (int i = 0; i < L; i++) {
                 const float *qi = Q(c0 + i);
                 float *o = j->out + ((c0 + i) * nv + h) * dv;
-                const float ei = expf(gc[i]);
-                for (int c = 0; c < dv; c++) o[c] = 0;
-                for (int x = 0; x < dk; x++) {
-                    const float qx = qi[x] * scale * ei;
-                    const float *srow = S + x * dv;
-                    for (int c = 0; c < dv; c++) o[c] += qx * srow[c];
-                }
+                const float qs = scale * eg[i];
+                memset(o, 0, (size_t)dv * sizeof(float));
+                for (int x = 0; x < dk; x++) kiln_cpu_axpy(o, qi[x] * qs, S + (int64_t)x * dv, dv);
                 for (int jj = 0; jj <= i; jj++) {
-                    const float *kj = K_(c0 + jj);
-                    float dot = 0;
-                    for (int x = 0; x < dk; x++) dot += qi[x] * kj[x];
-                    const float a = dot * scale * expf(gc[i] - gc[jj]);
-                    const float *vp = U + jj * dv;
-                    for (int c = 0; c < dv; c++) o[c] += a * vp[c];
+                    const float a =
+                        kiln_cpu_dot(qi, K_(c0 + jj), dk) * scale * expf(gc[i] - gc[jj]);
+                    kiln_cpu_axpy(o, a, U + jj * dv, dv);
                 }
             }
-            /* state update */
-            const float eL = expf(gc[L - 1]);
-            for (int i = 0; i < dk * dv; i++) S[i] *= eL;
-            for (int jj = 0; jj < L; jj++) {
-                const float *kj = K_(c0 + jj);
-                const float f = expf(gc[L - 1] - gc[jj]);
-                const float *vp = U + jj * dv;
-                for (int x = 0; x < dk; x++) {
-                    const float kx = kj[x] * f;
-                    float *srow = S + x * dv;
-                    for (int c = 0; c < dv; c++) srow[c] += kx * vp[c];
-                }
+            /* state update: S = e^{c_L} S + sum_j e^{c_L - c_j} k_j v'_j^T, row by row */
+            const float eL = eg[L - 1];
+            for (int jj = 0; jj < L; jj++) W[jj] = expf(gc[L - 1] - gc[jj]); /* W is free now */
+            for (int x = 0; x < dk; x++) {
+                float *srow = S + (int64_t)x * dv;
+                kiln_cpu_scale(srow, eL, dv);
+                for (int jj = 0; jj < L; jj++)
+                    kiln_cpu_axpy(srow, K_(c0 + jj)[x] * W[jj], U + jj * dv, dv);
             }
         }
 #undef Q
