@@ -41,6 +41,7 @@ typedef struct llama_state {
     /* scratch, grown to the largest batch seen */
     kiln_scratch act;
     kiln_scratch ids;
+    kiln_scratch logits; /* [R, vocab] when it does not fit in gate/up (kept: no alloc per step) */
 } llama_state;
 
 static bool llama_matches(const kiln_config *cfg) {
@@ -74,6 +75,7 @@ static void llama_free(kiln_model *m) {
     if (s->inv_freq) m->be->free(m->be, s->inv_freq);
     kiln_scratch_free(m->be, &s->act);
     kiln_scratch_free(m->be, &s->ids);
+    kiln_scratch_free(m->be, &s->logits);
     free(s);
     m->family_state = NULL;
 }
@@ -281,12 +283,14 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
             r += 1;
         }
     }
-    /* logits [R, vocab]: reuse the gate/up region if large enough, else a temporary. */
+    /* logits [R, vocab]: reuse the gate/up region if large enough, else a scratch kept across
+     * calls (a device alloc/free per decode step would synchronize the GPU each step). */
     size_t need = (size_t)(R * s->vocab);
-    float *logits = NULL;
-    bool temp = need > (size_t)(2 * T * F);
-    logits = temp ? be->alloc(be, need * sizeof(float)) : a.gate;
-    if (!logits) return kiln_error(KILN_ERR_OOM, "out of memory for logits");
+    float *logits = a.gate;
+    if (need > (size_t)(2 * T * F)) {
+        KILN_TRY(kiln_scratch_reserve(be, &s->logits, need * sizeof(float)));
+        logits = s->logits.ptr;
+    }
     be->matmul(be, logits, a.rows, R, &s->lm_head);
     r = 0;
     for (int i = 0; i < n_entries; i++) {
@@ -296,7 +300,6 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
                          (size_t)(rows * s->vocab) * sizeof(float));
         r += rows;
     }
-    if (temp) be->free(be, logits);
     return KILN_OK;
 }
 
