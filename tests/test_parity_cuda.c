@@ -148,7 +148,7 @@ static void check_fixture(const char *name) {
     fprintf(stderr, "%-18s token by token rel L2 %.2e\n", name, err);
 
     /* 3. greedy continuation through the cache (seq holds the prompt now) */
-    int32_t *gen = malloc((size_t)ref.n_greedy * sizeof *gen);
+    int32_t *gen = calloc((size_t)ref.n_greedy + 1, sizeof *gen);
     int32_t next = argmax(logits + (size_t)(T - 1) * V, V);
     float *row = malloc((size_t)V * sizeof(float));
     for (int i = 0; i < ref.n_greedy; i++) {

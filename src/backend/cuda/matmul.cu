@@ -20,10 +20,10 @@
 #define GEMV_R     4
 #define GEMV_MAX_N 8
 #ifndef KCU_GEMM_SPLIT_DEFAULT
-#define KCU_GEMM_SPLIT_DEFAULT 0
+#define KCU_GEMM_SPLIT_DEFAULT 1
 #endif
 #ifndef KCU_QGEMV_DEFAULT
-#define KCU_QGEMV_DEFAULT 1
+#define KCU_QGEMV_DEFAULT 0
 #endif
 
 static int g_force_path = 0;
@@ -389,6 +389,14 @@ __global__ void k_dequant_bf16(__nv_bfloat16 *dst, kiln_matrix w, int64_t r0, in
         dst[i] = __float2bfloat16_rn(kcu_matrix_at(w, r0 + i / w.cols, i % w.cols));
 }
 
+/* Rows [r0, r0+nr) of w as f32 [nr, cols] (quantized GEMM in precise mode: SGEMM). */
+__global__ void k_dequant_f32(float *dst, kiln_matrix w, int64_t r0, int64_t nr) {
+    int64_t total = nr * w.cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = kcu_matrix_at(w, r0 + i / w.cols, i % w.cols);
+}
+
 __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t rows) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * rows;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -401,7 +409,13 @@ template <int NT>
 static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     dim3 grid((unsigned)((w->rows + GEMV_R - 1) / GEMV_R)), block(GEMV_WARPS * 32);
     cudaStream_t s = st->stream;
-    if (kiln_matrix_is_quantized(w) && kcu_qgemv_variant() == 2 && w->rows < INT32_MAX / 2 &&
+    /* auto (0): the warp-per-rows kernel where it measured faster on the H200 (n = 1, enough
+     * rows for 4 rows per warp and >= 24 warps per SM: 29.7 vs 44.5 us for q4g32 14336x4096),
+     * the column-split kernel elsewhere */
+    int qv = kcu_qgemv_variant();
+    if (qv == 0)
+        qv = NT == 1 && w->rows / 4 >= (int64_t)st->n_sms * 24 ? 2 : 1;
+    if (kiln_matrix_is_quantized(w) && qv == 2 && w->rows < INT32_MAX / 2 &&
         w->cols < INT32_MAX / 8) {
         switch (w->bits) {
         case 2:
@@ -476,7 +490,24 @@ static bool gemv_ok(const kiln_matrix *w, const float *x) {
 static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     const float one = 1.0f, zero = 0.0f;
     int64_t rows = w->rows, cols = w->cols;
-    if (w->dtype == KILN_DT_F32) {
+    if (kiln_matrix_is_quantized(w) && kcu_gemm_split()) {
+        /* precise mode: dequantize slices of W to f32 and SGEMM (affine-quantized values are not
+         * bf16-representable; a bf16 copy costs ~5e-3 relative error in the logits) */
+        int64_t slice = ((int64_t)32 << 20) / cols; /* 128 MiB of f32 */
+        if (slice > rows) slice = rows;
+        if (slice > 256) slice &= ~(int64_t)255;
+        if (slice < 1) slice = 1;
+        float *wf = (float *)kcu_scratch(st, (size_t)(slice * cols) * sizeof(float));
+        if (!wf) return;
+        for (int64_t r0 = 0; r0 < rows; r0 += slice) {
+            int64_t nr = rows - r0 < slice ? rows - r0 : slice;
+            k_dequant_f32<<<kcu_blocks(nr * cols, 256, 16384), 256, 0, st->stream>>>(wf, *w, r0, nr);
+            KCU_LAUNCHED(st);
+            KCU_CUBLAS(st, cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n,
+                                       (int)cols, &one, wf, (int)cols, x, (int)cols, &zero, y + r0,
+                                       (int)rows));
+        }
+    } else if (w->dtype == KILN_DT_F32) {
         KCU_CUBLAS(st, cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
                                    (int)cols, &one, (const float *)w->data, (int)cols, x, (int)cols,
                                    &zero, y, (int)rows));
