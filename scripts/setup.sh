@@ -10,11 +10,15 @@ SUDO=""
 
 packages=(build-essential cmake pkg-config git ca-certificates curl
           libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-          clang clang-format nodejs npm python3 python3-numpy)
+          clang clang-format python3 python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm may come from elsewhere (e.g. a vendor's nodejs that bundles npm): only ask
+# apt for them when the commands are missing.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
