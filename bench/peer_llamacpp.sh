@@ -55,11 +55,21 @@ fi
 LB=$LCPP/build/bin/llama-bench
 LQ=$LCPP/build/bin/llama-quantize
 if [ ! -x "$LB" ] || [ ! -x "$LQ" ]; then
+    # Build batching only, to make the build feasible on 2 busy cores: compile libllama's ~150
+    # per-model graph builders (src/models/*.cpp) as unity batches. No code is changed.
+    if [ "${LLAMA_UNITY:-1}" = 1 ] && ! grep -q kiln-peer "$LCPP/src/CMakeLists.txt"; then
+        cat >>"$LCPP/src/CMakeLists.txt" <<'EOF'
+# kiln-peer: unity-build the per-model graph builders (build batching only; 2-core machine)
+set_target_properties(llama PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 24)
+file(GLOB _kiln_peer_nonmodel ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+set_source_files_properties(${_kiln_peer_nonmodel} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+EOF
+    fi
     log "building llama-bench, llama-quantize (CPU, native) in $LCPP/build"
     cmake -S "$LCPP" -B "$LCPP/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF >"$PEER/cmake.log"
-    cmake --build "$LCPP/build" --target llama-bench llama-quantize -j2 >"$PEER/build.log"
+    cmake --build "$LCPP/build" --target llama-bench llama-quantize -j"${JOBS:-2}" >"$PEER/build.log"
 fi
 LCPP_REV=$(git -C "$LCPP" log -1 --format=%h 2>/dev/null || echo '?')
 
