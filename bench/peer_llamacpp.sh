@@ -63,6 +63,8 @@ if [ ! -x "$LB" ] || [ ! -x "$LQ" ]; then
 set_target_properties(llama PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 24)
 file(GLOB _kiln_peer_nonmodel ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
 set_source_files_properties(${_kiln_peer_nonmodel} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+# gemma4.cpp and gemma3n.cpp both define a static ggml_view_2d_slice
+set_source_files_properties(models/gemma4.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 EOF
     fi
     log "building llama-bench, llama-quantize (CPU, native) in $LCPP/build"
