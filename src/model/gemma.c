@@ -8,8 +8,14 @@
  * Gemma 4: RMSNorm as w, scale 1 with an unweighted RMSNorm on values, proportional (partial) RoPE
  * on full layers, per-layer inputs (embed_tokens_per_layer + per_layer_model_projection, gated
  * per layer), layer_scalar, k_eq_v on full layers and KV-shared tail layers (read the cache of the
- * last earlier layer of the same type). Gemma 4's MoE block is not implemented. CPU only. */
+ * last earlier layer of the same type). Gemma 4 MoE (enable_moe_block, every layer): the dense MLP
+ * and a routed expert block both read the post-attention residual r and are summed,
+ *   x = r + post_ffn_norm(post_ffn_norm_1(mlp(pre_ffn_norm(r)))
+ *                         + post_ffn_norm_2(experts(pre_ffn_norm_2(r))))
+ * with the router on rmsnorm(r) * scale / sqrt(hidden): softmax over experts, top-k renormalised,
+ * times per_expert_scale; experts are GeGLU with a fused [E, 2F, H] gate_up_proj. CPU only. */
 #include "model/model.h"
+#include "model/moe.h"
 
 #include "util/half.h"
 #include "util/log.h"
@@ -35,11 +41,19 @@ typedef struct gemma_layer {
     kiln_matrix ple_proj; /* [hidden, ple] */
     float *ple_norm;      /* [hidden] */
     float layer_scalar;
+    /* gemma4 MoE block */
+    bool moe;
+    kiln_matrix router;                                     /* [E, hidden] */
+    float *router_scale;                                    /* [hidden] (host) */
+    float *expert_scale;                                    /* [E] (host) per_expert_scale */
+    kiln_matrix gate_up, down;                              /* [E*2F, hidden], [E*hidden, F] */
+    float *pre_ffn_norm2, *post_ffn_norm1, *post_ffn_norm2; /* [hidden] */
 } gemma_layer;
 
 typedef struct gemma_state {
     bool g4;
     int hidden, n_heads, vocab, n_layers, ffn, ple; /* ple: hidden_size_per_layer_input (g4) */
+    int n_experts, top_k, moe_ffn;                  /* gemma4 MoE block (n_experts 0: none) */
     float eps, embed_scale, softcap, attn_scale;
     bool plus_one;
     kiln_matrix embed, lm_head;
@@ -62,12 +76,16 @@ static void gemma_free(kiln_model *m) {
     if (!s) return;
     for (int i = 0; s->layers && i < s->n_layers; i++) {
         gemma_layer *L = &s->layers[i];
-        float *v[] = {L->attn_norm, L->post_attn_norm, L->pre_ffn_norm, L->post_ffn_norm,
-                      L->q_norm,    L->k_norm,         L->ple_norm};
+        float *v[] = {L->attn_norm,      L->post_attn_norm, L->pre_ffn_norm, L->post_ffn_norm,
+                      L->q_norm,         L->k_norm,         L->ple_norm,     L->pre_ffn_norm2,
+                      L->post_ffn_norm1, L->post_ffn_norm2};
         for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) kiln_weights_free_vector(m, v[j]);
-        kiln_matrix *w[] = {&L->wq,   &L->wk,     &L->wv,       &L->wo,      &L->w_gate,
-                            &L->w_up, &L->w_down, &L->ple_gate, &L->ple_proj};
+        kiln_matrix *w[] = {&L->wq,       &L->wk,     &L->wv,      &L->wo,
+                            &L->w_gate,   &L->w_up,   &L->w_down,  &L->ple_gate,
+                            &L->ple_proj, &L->router, &L->gate_up, &L->down};
         for (size_t j = 0; j < sizeof w / sizeof w[0]; j++) kiln_weights_free_matrix(m, w[j]);
+        free(L->router_scale);
+        free(L->expert_scale);
     }
     free(s->layers);
     kiln_weights_free_matrix(m, &s->embed);
@@ -144,6 +162,68 @@ static kiln_status rope_table(kiln_model *m, const char *type, int head_dim, kil
     return KILN_OK;
 }
 
+/* Reads a float tensor of n elements to a malloc'd host f32 array. */
+static kiln_status host_floats(kiln_model *m, const char *name, int64_t n, float **out) {
+    const kiln_st_tensor *t = kiln_st_find(m->archive, name);
+    if (!t) return kiln_error(KILN_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->dir, name);
+    if (t->numel != n ||
+        (t->dtype != KILN_DT_F32 && t->dtype != KILN_DT_F16 && t->dtype != KILN_DT_BF16))
+        return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s' should be %lld floats", m->dir, name,
+                          (long long)n);
+    float *h = malloc((size_t)n * sizeof *h);
+    if (!h) return kiln_error(KILN_ERR_OOM, "out of memory for '%s'", name);
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t u = t->dtype == KILN_DT_F32 ? 0 : ((const uint16_t *)t->data)[i];
+        if (t->dtype == KILN_DT_F32)
+            memcpy(&h[i], (const char *)t->data + 4 * i, 4);
+        else
+            h[i] = t->dtype == KILN_DT_F16 ? kiln_f16_to_f32(u) : kiln_bf16_to_f32(u);
+    }
+    *out = h;
+    return KILN_OK;
+}
+
+/* A dense stacked expert tensor [E, rows, cols] (no ".weight" suffix in the HF layout) as one
+ * [E*rows, cols] matrix on the backend. */
+static kiln_status load_experts(kiln_model *m, const char *name, int E, int64_t rows, int64_t cols,
+                                kiln_matrix *out) {
+    const kiln_st_tensor *t = kiln_st_find(m->archive, name);
+    if (!t) return kiln_error(KILN_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->dir, name);
+    if ((t->dtype != KILN_DT_F32 && t->dtype != KILN_DT_F16 && t->dtype != KILN_DT_BF16) ||
+        t->ndim != 3 || t->shape[0] != E || t->shape[1] != rows || t->shape[2] != cols)
+        return kiln_error(KILN_ERR_FORMAT, "%s: '%s' should be a float [%d, %lld, %lld]", m->dir,
+                          name, E, (long long)rows, (long long)cols);
+    kiln_matrix host = {.dtype = t->dtype, .rows = E * rows, .cols = cols, .data = t->data};
+    return m->be->upload_matrix(m->be, &host, out);
+}
+
+static kiln_status load_moe(kiln_model *m, gemma_state *s, gemma_layer *L, const char *p) {
+    char n[256];
+    const int H = s->hidden, E = s->n_experts, F = s->moe_ffn;
+    L->moe = true;
+    snprintf(n, sizeof n, "%s.router.proj", p);
+    KILN_TRY(kiln_weights_matrix(m, n, E, H, false, &L->router));
+    snprintf(n, sizeof n, "%s.router.scale", p);
+    KILN_TRY(host_floats(m, n, H, &L->router_scale));
+    snprintf(n, sizeof n, "%s.router.per_expert_scale", p);
+    KILN_TRY(host_floats(m, n, E, &L->expert_scale));
+    snprintf(n, sizeof n, "%s.experts.gate_up_proj", p);
+    KILN_TRY(load_experts(m, n, E, 2 * (int64_t)F, H, &L->gate_up));
+    snprintf(n, sizeof n, "%s.experts.down_proj", p);
+    KILN_TRY(load_experts(m, n, E, H, F, &L->down));
+    struct {
+        const char *name;
+        float **dst;
+    } v[] = {{"pre_feedforward_layernorm_2", &L->pre_ffn_norm2},
+             {"post_feedforward_layernorm_1", &L->post_ffn_norm1},
+             {"post_feedforward_layernorm_2", &L->post_ffn_norm2}};
+    for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) {
+        snprintf(n, sizeof n, "%s.%s.weight", p, v[j].name);
+        KILN_TRY(kiln_weights_vector(m, n, H, false, v[j].dst));
+    }
+    return KILN_OK;
+}
+
 static kiln_status load_layer(kiln_model *m, gemma_state *s, int i, int first_shared) {
     const kiln_config *c = &m->cfg;
     gemma_layer *L = &s->layers[i];
@@ -199,6 +279,7 @@ static kiln_status load_layer(kiln_model *m, gemma_state *s, int i, int first_sh
     snprintf(n, sizeof n, "%s.mlp.down_proj", p);
     KILN_TRY(kiln_weights_matrix(m, n, H, s->ffn, false, &L->w_down));
     L->layer_scalar = 1.0f;
+    if (s->n_experts > 0) KILN_TRY(load_moe(m, s, L, p));
     if (s->g4) {
         snprintf(n, sizeof n, "%s.layer_scalar", p);
         if (kiln_weights_has(m, n)) {
@@ -241,11 +322,16 @@ static kiln_status gemma_load(kiln_model *m) {
     s->attn_scale =
         s->g4 ? 1.0f
               : 1.0f / sqrtf(kiln_config_float(c, "query_pre_attn_scalar", (float)c->head_dim));
-    if (s->g4 && kiln_config_bool(c, "enable_moe_block", false))
-        return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "%s/config.json: Gemma 4 MoE blocks "
-                          "(enable_moe_block) are not supported yet",
-                          m->dir);
+    if (s->g4 && kiln_config_bool(c, "enable_moe_block", false)) {
+        s->n_experts = kiln_config_int(c, "num_experts", 0);
+        s->top_k = kiln_config_int(c, "top_k_experts", 0);
+        s->moe_ffn = kiln_config_int(c, "moe_intermediate_size", 0);
+        if (s->n_experts <= 0 || s->top_k <= 0 || s->top_k > s->n_experts || s->moe_ffn <= 0 ||
+            s->top_k > 64)
+            return kiln_error(KILN_ERR_FORMAT,
+                              "%s/config.json: bad MoE geometry (%d experts, top %d, ffn %d)",
+                              m->dir, s->n_experts, s->top_k, s->moe_ffn);
+    }
     s->ple = s->g4 ? kiln_config_int(c, "hidden_size_per_layer_input", 0) : 0;
     KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", s->vocab, s->hidden, false, &s->embed));
     s->tied = !kiln_weights_has(m, "lm_head.weight");
@@ -285,6 +371,11 @@ static kiln_status gemma_load(kiln_model *m) {
     m->n_kv_layers = s->n_layers;
     m->kv_layers = calloc((size_t)s->n_layers, sizeof *m->kv_layers);
     if (!m->kv_layers) return kiln_error(KILN_ERR_OOM, "out of memory");
+    if (s->n_experts > 0) {
+        m->layer_moe = calloc((size_t)s->n_layers, sizeof *m->layer_moe);
+        if (!m->layer_moe) return kiln_error(KILN_ERR_OOM, "out of memory");
+        for (int i = 0; i < s->n_layers; i++) m->layer_moe[i] = s->layers[i].moe;
+    }
     for (int i = 0; i < s->n_layers; i++) {
         gemma_layer *L = &s->layers[i];
         L->inv_freq = L->sliding ? s->inv_sliding : s->inv_full;
@@ -300,6 +391,77 @@ static kiln_status gemma_load(kiln_model *m) {
 
 static void softcap(float *x, int64_t n, float cap) {
     for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+/* Gemma 4 expert block over T rows of the residual r: y = post_ffn_norm_2(sum_k w_k expert_k(
+ * pre_ffn_norm_2(r))), routed on rmsnorm(r) * scale / sqrt(hidden). Tokens are bucketed per expert
+ * so each selected expert runs one matmul over its rows. */
+static kiln_status gemma_moe(kiln_model *m, gemma_state *s, const gemma_layer *L, float *y,
+                             const float *r, int64_t T) {
+    kiln_backend *be = m->be;
+    const int64_t H = s->hidden, E = s->n_experts, K = s->top_k, F = s->moe_ffn;
+    float *rn = malloc((size_t)(T * H) * sizeof(float));     /* [T, H] router input, then xn */
+    float *logits = malloc((size_t)(T * E) * sizeof(float)); /* [T, E] */
+    int *sel = malloc((size_t)(T * K) * sizeof(int));        /* [T, K] */
+    float *wsel = malloc((size_t)(T * K) * sizeof(float));   /* [T, K] */
+    int64_t *rows = malloc((size_t)T * sizeof(int64_t));     /* [n] token of each row */
+    float *rw = malloc((size_t)T * sizeof(float));           /* [n] weight of each row */
+    float *xe = malloc((size_t)(T * H) * sizeof(float));     /* [n, H] gathered input */
+    float *gu = malloc((size_t)(T * 2 * F) * sizeof(float)); /* [n, 2F] gate | up */
+    float *act = malloc((size_t)(T * F) * sizeof(float));    /* [n, F] */
+    float *ye = malloc((size_t)(T * H) * sizeof(float));     /* [n, H] */
+    kiln_status st = KILN_OK;
+    if (!rn || !logits || !sel || !wsel || !rows || !rw || !xe || !gu || !act || !ye) {
+        st = kiln_error(KILN_ERR_OOM, "gemma moe: out of memory for %lld tokens", (long long)T);
+        goto done;
+    }
+    be->rmsnorm(be, rn, r, NULL, T, H, s->eps, false);
+    const float root = 1.0f / sqrtf((float)H);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < H; i++) rn[t * H + i] *= L->router_scale[i] * root;
+    be->matmul(be, logits, rn, T, &L->router);
+    for (int64_t t = 0; t < T; t++) {
+        kiln_moe_route(logits + t * E, (int)E, (int)K, true, sel + t * K, wsel + t * K);
+        for (int64_t j = 0; j < K; j++) wsel[t * K + j] *= L->expert_scale[sel[t * K + j]];
+    }
+    be->rmsnorm(be, rn, r, L->pre_ffn_norm2, T, H, s->eps, false);
+    memset(y, 0, (size_t)(T * H) * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int64_t n = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < K; j++)
+                if (sel[t * K + j] == e) {
+                    rows[n] = t;
+                    rw[n] = wsel[t * K + j];
+                    memcpy(xe + n * H, rn + t * H, (size_t)H * sizeof(float));
+                    n++;
+                }
+        if (n == 0) continue; /* unselected experts are never read */
+        kiln_matrix gup = kiln_matrix_rows(&L->gate_up, (int64_t)e * 2 * F, 2 * F);
+        kiln_matrix dn = kiln_matrix_rows(&L->down, (int64_t)e * H, H);
+        be->matmul(be, gu, xe, n, &gup);
+        for (int64_t i = 0; i < n; i++)
+            be->gelu_tanh_mul(be, act + i * F, gu + i * 2 * F, gu + i * 2 * F + F, F);
+        be->matmul(be, ye, act, n, &dn);
+        for (int64_t i = 0; i < n; i++) {
+            float *dst = y + rows[i] * H;
+            const float *src = ye + i * H;
+            for (int64_t c = 0; c < H; c++) dst[c] += rw[i] * src[c];
+        }
+    }
+    be->rmsnorm(be, y, y, L->post_ffn_norm2, T, H, s->eps, false);
+done:
+    free(rn);
+    free(logits);
+    free(sel);
+    free(wsel);
+    free(rows);
+    free(rw);
+    free(xe);
+    free(gu);
+    free(act);
+    free(ye);
+    return st;
 }
 
 static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
@@ -402,6 +564,17 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         be->matmul(be, ff2, h, T, &L->w_up);
         be->gelu_tanh_mul(be, ff1, ff1, ff2, T * F);
         be->matmul(be, h, ff1, T, &L->w_down);
+        if (L->moe) { /* dense and expert branches both read the residual x */
+            be->rmsnorm(be, h, h, L->post_ffn_norm1, T, H, s->eps, false);
+            kiln_status ms = gemma_moe(m, s, L, h2, x, T);
+            if (ms != KILN_OK) {
+                free(buf);
+                free(pos);
+                free(tok);
+                return ms;
+            }
+            be->add(be, h, h, h2, T * H);
+        }
         be->rmsnorm(be, h, h, L->post_ffn_norm, T, H, s->eps, s->plus_one);
         be->add(be, x, x, h, T * H);
         if (s->ple > 0) {
