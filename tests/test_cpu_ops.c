@@ -1,7 +1,10 @@
 /* test_cpu_ops.c — every CPU fast path against its reference on fresh random data, at each SIMD
  * level the CPU has (forced in turn), with thread pools of 1 and 2: matmul for f32/f16/bf16 and
  * MLX-quantized weights of 2..8 bits, groups 32/64/128, f16/bf16/f32 scales, with and without an
- * output bias, n = 1, 2, 3, 7, 33 and row counts that are not tile multiples; embedding; and the
+ * output bias, n = 1, 2, 3, 4, 7, 33 and row counts that are not tile multiples, in the exact
+ * mode (<= 1e-5) and the fast mode (int8 / bf16 activations where the CPU has them: <= 2e-2 per
+ * case vs the reference, typically 4e-3, noisy on 9-row views; and <= 1e-5 vs a double model of
+ * its int8 arithmetic; the exact mode must be unchanged after it); embedding; and the
  * small ops against closed-form double-precision formulas. Weight buffers are allocated to their
  * exact size so the sanitizer build catches any over-read at the end of a matrix. */
 #include "backend/cpu/cpu_ops.h"
@@ -64,11 +67,27 @@ static void free_matrix(kiln_matrix *m) {
     free((void *)m->bias);
 }
 
+/* Code j of a packed MLX row and a group value, written out independently of the kernels. */
+static unsigned kiln_q_code_test(const uint8_t *row, int64_t j, int bits) {
+    unsigned v = 0;
+    for (int b = 0; b < bits; b++) {
+        int64_t bit = j * bits + b;
+        v |= (unsigned)((row[bit >> 3] >> (bit & 7)) & 1) << b;
+    }
+    return v;
+}
+static double kiln_q_scale_test(const void *p, kiln_dtype dt, int64_t i) {
+    if (dt == KILN_DT_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dt == KILN_DT_F16 ? kiln_f16_to_f32(h) : kiln_bf16_to_f32(h);
+}
+
 static int matmul_cases = 0;
+static double matmul_tol = 1e-5; /* 2e-2 while the fast mode is on */
 
 /* Runs the fast matmul for every n against the reference; returns the worst relative error. */
 static double check_matmul(kiln_threadpool *pool, const kiln_matrix *w, const char *what) {
-    static const int64_t ns[] = {1, 2, 3, 7, 33};
+    static const int64_t ns[] = {1, 2, 3, 4, 7, 33};
     double worst = 0.0;
     for (size_t t = 0; t < sizeof ns / sizeof *ns; t++) {
         int64_t n = ns[t];
@@ -79,8 +98,9 @@ static double check_matmul(kiln_threadpool *pool, const kiln_matrix *w, const ch
         kiln_cpu_matmul(pool, y, x, n, w);
         kiln_cpu_matmul_ref(ref, x, n, w);
         double err = test_rel_l2(y, ref, (size_t)(n * w->rows));
-        CHECK_MSG(err <= 1e-5, "%s [%s] n=%lld rows=%lld cols=%lld: rel err %g", what,
-                  kiln_cpu_simd_name(), (long long)n, (long long)w->rows, (long long)w->cols, err);
+        CHECK_MSG(err <= matmul_tol, "%s [%s %s] n=%lld rows=%lld cols=%lld: rel err %g", what,
+                  kiln_cpu_simd_name(), kiln_cpu_matmul_mode(), (long long)n, (long long)w->rows,
+                  (long long)w->cols, err);
         if (!(err <= worst)) worst = err;
         matmul_cases++;
         free(x), free(y), free(ref);
@@ -117,6 +137,98 @@ static void test_matmul_quant(kiln_threadpool *pool) {
             check_matmul(pool, &tail, what);
             free_matrix(&w);
         }
+}
+
+/* The fast GEMV's model of the arithmetic: x rounded to int8 in blocks of 16 (dx = max|x|/127),
+ * y = sum_g s_g * sum_j q_j * xhat_j + b_g * sum_j x_j in double, for row i = 0 of x. */
+static void fast_model(const kiln_matrix *w, const float *x, double *out) {
+    float *xh = malloc(sizeof(float) * (size_t)w->cols);
+    for (int64_t k = 0; k < w->cols; k += 16) {
+        float amax = 0.0f;
+        for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(x[k + j]));
+        float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 16; j++) xh[k + j] = nearbyintf(x[k + j] * inv) * dx;
+    }
+    const uint8_t *codes = w->data;
+    int64_t groups = w->cols / w->group_size;
+    for (int64_t r = 0; r < w->rows; r++) {
+        double acc = 0.0;
+        for (int64_t g = 0; g < groups; g++) {
+            double qx = 0.0, xs = 0.0;
+            for (int64_t c = g * w->group_size; c < (g + 1) * w->group_size; c++) {
+                double q = (double)kiln_q_code_test(codes + r * w->cols * w->bits / 8, c, w->bits);
+                qx += q * xh[c], xs += x[c];
+            }
+            acc += kiln_q_scale_test(w->scales, w->scale_dtype, r * groups + g) * qx +
+                   kiln_q_scale_test(w->biases, w->scale_dtype, r * groups + g) * xs;
+        }
+        out[r] = acc + (w->bias ? w->bias[r] : 0.0);
+    }
+    free(xh);
+}
+
+/* The fast mode: bf16 and 4/8-bit weights (the ones it changes) at every group size and scale
+ * dtype, n = 1..4 GEMV plus GEMM sizes, within 2e-2 of the reference. Where it is in effect the
+ * GEMV must actually differ from the exact result (it is the int8 / bf16 kernel that ran). */
+static void test_matmul_fast(kiln_threadpool *pool) {
+    CHECK(kiln_cpu_matmul_mode_set("turbo") != 0);
+    CHECK(kiln_cpu_matmul_mode_set("fast") == 0);
+    bool active = !strcmp(kiln_cpu_matmul_mode(), "fast");
+    matmul_tol = 2e-2;
+    static const int bits_list[] = {4, 8};
+    static const int groups[] = {32, 64, 128};
+    static const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    double worst = 0.0;
+    int differs = 0, gemvs = 0;
+    for (size_t b = 0; b < 2; b++)
+        for (size_t g = 0; g < 3; g++) {
+            int64_t rows = 37 + (int64_t)(b * 3 + g), cols = groups[g] * (g == 0 ? 5 : 3);
+            kiln_matrix w = make_matrix(rows, cols, 0, bits_list[b], groups[g], sdts[(b + g) % 3],
+                                        (b + g) % 2 == 1);
+            char what[64];
+            snprintf(what, sizeof what, "fast q%dg%d %s", bits_list[b], groups[g],
+                     kiln_dtype_name(w.scale_dtype));
+            double err = check_matmul(pool, &w, what);
+            if (err > worst) worst = err;
+            kiln_matrix tail = kiln_matrix_rows(&w, rows - 9, 9);
+            check_matmul(pool, &tail, what);
+            /* fast GEMV vs exact GEMV on the same x: different (when active), both near */
+            float *x = rand_vec(2 * cols, 1.0f);
+            float *yf = malloc(sizeof(float) * (size_t)(2 * rows));
+            float *ye = malloc(sizeof(float) * (size_t)(2 * rows));
+            kiln_cpu_matmul(pool, yf, x, 2, &w);
+            if (active) { /* and it is exactly the int8 arithmetic it claims to be */
+                double *model = malloc(sizeof(double) * (size_t)rows);
+                float *m32 = malloc(sizeof(float) * (size_t)rows);
+                fast_model(&w, x, model);
+                for (int64_t r = 0; r < rows; r++) m32[r] = (float)model[r];
+                double merr = test_rel_l2(yf, m32, (size_t)rows);
+                CHECK_MSG(merr <= 1e-5, "%s: fast GEMV vs its int8 model: rel err %g", what, merr);
+                free(model), free(m32);
+            }
+            CHECK(kiln_cpu_matmul_mode_set("exact") == 0);
+            kiln_cpu_matmul(pool, ye, x, 2, &w);
+            CHECK(kiln_cpu_matmul_mode_set("fast") == 0);
+            differs += memcmp(yf, ye, sizeof(float) * (size_t)(2 * rows)) != 0;
+            gemvs++;
+            free(x), free(yf), free(ye);
+            free_matrix(&w);
+        }
+    static const int64_t shapes[][2] = {{37, 96}, {70, 160}, {33, 320}, {5, 17}, {41, 131}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        kiln_matrix w = make_matrix(shapes[s][0], shapes[s][1], KILN_DT_BF16, 0, 0, 0, s % 2);
+        double err = check_matmul(pool, &w, "fast bf16");
+        if (err > worst) worst = err;
+        free_matrix(&w);
+    }
+    if (active)
+        CHECK_MSG(differs == gemvs, "fast mode active but %d/%d GEMVs equal the exact ones",
+                  gemvs - differs, gemvs);
+    printf("level %s: fast mode %s, worst rel err %.2e\n", kiln_cpu_simd_name(),
+           kiln_cpu_matmul_mode(), worst);
+    matmul_tol = 1e-5;
+    CHECK(kiln_cpu_matmul_mode_set("exact") == 0);
+    CHECK(!strcmp(kiln_cpu_matmul_mode(), "exact"));
 }
 
 /* Embedding rows equal the dequantized / converted rows, read independently. */
@@ -267,6 +379,9 @@ int main(void) {
             test_matmul_quant(pools[p]);
         }
         test_matmul_quant(NULL);
+        test_matmul_fast(pools[1]);
+        test_matmul_quant(pools[1]); /* the exact mode is back, unchanged */
+        test_matmul_dense(pools[1]);
         test_embed();
         test_dot_axpy();
         test_rmsnorm();
@@ -277,6 +392,7 @@ int main(void) {
     CHECK(levels_run >= 1);
     CHECK(kiln_cpu_simd_force("avx9000") != 0);
     CHECK(kiln_cpu_simd_force(NULL) == 0);
+    CHECK(kiln_cpu_matmul_mode_set(NULL) == 0);
     kiln_threadpool_free(pools[0]);
     kiln_threadpool_free(pools[1]);
     return test_finish();

@@ -1,6 +1,8 @@
 /* cpu_features.c — which SIMD level the CPU kernels run at: detected once from the CPU
  * (__builtin_cpu_supports), overridable by env KILN_SIMD=scalar|avx2|avx512 or by
- * kiln_cpu_simd_force (tests and benchmarks walk every level this way). */
+ * kiln_cpu_simd_force (tests and benchmarks walk every level this way); and the matmul mode:
+ * "exact" (default, f32 activations) or "fast" (int8 / bf16 activations on VNNI / BF16 units),
+ * from env KILN_MATMUL or kiln_cpu_matmul_mode_set. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
 
@@ -10,12 +12,12 @@
 #include <string.h>
 
 static const kiln_cpu_kernels kernels_by_level[] = {
-    [KILN_SIMD_SCALAR] = {kiln_decode_scalar, kiln_gemv_scalar, kiln_tile_scalar, kiln_dot_scalar,
-                          kiln_axpy_scalar},
-    [KILN_SIMD_AVX2] = {kiln_decode_avx2, kiln_gemv_avx2, kiln_tile_avx2, kiln_dot_avx2,
-                        kiln_axpy_avx2},
-    [KILN_SIMD_AVX512] = {kiln_decode_avx512, kiln_gemv_avx512, kiln_tile_avx512, kiln_dot_avx512,
-                          kiln_axpy_avx512},
+    [KILN_SIMD_SCALAR] = {kiln_decode_scalar, kiln_gemv_prepare_scalar, kiln_gemv_scalar,
+                          kiln_tile_scalar, kiln_dot_scalar, kiln_axpy_scalar},
+    [KILN_SIMD_AVX2] = {kiln_decode_avx2, kiln_gemv_prepare_avx2, kiln_gemv_avx2, kiln_tile_avx2,
+                        kiln_dot_avx2, kiln_axpy_avx2},
+    [KILN_SIMD_AVX512] = {kiln_decode_avx512, kiln_gemv_prepare_avx512, kiln_gemv_avx512,
+                          kiln_tile_avx512, kiln_dot_avx512, kiln_axpy_avx512},
 };
 
 /* -1 = not decided yet. */
@@ -94,4 +96,51 @@ int kiln_cpu_simd_force(const char *level) {
     if (parsed < 0) return -1;
     atomic_store(&active_level, parsed);
     return 0;
+}
+
+/* ---- matmul mode ---- */
+
+/* -1 = not decided yet, 0 = exact, 1 = fast. */
+static atomic_int matmul_mode = -1;
+
+static bool cpu_has_vnni_bf16(void) {
+    __builtin_cpu_init();
+    return cpu_has_avx512bf16() && __builtin_cpu_supports("avx512vnni");
+}
+
+static int mode_from_name(const char *name) {
+    if (!strcmp(name, "exact")) return 0;
+    if (!strcmp(name, "fast")) return 1;
+    return -1;
+}
+
+static int matmul_mode_get(void) {
+    int mode = atomic_load_explicit(&matmul_mode, memory_order_relaxed);
+    if (mode < 0) {
+        const char *env = getenv("KILN_MATMUL");
+        mode = env && *env && mode_from_name(env) == 1 ? 1 : 0;
+        atomic_store(&matmul_mode, mode);
+    }
+    return mode;
+}
+
+int kiln_cpu_matmul_mode_set(const char *mode) {
+    if (!mode) {
+        atomic_store(&matmul_mode, -1);
+        matmul_mode_get();
+        return 0;
+    }
+    int parsed = mode_from_name(mode);
+    if (parsed < 0) return -1;
+    atomic_store(&matmul_mode, parsed);
+    return 0;
+}
+
+const char *kiln_cpu_matmul_mode(void) {
+    return kiln_cpu_matmul_fast_active() ? "fast" : "exact";
+}
+
+bool kiln_cpu_matmul_fast_active(void) {
+    return matmul_mode_get() == 1 && kiln_cpu_simd_level() == KILN_SIMD_AVX512 &&
+           cpu_has_vnni_bf16();
 }

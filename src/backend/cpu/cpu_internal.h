@@ -1,9 +1,11 @@
 /* cpu_internal.h — what the CPU kernel files share among themselves (not a public interface):
- * the SIMD level chosen at run time, helpers to read quantized codes and group scales, and the
- * per-level matmul building blocks that cpu_matmul.c drives:
- *   decode : one weight row segment -> f32 (dense convert or s*q+b dequantize)
- *   gemv   : y[n<=4, r0..r1) for a range of weight rows, weights streamed once (decode path)
- *   tile   : an MR x NR micro-tile c += x[MR, kc] @ wp[kc, NR] on a packed f32 weight block.
+ * the SIMD level chosen at run time, the matmul mode (exact / fast), helpers to read quantized
+ * codes and group scales, and the per-level matmul building blocks that cpu_matmul.c drives:
+ *   decode  : one weight row segment -> f32 (dense convert or s*q+b dequantize)
+ *   prepare : the activations of one GEMV call, rearranged once before the rows are split
+ *             (per-group sums of x, x in the level's decode order, int8 / bf16 x in fast mode)
+ *   gemv    : y[n<=4, r0..r1) for a range of weight rows, weights streamed once (decode path)
+ *   tile    : an MR x NR micro-tile c += x[MR, kc] @ wp[kc, NR] on a packed f32 weight block.
  * Invariants the callers keep: for quantized matrices k0 and len are multiples of group_size. */
 #ifndef KILN_BACKEND_CPU_INTERNAL_H
 #define KILN_BACKEND_CPU_INTERNAL_H
@@ -11,6 +13,8 @@
 #include "backend/matrix.h"
 #include "util/half.h"
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum kiln_simd_level {
@@ -20,6 +24,10 @@ typedef enum kiln_simd_level {
 } kiln_simd_level;
 
 kiln_simd_level kiln_cpu_simd_level(void);
+
+/* True when GEMV may use the approximate VNNI / BF16 kernels: mode "fast" (env KILN_MATMUL or
+ * kiln_cpu_matmul_mode_set), the AVX-512 level active and the CPU has AVX512-VNNI and -BF16. */
+bool kiln_cpu_matmul_fast_active(void);
 
 /* GEMM blocking shared by every level: MR rows of x by NR weight rows, KC deep. KC is a multiple
  * of every group size so a quantized block never splits a group. */
@@ -65,18 +73,60 @@ static inline float kiln_dense_at(const kiln_matrix *w, int64_t r, int64_t c) {
     }
 }
 
+/* Scratch carving for prepare: returns the next 64-byte aligned block of `bytes` (advancing *off);
+ * base == NULL only counts. */
+static inline void *kiln_scratch_take(void *base, size_t *off, size_t bytes) {
+    void *p = base ? (char *)base + *off : NULL;
+    *off += (bytes + 63) & ~(size_t)63;
+    return p;
+}
+
+/* out[i*groups + g] = sum of x[i, g*gs .. (g+1)*gs) (f32, 8 partial sums per group). */
+static inline void kiln_group_sums(const float *x, int n, int64_t cols, int64_t gs, float *out) {
+    int64_t groups = cols / gs;
+    for (int i = 0; i < n; i++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float *xg = x + i * cols + g * gs;
+            float part[8] = {0};
+            for (int64_t k = 0; k < gs; k += 8)
+                for (int u = 0; u < 8; u++) part[u] += xg[k + u];
+            out[i * groups + g] = ((part[0] + part[1]) + (part[2] + part[3])) +
+                                  ((part[4] + part[5]) + (part[6] + part[7]));
+        }
+}
+
 /* out[len] = W[r, k0 .. k0+len) as f32. */
 typedef void (*kiln_decode_fn)(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len,
                                float *out);
-/* For rows r in [r0, r1) and i < n (n <= KILN_GEMV_MAX_N): y[i*ldy + r] = x[i, :] . W[r, :]
- * (no output bias; the driver adds it). x is [n, w->cols]. */
-typedef void (*kiln_gemv_fn)(const kiln_matrix *w, const float *x, int n, float *y, int64_t ldy,
+/* The activations of one GEMV call as a level's gemv reads them, filled by its prepare. Pointers
+ * a level does not use stay NULL. Rows i < n of each array are contiguous ([n][len]). */
+typedef struct kiln_gemv_x {
+    const float *x; /* [n, cols] as given */
+    int n;
+    const float *xp;    /* [n, cols] x permuted to the level's code order (exact 4-bit, bf16) */
+    const float *xsum;  /* [n, groups] sum of x over each weight group (quantized) */
+    bool fast;          /* the VNNI / BF16 kernels below are in use */
+    const int8_t *xq;   /* fast quantized: [n, cols + pad] round(x / dx) in the code order */
+    const float *xdl;   /* fast quantized: [n, lanes + pad] dx of each 32-bit lane's group */
+    const uint16_t *xb; /* fast bf16: [n, cols] x rounded to bf16 */
+    int64_t xq_stride;  /* elements per row of xq */
+    int64_t xdl_stride; /* elements per row of xdl */
+} kiln_gemv_x;
+
+/* Fills *px for x[n, w->cols] using scratch; with scratch == NULL only returns the bytes of
+ * scratch needed (64-byte aligned scratch). */
+typedef size_t (*kiln_gemv_prepare_fn)(const kiln_matrix *w, const float *x, int n, bool fast,
+                                       kiln_gemv_x *px, void *scratch);
+/* For rows r in [r0, r1) and i < px->n (n <= KILN_GEMV_MAX_N): y[i*ldy + r] = x[i, :] . W[r, :]
+ * (no output bias; the driver adds it). */
+typedef void (*kiln_gemv_fn)(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                              int64_t r0, int64_t r1);
 /* c[MR][NR] = sum_k xrows[i][k] * wp[k*NR + j], k < kc (overwrites c). */
 typedef void (*kiln_tile_fn)(int64_t kc, const float *const *xrows, const float *wp, float *c);
 
 typedef struct kiln_cpu_kernels {
     kiln_decode_fn decode;
+    kiln_gemv_prepare_fn prepare;
     kiln_gemv_fn gemv;
     kiln_tile_fn tile;
     float (*dot)(const float *a, const float *b, int64_t n);
@@ -88,21 +138,27 @@ const kiln_cpu_kernels *kiln_cpu_kernels_active(void);
 
 /* Per-level implementations (the AVX ones live in files built with those ISA flags). */
 void kiln_decode_scalar(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, float *out);
-void kiln_gemv_scalar(const kiln_matrix *w, const float *x, int n, float *y, int64_t ldy,
+size_t kiln_gemv_prepare_scalar(const kiln_matrix *w, const float *x, int n, bool fast,
+                                kiln_gemv_x *px, void *scratch);
+void kiln_gemv_scalar(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1);
 void kiln_tile_scalar(int64_t kc, const float *const *xrows, const float *wp, float *c);
 float kiln_dot_scalar(const float *a, const float *b, int64_t n);
 void kiln_axpy_scalar(float *y, float a, const float *x, int64_t n);
 
 void kiln_decode_avx2(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, float *out);
-void kiln_gemv_avx2(const kiln_matrix *w, const float *x, int n, float *y, int64_t ldy, int64_t r0,
+size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool fast,
+                              kiln_gemv_x *px, void *scratch);
+void kiln_gemv_avx2(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy, int64_t r0,
                     int64_t r1);
 void kiln_tile_avx2(int64_t kc, const float *const *xrows, const float *wp, float *c);
 float kiln_dot_avx2(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx2(float *y, float a, const float *x, int64_t n);
 
 void kiln_decode_avx512(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, float *out);
-void kiln_gemv_avx512(const kiln_matrix *w, const float *x, int n, float *y, int64_t ldy,
+size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, bool fast,
+                                kiln_gemv_x *px, void *scratch);
+void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1);
 void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, float *c);
 float kiln_dot_avx512(const float *a, const float *b, int64_t n);

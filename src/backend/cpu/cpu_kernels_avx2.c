@@ -121,6 +121,126 @@ void kiln_decode_avx2(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, 
     }
 }
 
+/* ---- GEMV (decode) ------------------------------------------------------------------------
+ * As in the AVX-512 file, at half width: 4/8-bit weights use s*sum(q*x) + b*sum(x) per group
+ * with group sums of x computed once per call; 4-bit codes come 16 per 8 bytes (low nibbles =
+ * even codes, high nibbles = odd codes of a 16-block) against x permuted to that order once per
+ * call; bf16 weights split each 32-bit lane into its even (shift) and odd (mask) element against
+ * the same permutation. Other formats: the generic decoder / loads with natural x. */
+
+static ALWAYS_INLINE float group_values_to(const void *p, kiln_dtype dt, int64_t i, int64_t count,
+                                           float *out) {
+    for (int64_t j = 0; j < count; j++) out[j] = group_value(p, dt, i + j);
+    return 0.0f;
+}
+
+/* sum_g biases[r, g] * xsum[g] over the row's groups. */
+static ALWAYS_INLINE float bias_term(const kiln_matrix *w, int64_t r, const float *xsum,
+                                     int64_t groups) {
+    __m256 acc = _mm256_setzero_ps();
+    float b[8];
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        group_values_to(w->biases, w->scale_dtype, r * groups + g, 8, b);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(b), _mm256_loadu_ps(xsum + g), acc);
+    }
+    float s = hsum8(acc);
+    for (; g < groups; g++) s += group_value(w->biases, w->scale_dtype, r * groups + g) * xsum[g];
+    return s;
+}
+
+/* x[n, cols] into dst with each full 16-block holding its even elements, then its odd ones; a
+ * shorter last block copied. */
+static void permute_even_odd16(const float *x, int n, int64_t cols, float *dst) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * cols;
+        float *di = dst + i * cols;
+        int64_t k = 0;
+        for (; k + 16 <= cols; k += 16)
+            for (int t = 0; t < 8; t++) {
+                di[k + t] = xi[k + 2 * t];
+                di[k + 8 + t] = xi[k + 2 * t + 1];
+            }
+        for (; k < cols; k++) di[k] = xi[k];
+    }
+}
+
+/* Per-lane sums of one group (gs codes at p) against x: 8-bit natural order, 4-bit permuted. */
+static ALWAYS_INLINE void group_dot(const uint8_t *p, const float *x, int64_t cols, int64_t k0,
+                                    int64_t gs, const int n, const int bits, __m256 *out) {
+    const __m256i low4 = _mm256_set1_epi32(15);
+    __m256 pa[KILN_GEMV_MAX_N], pb[KILN_GEMV_MAX_N];
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) pa[i] = pb[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < gs; k += 16) {
+        __m256 c0, c1;
+        if (bits == 4) {
+            __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + k / 2)));
+            c0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, low4));
+            c1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        } else {
+            c0 =
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + k))));
+            c1 = _mm256_cvtepi32_ps(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + k + 8))));
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+            pa[i] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(x + i * cols + k0 + k), pa[i]);
+            pb[i] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(x + i * cols + k0 + k + 8), pb[i]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) out[i] = _mm256_add_ps(pa[i], pb[i]);
+}
+
+/* Exact 4/8-bit GEMV for a constant n: groups in pairs into two accumulators per x row. */
+static ALWAYS_INLINE void gemv_q48(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                   const int bits, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int64_t group_bytes = gs * bits / 8;
+    const float *xv = bits == 4 ? px->xp : px->x;
+    float sbuf[16];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * (cols * bits / 8);
+        __m256 acc[KILN_GEMV_MAX_N][2];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm256_setzero_ps();
+        for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+            int64_t cnt = groups - g0 < 16 ? groups - g0 : 16;
+            if (w->scale_dtype == KILN_DT_F16 && cnt == 16) {
+                const uint16_t *sp = (const uint16_t *)w->scales + r * groups + g0;
+                _mm256_storeu_ps(sbuf, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sp)));
+                _mm256_storeu_ps(sbuf + 8,
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + 8))));
+            } else {
+                group_values_to(w->scales, w->scale_dtype, r * groups + g0, cnt, sbuf);
+            }
+            int64_t j = 0;
+            for (; j + 2 <= cnt; j += 2) {
+                int64_t g = g0 + j;
+                __m256 d0[KILN_GEMV_MAX_N], d1[KILN_GEMV_MAX_N];
+                group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, bits, d0);
+                group_dot(row + (g + 1) * group_bytes, xv, cols, (g + 1) * gs, gs, n, bits, d1);
+                __m256 s0 = _mm256_set1_ps(sbuf[j]), s1 = _mm256_set1_ps(sbuf[j + 1]);
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                    acc[i][0] = _mm256_fmadd_ps(d0[i], s0, acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(d1[i], s1, acc[i][1]);
+                }
+            }
+            if (j < cnt) {
+                int64_t g = g0 + j;
+                __m256 d0[KILN_GEMV_MAX_N];
+                group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, bits, d0);
+                __m256 s0 = _mm256_set1_ps(sbuf[j]);
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] =
+                    _mm256_fmadd_ps(d0[i], s0, acc[i][0]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            hsum8(_mm256_add_ps(acc[i][0], acc[i][1])) +
+            bias_term(w, r, px->xsum + i * groups, groups);
+    }
+}
+
+/* Generic-width quantized GEMV (2/3/5/6 bits): decode, s*q+b, f32 dot. */
 static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const int n, float *y,
                                      int64_t ldy, int64_t r0, int64_t r1) {
     code_decoder d = make_decoder(w);
@@ -151,14 +271,31 @@ static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const
     }
 }
 
-static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const int n, float *y,
-                                     int64_t ldy, int64_t r0, int64_t r1) {
+/* Dense GEMV for a constant n (1..4); bf16 full 16-blocks against xp (even/odd permuted). */
+static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                     float *y, int64_t ldy, int64_t r0, int64_t r1) {
     const int64_t cols = w->cols;
+    const float *x = px->x;
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
     for (int64_t r = r0; r < r1; r++) {
         __m256 acc[KILN_GEMV_MAX_N][2];
         _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
             _mm256_setzero_ps();
         int64_t base = r * cols, k = 0;
+        if (w->dtype == KILN_DT_BF16) {
+            const uint16_t *row = (const uint16_t *)w->data + base;
+            for (; k + 16 <= cols; k += 16) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(row + k));
+                __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                    acc[i][0] =
+                        _mm256_fmadd_ps(we, _mm256_loadu_ps(px->xp + i * cols + k), acc[i][0]);
+                    acc[i][1] =
+                        _mm256_fmadd_ps(wo, _mm256_loadu_ps(px->xp + i * cols + k + 8), acc[i][1]);
+                }
+            }
+        }
         for (; k + 16 <= cols; k += 16) {
             __m256 w0 = load_dense8(w->data, w->dtype, base + k);
             __m256 w1 = load_dense8(w->data, w->dtype, base + k + 8);
@@ -182,38 +319,61 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
     }
 }
 
-void kiln_gemv_avx2(const kiln_matrix *w, const float *x, int n, float *y, int64_t ldy, int64_t r0,
+/* No fast kernels at this level (fast is ignored): group sums and permuted x as needed. */
+size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool fast,
+                              kiln_gemv_x *px, void *scratch) {
+    (void)fast;
+    const int64_t cols = w->cols;
+    size_t off = 0;
+    kiln_gemv_x p = {.x = x, .n = n};
+    bool q48 = kiln_matrix_is_quantized(w) && (w->bits == 4 || w->bits == 8);
+    if (q48) {
+        int64_t groups = cols / w->group_size;
+        float *xsum = kiln_scratch_take(scratch, &off, (size_t)(n * groups) * sizeof(float));
+        if (scratch) kiln_group_sums(x, n, cols, w->group_size, xsum);
+        p.xsum = xsum;
+    }
+    if ((q48 && w->bits == 4) || w->dtype == KILN_DT_BF16) {
+        float *xp = kiln_scratch_take(scratch, &off, (size_t)(n * cols) * sizeof(float));
+        if (scratch) permute_even_odd16(x, n, cols, xp);
+        p.xp = xp;
+    }
+    if (scratch && px) *px = p;
+    return off;
+}
+
+/* Calls KERNEL(n, ARG) with n a compile-time constant 1..4 matching px->n. */
+#define EACH_N(KERNEL, ARG)                                                                        \
+    switch (px->n) {                                                                               \
+    case 1:                                                                                        \
+        KERNEL(1, ARG);                                                                            \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        KERNEL(2, ARG);                                                                            \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        KERNEL(3, ARG);                                                                            \
+        break;                                                                                     \
+    default:                                                                                       \
+        KERNEL(4, ARG);                                                                            \
+        break;                                                                                     \
+    }
+#define Q48(N, B)   gemv_q48(w, px, N, B, y, ldy, r0, r1)
+#define QGEN(N, _)  gemv_quant(w, px->x, N, y, ldy, r0, r1)
+#define DENSE(N, _) gemv_dense(w, px, N, y, ldy, r0, r1)
+
+void kiln_gemv_avx2(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy, int64_t r0,
                     int64_t r1) {
     if (kiln_matrix_is_quantized(w)) {
-        switch (n) {
-        case 1:
-            gemv_quant(w, x, 1, y, ldy, r0, r1);
-            break;
-        case 2:
-            gemv_quant(w, x, 2, y, ldy, r0, r1);
-            break;
-        case 3:
-            gemv_quant(w, x, 3, y, ldy, r0, r1);
-            break;
-        default:
-            gemv_quant(w, x, 4, y, ldy, r0, r1);
-            break;
+        if (w->bits == 4) {
+            EACH_N(Q48, 4)
+        } else if (w->bits == 8) {
+            EACH_N(Q48, 8)
+        } else {
+            EACH_N(QGEN, 0)
         }
     } else {
-        switch (n) {
-        case 1:
-            gemv_dense(w, x, 1, y, ldy, r0, r1);
-            break;
-        case 2:
-            gemv_dense(w, x, 2, y, ldy, r0, r1);
-            break;
-        case 3:
-            gemv_dense(w, x, 3, y, ldy, r0, r1);
-            break;
-        default:
-            gemv_dense(w, x, 4, y, ldy, r0, r1);
-            break;
-        }
+        EACH_N(DENSE, 0)
     }
 }
 

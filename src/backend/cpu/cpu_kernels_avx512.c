@@ -1,5 +1,6 @@
 /* cpu_kernels_avx512.c — the AVX-512 (F/BW/VL/DQ) level of the matmul building blocks and
- * dot/axpy (this file is compiled with -mavx512*; only called after run-time detection).
+ * dot/axpy, plus the opt-in fast GEMV on AVX512-VNNI / AVX512-BF16 (this file is compiled with
+ * -mavx512*; only called after run-time detection; the fast kernels only when the CPU has them).
  *
  * Quantized codes of any width are decoded 16 at a time with one recipe: the 2*bits bytes that
  * hold codes [j, j+16) are broadcast to the four 128-bit lanes, a byte shuffle gathers for each
@@ -112,7 +113,166 @@ void kiln_decode_avx512(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len
     }
 }
 
-/* Quantized GEMV for a constant n (1..4): two accumulators per x row, 32 codes per step. */
+/* ---- GEMV (decode) ------------------------------------------------------------------------
+ * Exact path (f32 x): sum_j (s*q_j + b)*x_j = s*sum_j q_j*x_j + b*sum_j x_j per group, with the
+ * group sums of x computed once per call. 8-bit codes zero-extend straight to 16 lanes; 4-bit
+ * codes come 32 per 16 bytes: byte t holds codes 2t (low nibble) and 2t+1 (high nibble), so the
+ * low nibbles of a 16-byte load are the even codes of a 32-block and the high ones the odd codes,
+ * and x is read in that order from a copy permuted once per call (xp). bf16 weights use the same
+ * split: a 32-bit lane holds elements 2t (low half) and 2t+1 (high half), so shifting left by 16
+ * or masking the low half yields f32 without a widening shuffle. Other bit widths and f16/f32
+ * weights use the generic decoder / loads above with natural x.
+ * Fast path (int8 / bf16 x, VNNI / BF16 units): x is quantized to int8 in blocks of 16 with
+ * scale dx = max|x|/127 (in the code order), codes are u8 operands of vpdpbusd, each 32-bit lane's
+ * integer sum times s*dx of its group and block is accumulated in f32; b*sum(x) stays exact. */
+
+#define FAST_XQ_PAD  128 /* bytes past each xq row that a full-width step may read */
+#define FAST_XDL_PAD 16  /* lanes past each xdl row */
+
+/* 16 group values (scales or biases) from element i, count < 16 masked to zero. */
+static ALWAYS_INLINE __m512 load_groups16(const void *p, kiln_dtype dt, int64_t i, int64_t count) {
+    __mmask16 m = tail_mask(count);
+    switch (dt) {
+    case KILN_DT_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
+    case KILN_DT_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
+    default:
+        return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    }
+}
+
+/* sum_g biases[r, g] * xsum[g] over the row's groups. */
+static ALWAYS_INLINE float bias_term(const kiln_matrix *w, int64_t r, const float *xsum,
+                                     int64_t groups) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g += 16) {
+        __m512 b = load_groups16(w->biases, w->scale_dtype, r * groups + g, groups - g);
+        acc = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(tail_mask(groups - g), xsum + g), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* Writes x[n, cols] permuted into dst: inside each full block of `block` elements the even
+ * elements first, then the odd ones; a shorter last block is copied. */
+static void permute_even_odd(const float *x, int n, int64_t cols, int64_t block, float *dst) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * cols;
+        float *di = dst + i * cols;
+        for (int64_t k = 0; k < cols; k += block) {
+            int64_t len = cols - k < block ? cols - k : block;
+            if (len < block) {
+                memcpy(di + k, xi + k, (size_t)len * sizeof *di);
+                break;
+            }
+            for (int64_t t = 0; t < len / 2; t++) {
+                di[k + t] = xi[k + 2 * t];
+                di[k + len / 2 + t] = xi[k + 2 * t + 1];
+            }
+        }
+    }
+}
+
+/* The per-lane sums of one 8-bit group of gs codes at p against x (natural order). */
+static ALWAYS_INLINE void q8_group_dot(const uint8_t *p, const float *x, int64_t cols, int64_t k0,
+                                       int64_t gs, const int n, __m512 *out) {
+    __m512 pa[KILN_GEMV_MAX_N], pb[KILN_GEMV_MAX_N];
+    __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    __m512 c1 =
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+        pa[i] = _mm512_mul_ps(c0, _mm512_loadu_ps(x + i * cols + k0));
+        pb[i] = _mm512_mul_ps(c1, _mm512_loadu_ps(x + i * cols + k0 + 16));
+    }
+    for (int64_t k = 32; k < gs; k += 32) {
+        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k))));
+        c1 = _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k + 16))));
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+            pa[i] = _mm512_fmadd_ps(c0, _mm512_loadu_ps(x + i * cols + k0 + k), pa[i]);
+            pb[i] = _mm512_fmadd_ps(c1, _mm512_loadu_ps(x + i * cols + k0 + k + 16), pb[i]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) out[i] = _mm512_add_ps(pa[i], pb[i]);
+}
+
+/* The same for a 4-bit group (gs/2 bytes at p) against xp (even/odd permuted 32-blocks). */
+static ALWAYS_INLINE void q4_group_dot(const uint8_t *p, const float *xp, int64_t cols, int64_t k0,
+                                       int64_t gs, const int n, __m512 *out) {
+    const __m512i low4 = _mm512_set1_epi32(15);
+    __m512 pa[KILN_GEMV_MAX_N], pb[KILN_GEMV_MAX_N];
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512 ce = _mm512_cvtepi32_ps(_mm512_and_si512(v, low4));
+    __m512 co = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+        pa[i] = _mm512_mul_ps(ce, _mm512_loadu_ps(xp + i * cols + k0));
+        pb[i] = _mm512_mul_ps(co, _mm512_loadu_ps(xp + i * cols + k0 + 16));
+    }
+    for (int64_t k = 32; k < gs; k += 32) {
+        v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k / 2)));
+        ce = _mm512_cvtepi32_ps(_mm512_and_si512(v, low4));
+        co = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+            pa[i] = _mm512_fmadd_ps(ce, _mm512_loadu_ps(xp + i * cols + k0 + k), pa[i]);
+            pb[i] = _mm512_fmadd_ps(co, _mm512_loadu_ps(xp + i * cols + k0 + k + 16), pb[i]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) out[i] = _mm512_add_ps(pa[i], pb[i]);
+}
+
+/* Exact 4/8-bit GEMV for a constant n: groups in pairs into two accumulators per x row, the
+ * row's scales converted 16 at a time. */
+static ALWAYS_INLINE void gemv_q48(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                   const int bits, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int64_t group_bytes = gs * bits / 8;
+    const float *xv = bits == 4 ? px->xp : px->x;
+    _Alignas(64) float sbuf[16];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * (cols * bits / 8);
+        __m512 acc[KILN_GEMV_MAX_N][2];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm512_setzero_ps();
+        for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+            int64_t cnt = groups - g0 < 16 ? groups - g0 : 16;
+            _mm512_store_ps(sbuf, load_groups16(w->scales, w->scale_dtype, r * groups + g0, cnt));
+            int64_t j = 0;
+            for (; j + 2 <= cnt; j += 2) {
+                int64_t g = g0 + j;
+                __m512 d0[KILN_GEMV_MAX_N], d1[KILN_GEMV_MAX_N];
+                if (bits == 4) {
+                    q4_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
+                    q4_group_dot(row + (g + 1) * group_bytes, xv, cols, (g + 1) * gs, gs, n, d1);
+                } else {
+                    q8_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
+                    q8_group_dot(row + (g + 1) * group_bytes, xv, cols, (g + 1) * gs, gs, n, d1);
+                }
+                __m512 s0 = _mm512_set1_ps(sbuf[j]), s1 = _mm512_set1_ps(sbuf[j + 1]);
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                    acc[i][0] = _mm512_fmadd_ps(d0[i], s0, acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(d1[i], s1, acc[i][1]);
+                }
+            }
+            if (j < cnt) {
+                int64_t g = g0 + j;
+                __m512 d0[KILN_GEMV_MAX_N];
+                if (bits == 4)
+                    q4_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
+                else
+                    q8_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
+                __m512 s0 = _mm512_set1_ps(sbuf[j]);
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] =
+                    _mm512_fmadd_ps(d0[i], s0, acc[i][0]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])) +
+            bias_term(w, r, px->xsum + i * groups, groups);
+    }
+}
+
+/* Generic-width quantized GEMV (2/3/5/6 bits) for a constant n: decode, s*q+b, f32 dot. */
 static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const int n, float *y,
                                      int64_t ldy, int64_t r0, int64_t r1) {
     code_decoder d = make_decoder(w);
@@ -143,7 +303,39 @@ static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const
     }
 }
 
-/* Dense GEMV for a constant n (1..4). */
+/* bf16 GEMV for a constant n against xp (even/odd permuted 32-blocks); the last cols % 32
+ * elements against natural x. */
+static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                    float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, full = cols / 32 * 32;
+    const float *xp = px->xp, *x = px->x;
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)w->data + r * cols;
+        __m512 acc[KILN_GEMV_MAX_N][2];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm512_setzero_ps();
+        for (int64_t k = 0; k < full; k += 32) {
+            __m512i v = _mm512_loadu_si512(row + k);
+            __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                acc[i][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xp + i * cols + k), acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xp + i * cols + k + 16), acc[i][1]);
+            }
+        }
+        for (int64_t k = full; k < cols; k += 16) {
+            __mmask16 m = tail_mask(cols - k);
+            __m512 w0 = load_dense16(row, KILN_DT_BF16, k, m);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] =
+                _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + i * cols + k), acc[i][0]);
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+    }
+}
+
+/* Dense (f16 / f32) GEMV for a constant n (1..4). */
 static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const int n, float *y,
                                      int64_t ldy, int64_t r0, int64_t r1) {
     const int64_t cols = w->cols;
@@ -171,38 +363,214 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
     }
 }
 
-void kiln_gemv_avx512(const kiln_matrix *w, const float *x, int n, float *y, int64_t ldy,
+/* ---- fast path: VNNI (int8 x) and BF16 (bf16 x) ---- */
+
+/* 4/8-bit fast GEMV for a constant n. A step is 64 bytes of codes (128 4-bit / 64 8-bit codes;
+ * the last step of a row may be shorter and is masked). 32-bit lane j of the vpdpbusd sum covers
+ * codes [step + j*cpl, +cpl), cpl = 32/bits, so its group is known: s of each lane's group is
+ * spread by a permute, dx comes per lane from xdl. */
+static ALWAYS_INLINE void gemv_q48_fast(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                        const int bits, float *y, int64_t ldy, int64_t r0,
+                                        int64_t r1) {
+    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int64_t step = 512 / bits, cpl = 32 / bits, row_bytes = cols * bits / 8;
+    uint32_t idx_a[16];
+    for (int j = 0; j < 16; j++) idx_a[j] = step > gs ? (uint32_t)(j * cpl / gs) : 0;
+    const __m512i idx = _mm512_loadu_si512(idx_a);
+    const __m512i low4 = _mm512_set1_epi8(15);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * row_bytes;
+        __m512 acc[KILN_GEMV_MAX_N];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < cols; k += step) {
+            int64_t len = cols - k < step ? cols - k : step, nb = len * bits / 8;
+            __mmask64 m = nb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1);
+            __m512i v = _mm512_maskz_loadu_epi8(m, row + k * bits / 8);
+            int64_t ng = len / gs > 0 ? len / gs : 1;
+            __m512 s = _mm512_permutexvar_ps(
+                idx, load_groups16(w->scales, w->scale_dtype, r * groups + k / gs, ng));
+            if (bits == 4) {
+                __m512i lo = _mm512_and_si512(v, low4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                    const int8_t *xq = px->xq + i * px->xq_stride + k;
+                    __m512i d =
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+                    d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xq + len / 2));
+                    __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
+                }
+            } else {
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                    const int8_t *xq = px->xq + i * px->xq_stride + k;
+                    __m512i d =
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_loadu_si512(xq));
+                    __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            _mm512_reduce_add_ps(acc[i]) + bias_term(w, r, px->xsum + i * groups, groups);
+    }
+}
+
+/* bf16 fast GEMV for a constant n: vdpbf16ps on bf16 weights and bf16-rounded x. */
+static ALWAYS_INLINE void gemv_bf16_fast(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                         float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)w->data + r * cols;
+        __m512 acc[KILN_GEMV_MAX_N][2];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k + 64 <= cols; k += 64) {
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
+            __m512bh w1 = (__m512bh)_mm512_loadu_si512(row + k + 32);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                const uint16_t *xb = px->xb + i * cols + k;
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, (__m512bh)_mm512_loadu_si512(xb));
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, (__m512bh)_mm512_loadu_si512(xb + 32));
+            }
+        }
+        for (; k < cols; k += 32) {
+            int64_t rem = cols - k;
+            __mmask32 m = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+            __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(m, row + k);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = _mm512_dpbf16_ps(
+                acc[i][0], w0, (__m512bh)_mm512_maskz_loadu_epi16(m, px->xb + i * cols + k));
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+    }
+}
+
+/* x quantized to int8 in blocks of 16 (finer than any weight group and a whole number of 32-bit
+ * lanes, so a lane's integer sum has one x scale): dx = max|x|/127, xq = round(x/dx), in the
+ * natural order (8-bit) or with each 128-block (a shorter last block likewise) holding its even
+ * elements then its odd ones (4-bit); xdl[lane] = dx of every 32-bit lane (cpl codes) of a row. */
+static void quantize_x_fast(const float *x, int n, int64_t cols, int bits, int8_t *xq,
+                            int64_t xq_stride, float *xdl, int64_t xdl_stride) {
+    const int64_t cpl = 32 / bits, step = 512 / bits;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * cols;
+        int8_t *qi = xq + i * xq_stride;
+        float *di = xdl + i * xdl_stride;
+        for (int64_t k = 0; k < cols; k += 16) {
+            __m512 v = _mm512_loadu_ps(xi + k);
+            float amax = _mm512_reduce_max_ps(_mm512_abs_ps(v));
+            float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            for (int64_t l = k / cpl; l < (k + 16) / cpl; l++) di[l] = dx;
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(inv)));
+            _mm_storeu_si128((__m128i *)(qi + k), _mm512_cvtsepi32_epi8(q));
+        }
+        memset(di + cols / cpl, 0, FAST_XDL_PAD * sizeof *di);
+        memset(qi + cols, 0, FAST_XQ_PAD);
+        if (bits == 4) {
+            int8_t tmp[128];
+            for (int64_t k = 0; k < cols; k += step) {
+                int64_t len = cols - k < step ? cols - k : step;
+                for (int64_t t = 0; t < len / 2; t++) {
+                    tmp[t] = qi[k + 2 * t];
+                    tmp[len / 2 + t] = qi[k + 2 * t + 1];
+                }
+                memcpy(qi + k, tmp, (size_t)len);
+            }
+        }
+    }
+}
+
+static bool fast_kind(const kiln_matrix *w) {
+    if (kiln_matrix_is_quantized(w)) return w->bits == 4 || w->bits == 8;
+    return w->dtype == KILN_DT_BF16;
+}
+
+size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, bool fast,
+                                kiln_gemv_x *px, void *scratch) {
+    const int64_t cols = w->cols;
+    fast = fast && fast_kind(w);
+    size_t off = 0;
+    kiln_gemv_x p = {.x = x, .n = n, .fast = fast};
+    if (kiln_matrix_is_quantized(w)) {
+        int64_t groups = cols / w->group_size;
+        float *xsum = kiln_scratch_take(scratch, &off, (size_t)(n * groups) * sizeof(float));
+        if (scratch) kiln_group_sums(x, n, cols, w->group_size, xsum);
+        p.xsum = xsum;
+        if (fast) {
+            p.xq_stride = (cols + FAST_XQ_PAD + 63) / 64 * 64;
+            p.xdl_stride = (cols * w->bits / 32 + FAST_XDL_PAD + 15) / 16 * 16;
+            int8_t *xq = kiln_scratch_take(scratch, &off, (size_t)(n * p.xq_stride));
+            float *xdl =
+                kiln_scratch_take(scratch, &off, (size_t)(n * p.xdl_stride) * sizeof(float));
+            if (scratch) quantize_x_fast(x, n, cols, w->bits, xq, p.xq_stride, xdl, p.xdl_stride);
+            p.xq = xq, p.xdl = xdl;
+        } else if (w->bits == 4) {
+            float *xp = kiln_scratch_take(scratch, &off, (size_t)(n * cols) * sizeof(float));
+            if (scratch) permute_even_odd(x, n, cols, 32, xp);
+            p.xp = xp;
+        }
+    } else if (w->dtype == KILN_DT_BF16) {
+        if (fast) {
+            uint16_t *xb = kiln_scratch_take(scratch, &off, (size_t)(n * cols) * sizeof(uint16_t));
+            if (scratch)
+                for (int64_t k = 0; k < n * cols; k++) xb[k] = kiln_f32_to_bf16(x[k]);
+            p.xb = xb;
+        } else {
+            float *xp = kiln_scratch_take(scratch, &off, (size_t)(n * cols) * sizeof(float));
+            if (scratch) permute_even_odd(x, n, cols, 32, xp);
+            p.xp = xp;
+        }
+    }
+    if (scratch && px) *px = p;
+    return off;
+}
+
+/* Calls KERNEL(n, ARG) with n a compile-time constant 1..4 matching px->n. */
+#define EACH_N(KERNEL, ARG)                                                                        \
+    switch (px->n) {                                                                               \
+    case 1:                                                                                        \
+        KERNEL(1, ARG);                                                                            \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        KERNEL(2, ARG);                                                                            \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        KERNEL(3, ARG);                                                                            \
+        break;                                                                                     \
+    default:                                                                                       \
+        KERNEL(4, ARG);                                                                            \
+        break;                                                                                     \
+    }
+#define Q48(N, B)   gemv_q48(w, px, N, B, y, ldy, r0, r1)
+#define Q48F(N, B)  gemv_q48_fast(w, px, N, B, y, ldy, r0, r1)
+#define QGEN(N, _)  gemv_quant(w, px->x, N, y, ldy, r0, r1)
+#define BF(N, _)    gemv_bf16(w, px, N, y, ldy, r0, r1)
+#define BFF(N, _)   gemv_bf16_fast(w, px, N, y, ldy, r0, r1)
+#define DENSE(N, _) gemv_dense(w, px->x, N, y, ldy, r0, r1)
+
+void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1) {
     if (kiln_matrix_is_quantized(w)) {
-        switch (n) {
-        case 1:
-            gemv_quant(w, x, 1, y, ldy, r0, r1);
-            break;
-        case 2:
-            gemv_quant(w, x, 2, y, ldy, r0, r1);
-            break;
-        case 3:
-            gemv_quant(w, x, 3, y, ldy, r0, r1);
-            break;
-        default:
-            gemv_quant(w, x, 4, y, ldy, r0, r1);
-            break;
+        if (w->bits == 4 && px->fast) {
+            EACH_N(Q48F, 4)
+        } else if (w->bits == 8 && px->fast) {
+            EACH_N(Q48F, 8)
+        } else if (w->bits == 4) {
+            EACH_N(Q48, 4)
+        } else if (w->bits == 8) {
+            EACH_N(Q48, 8)
+        } else {
+            EACH_N(QGEN, 0)
+        }
+    } else if (w->dtype == KILN_DT_BF16) {
+        if (px->fast) {
+            EACH_N(BFF, 0)
+        } else {
+            EACH_N(BF, 0)
         }
     } else {
-        switch (n) {
-        case 1:
-            gemv_dense(w, x, 1, y, ldy, r0, r1);
-            break;
-        case 2:
-            gemv_dense(w, x, 2, y, ldy, r0, r1);
-            break;
-        case 3:
-            gemv_dense(w, x, 3, y, ldy, r0, r1);
-            break;
-        default:
-            gemv_dense(w, x, 4, y, ldy, r0, r1);
-            break;
-        }
+        EACH_N(DENSE, 0)
     }
 }
 

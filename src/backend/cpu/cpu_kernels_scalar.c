@@ -19,8 +19,17 @@ void kiln_decode_scalar(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len
     }
 }
 
-void kiln_gemv_scalar(const kiln_matrix *w, const float *x, int n, float *y, int64_t ldy,
+size_t kiln_gemv_prepare_scalar(const kiln_matrix *w, const float *x, int n, bool fast,
+                                kiln_gemv_x *px, void *scratch) {
+    (void)w, (void)fast, (void)scratch;
+    if (px) *px = (kiln_gemv_x){.x = x, .n = n};
+    return 0;
+}
+
+void kiln_gemv_scalar(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1) {
+    const float *x = px->x;
+    const int n = px->n;
     float wrow[KILN_GEMM_KC]; /* one KC-long segment of a weight row */
     for (int64_t r = r0; r < r1; r++) {
         float acc[KILN_GEMV_MAX_N][4] = {{0}};

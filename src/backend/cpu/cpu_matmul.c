@@ -1,11 +1,13 @@
 /* cpu_matmul.c — y = x @ W^T for every weight format: the reference and the threaded driver.
- * n <= KILN_GEMV_MAX_N (decode) streams each weight row once per call and splits the output rows
- * across the pool. Larger n (prefill) is a blocked GEMM: each thread takes blocks of NR weight
+ * n <= KILN_GEMV_MAX_N (decode) prepares the activations once (the level's prepare: group sums,
+ * permuted / quantized x), then streams each weight row once and splits the output rows across
+ * the pool. Larger n (prefill) is a blocked GEMM: each thread takes blocks of NR weight
  * rows, converts a KC-deep slab of them to f32 once into a packed [KC][NR] buffer and runs MR x NR
  * micro-tiles over all n rows of x against it. The per-level pieces come from cpu_internal.h. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- reference ------------------------------------------------------------------------------ */
@@ -42,13 +44,14 @@ typedef struct {
     const float *x; /* [n, cols] */
     float *y;       /* [n, rows] */
     int64_t n;
+    const kiln_gemv_x *px; /* GEMV only */
 } matmul_job;
 
 static void gemv_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
     const matmul_job *job = ctx;
     const kiln_matrix *w = job->w;
-    job->kernels->gemv(w, job->x, (int)job->n, job->y, w->rows, r0, r1);
+    job->kernels->gemv(w, job->px, job->y, w->rows, r0, r1);
     if (w->bias)
         for (int64_t i = 0; i < job->n; i++)
             for (int64_t r = r0; r < r1; r++) job->y[i * w->rows + r] += w->bias[r];
@@ -114,9 +117,27 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
             for (int64_t r = 0; r < w->rows; r++) y[i * w->rows + r] = w->bias ? w->bias[r] : 0;
         return;
     }
-    matmul_job job = {kiln_cpu_kernels_active(), w, x, y, n};
+    matmul_job job = {kiln_cpu_kernels_active(), w, x, y, n, NULL};
     if (n <= KILN_GEMV_MAX_N) {
+        bool fast = kiln_cpu_matmul_fast_active();
+        kiln_gemv_x px;
+        _Alignas(64) unsigned char stack[32768];
+        size_t need = job.kernels->prepare(w, x, (int)n, fast, NULL, NULL);
+        void *scratch = stack;
+        if (need > sizeof stack) {
+            scratch = aligned_alloc(64, (need + 63) & ~(size_t)63);
+            if (!scratch) { /* no memory for the rearranged x: the plain scalar kernel needs none */
+                kiln_gemv_prepare_scalar(w, x, (int)n, false, &px, NULL);
+                job.px = &px;
+                job.kernels = &(const kiln_cpu_kernels){.gemv = kiln_gemv_scalar};
+                kiln_parallel_for(pool, w->rows, 16, gemv_slice, &job);
+                return;
+            }
+        }
+        job.kernels->prepare(w, x, (int)n, fast, &px, scratch);
+        job.px = &px;
         kiln_parallel_for(pool, w->rows, 16, gemv_slice, &job);
+        if (scratch != stack) free(scratch);
     } else {
         int64_t blocks = (w->rows + KILN_GEMM_NR - 1) / KILN_GEMM_NR;
         kiln_parallel_for(pool, blocks, 1, gemm_slice, &job);

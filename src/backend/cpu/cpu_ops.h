@@ -18,6 +18,15 @@ const char *kiln_cpu_simd_name(void);
  * the CPU supports it. */
 int kiln_cpu_simd_force(const char *level);
 
+/* Matmul mode: "exact" (default: f32 activations, matches the reference to ~1e-6) or "fast"
+ * (decode GEMV quantizes activations to int8 in blocks of 16 for 4/8-bit weights and rounds them
+ * to bf16 for bf16 weights, using AVX512-VNNI / AVX512-BF16; ~1e-3 relative error). NULL
+ * re-reads env KILN_MATMUL. Returns 0, or -1 for an unknown name. Fast needs the AVX-512 level
+ * and a CPU with VNNI and BF16; elsewhere the exact kernels run. */
+int kiln_cpu_matmul_mode_set(const char *mode);
+/* The mode in effect for the active SIMD level: "exact" or "fast". */
+const char *kiln_cpu_matmul_mode(void);
+
 /* y[n, w->rows] = x[n, w->cols] @ W^T (+ w->bias). Any kiln_matrix format. */
 void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n, const kiln_matrix *w);
 void kiln_cpu_matmul_ref(float *y, const float *x, int64_t n, const kiln_matrix *w);
