@@ -130,6 +130,15 @@ void kiln_tokenizer_free(kiln_tokenizer *tok);
 /* Encode UTF-8 text; add_special applies the post-processor (BOS etc.). *out is malloc'd. */
 kiln_status kiln_tokenize(const kiln_tokenizer *tok, const char *text, size_t len, bool add_special,
                           int32_t **out, int *n_out);
+/* Same, also giving each id's span of the input: (*offsets)[i] = {start, end} as Unicode code point
+ * (char) indices into text, end exclusive, exactly as Hugging Face `tokenizers` reports them in
+ * its Python API (Encoding.offsets; the Node binding gives the same numbers). Spans are tracked
+ * through normalizers, pre-tokenizers, BPE merges and added tokens; a byte-level token that holds
+ * only part of a character spans that whole character (so neighbours may overlap), and special
+ * tokens added by the post-processor get {0, 0}. *ids and *offsets are malloc'd (n_out entries). */
+kiln_status kiln_tokenize_offsets(const kiln_tokenizer *tok, const char *text, size_t len,
+                                  bool add_special, int32_t **ids, int32_t (**offsets)[2],
+                                  int *n_out);
 /* Decode ids to UTF-8 text; *out is malloc'd and NUL-terminated. */
 kiln_status kiln_detokenize(const kiln_tokenizer *tok, const int32_t *ids, int n, bool skip_special,
                             char **out);

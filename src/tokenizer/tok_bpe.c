@@ -21,7 +21,7 @@ typedef struct cache_slot {
     uint64_t hash;
     char *word; /* NULL = empty */
     size_t len;
-    int32_t *ids;
+    int32_t *ids; /* n_ids ids, then their n_ids byte lengths */
     size_t n_ids;
 } cache_slot;
 
@@ -239,22 +239,24 @@ int32_t tok_bpe_max_id(const tok_bpe *m) {
 
 /* ---- the word cache ------------------------------------------------------------------------- */
 static bool cache_get(tok_bpe *m, uint64_t h, const char *word, size_t len, tok_ids *out,
-                      kiln_status *st) {
+                      tok_ids *lens, kiln_status *st) {
     bool hit = false;
     pthread_mutex_lock(&m->cache_lock);
     cache_slot *c = &m->cache[h & (CACHE_SLOTS - 1)];
     if (c->word && c->hash == h && c->len == len && memcmp(c->word, word, len) == 0) {
         hit = true;
         for (size_t i = 0; i < c->n_ids && *st == KILN_OK; i++) *st = tok_ids_push(out, c->ids[i]);
+        for (size_t i = 0; lens && i < c->n_ids && *st == KILN_OK; i++)
+            *st = tok_ids_push(lens, c->ids[c->n_ids + i]);
     }
     pthread_mutex_unlock(&m->cache_lock);
     return hit;
 }
 
 static void cache_put(tok_bpe *m, uint64_t h, const char *word, size_t len, const int32_t *ids,
-                      size_t n) {
+                      const int32_t *lens, size_t n) {
     char *w = malloc(len);
-    int32_t *v = malloc(n * sizeof *v + 1);
+    int32_t *v = malloc(2 * n * sizeof *v + 1);
     if (!w || !v) {
         free(w);
         free(v);
@@ -262,6 +264,7 @@ static void cache_put(tok_bpe *m, uint64_t h, const char *word, size_t len, cons
     }
     memcpy(w, word, len);
     memcpy(v, ids, n * sizeof *v);
+    memcpy(v + n, lens, n * sizeof *v);
     pthread_mutex_lock(&m->cache_lock);
     cache_slot *c = &m->cache[h & (CACHE_SLOTS - 1)];
     char *old_w = c->word;
@@ -336,7 +339,8 @@ static kiln_status sym_add(sym **s, size_t *n, size_t *cap, int32_t id, int32_t 
     return KILN_OK;
 }
 
-kiln_status tok_bpe_encode(const tok_bpe *cm, const char *word, size_t len, tok_ids *out) {
+kiln_status tok_bpe_encode(const tok_bpe *cm, const char *word, size_t len, tok_ids *out,
+                           tok_ids *lens) {
     tok_bpe *m = (tok_bpe *)cm; /* only the cache mutates, under its lock */
     if (len == 0) return KILN_OK;
     kiln_status st = KILN_OK;
@@ -344,17 +348,21 @@ kiln_status tok_bpe_encode(const tok_bpe *cm, const char *word, size_t len, tok_
     bool cacheable = len <= CACHE_MAX_WORD;
     if (cacheable) {
         h = tok_hash_bytes(word, len);
-        if (cache_get(m, h, word, len, out, &st)) return st;
+        if (cache_get(m, h, word, len, out, lens, &st)) return st;
     }
     if (m->ignore_merges) {
         int32_t id = tok_strmap_get(&m->vocab, word, len);
-        if (id >= 0) return tok_ids_push(out, id);
+        if (id >= 0) {
+            KILN_TRY(tok_ids_push(out, id));
+            return lens ? tok_ids_push(lens, (int32_t)len) : KILN_OK;
+        }
     }
 
     sym *s = NULL;
     size_t n = 0, cap = 0;
     heap_ent *heap = NULL;
     tok_buf tmp = {0};
+    tok_ids lv = {0};                 /* byte length of each output token */
     int32_t unk_id = -1, unk_len = 0; /* pending unknown run */
     for (size_t i = 0; i < len;) {
         int32_t cp;
@@ -455,12 +463,17 @@ kiln_status tok_bpe_encode(const tok_bpe *cm, const char *word, size_t len, tok_
             heap_push(heap, &hn, (heap_ent){rank, top.pos, nid});
     }
     size_t start = out->n;
-    for (int32_t i = 0; i >= 0 && (size_t)i < n; i = s[i].next)
+    for (int32_t i = 0; i >= 0 && (size_t)i < n; i = s[i].next) {
         if ((st = tok_ids_push(out, s[i].id)) != KILN_OK) goto done;
-    if (cacheable) cache_put(m, h, word, len, out->v + start, out->n - start);
+        if ((st = tok_ids_push(&lv, s[i].len)) != KILN_OK) goto done;
+    }
+    for (size_t i = 0; lens && i < lv.n; i++)
+        if ((st = tok_ids_push(lens, lv.v[i])) != KILN_OK) goto done;
+    if (cacheable) cache_put(m, h, word, len, out->v + start, lv.v, out->n - start);
 done:
     free(s);
     free(heap);
     tok_buf_free(&tmp);
+    tok_ids_free(&lv);
     return st;
 }

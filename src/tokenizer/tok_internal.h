@@ -37,6 +37,19 @@ typedef struct tok_ids {
 kiln_status tok_ids_push(tok_ids *a, int32_t id);
 void tok_ids_free(tok_ids *a);
 
+/* Alignment of one byte of a transformed string: the [a, b) byte range of the original input it
+ * comes from (HF NormalizedString alignments; every byte of a char carries the same span). */
+typedef struct tok_span {
+    uint32_t a, b;
+} tok_span;
+typedef struct tok_spans {
+    tok_span *v;
+    size_t n, cap;
+} tok_spans;
+kiln_status tok_spans_put(tok_spans *s, tok_span sp, size_t count); /* count copies of sp */
+kiln_status tok_spans_append(tok_spans *s, const tok_span *v, size_t n);
+void tok_spans_free(tok_spans *s);
+
 /* ---- hashing ------------------------------------------------------------------------------- */
 uint64_t tok_hash_bytes(const void *p, size_t n);
 
@@ -89,10 +102,13 @@ typedef struct tok_piece {
 
 typedef struct tok_pieces {
     tok_buf text;
+    tok_spans al; /* al.v[i]: original span of text.p[i] */
     tok_piece *v;
     size_t n, cap;
 } tok_pieces;
-kiln_status tok_pieces_push(tok_pieces *ps, const char *s, size_t len, int32_t id, bool origin);
+/* al: the original spans of s[0..len) */
+kiln_status tok_pieces_push(tok_pieces *ps, const char *s, size_t len, const tok_span *al,
+                            int32_t id, bool origin);
 void tok_pieces_reset(tok_pieces *ps);
 void tok_pieces_free(tok_pieces *ps);
 
@@ -113,8 +129,10 @@ kiln_status tok_pattern_find(const tok_pattern *p, const char *s, size_t n, size
 typedef struct tok_normalizer tok_normalizer;
 kiln_status tok_normalizer_parse(const cJSON *j, tok_normalizer **out);
 void tok_normalizer_free(tok_normalizer *n);
-/* Appends the normalized form of s[0..n) to out. */
-kiln_status tok_normalize(const tok_normalizer *n, const char *s, size_t len, tok_buf *out);
+/* Appends the normalized form of s[0..n) to out and the original span of each of its bytes to
+ * out_al (al: the spans of s), as HF's NormalizedString transforms track them. */
+kiln_status tok_normalize(const tok_normalizer *n, const char *s, size_t len, const tok_span *al,
+                          tok_buf *out, tok_spans *out_al);
 
 /* ---- pre-tokenizers ------------------------------------------------------------------------- */
 typedef struct tok_pretok tok_pretok;
@@ -127,7 +145,9 @@ kiln_status tok_pretok_apply(const tok_pretok *p, tok_pieces *ps);
 typedef struct tok_bpe tok_bpe;
 kiln_status tok_bpe_parse(const cJSON *model, tok_bpe **out);
 void tok_bpe_free(tok_bpe *m);
-kiln_status tok_bpe_encode(const tok_bpe *m, const char *word, size_t len, tok_ids *out);
+/* lens (may be NULL) gets the byte length within word of each token appended to out. */
+kiln_status tok_bpe_encode(const tok_bpe *m, const char *word, size_t len, tok_ids *out,
+                           tok_ids *lens);
 int32_t tok_bpe_token_id(const tok_bpe *m, const char *s, size_t len);      /* -1 if absent */
 const char *tok_bpe_id_to_token(const tok_bpe *m, int32_t id, size_t *len); /* NULL if absent */
 int32_t tok_bpe_max_id(const tok_bpe *m);
@@ -139,6 +159,8 @@ kiln_status tok_post_parse(const cJSON *j, tok_post **out);
 void tok_post_free(tok_post *p);
 /* Writes the ids of a single sequence with special tokens added (add_special_tokens=true). */
 kiln_status tok_post_apply(const tok_post *p, const tok_ids *in, tok_ids *out);
+/* True when a ByteLevel processor in p trims offsets; *add_prefix_space gets its setting. */
+bool tok_post_trims_offsets(const tok_post *p, bool *add_prefix_space);
 
 /* ---- decoders ------------------------------------------------------------------------------- */
 typedef struct tok_decoder tok_decoder;

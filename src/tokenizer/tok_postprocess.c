@@ -10,8 +10,9 @@
 #include <string.h>
 
 struct tok_post {
-    bool seq;      /* Sequence: apply subs in order */
-    int32_t *tmpl; /* ids, -1 = the input sequence */
+    bool seq;                            /* Sequence: apply subs in order */
+    bool trim_offsets, add_prefix_space; /* ByteLevel */
+    int32_t *tmpl;                       /* ids, -1 = the input sequence */
     size_t n;
     tok_post **subs;
     size_t n_subs;
@@ -93,6 +94,10 @@ kiln_status tok_post_parse(const cJSON *j, tok_post **out) {
         st = parse_template(j, p);
     } else if (!strcmp(type, "ByteLevel")) {
         st = tmpl_push(p, -1);
+        const cJSON *tr = cJSON_GetObjectItemCaseSensitive(j, "trim_offsets");
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
+        p->trim_offsets = cJSON_IsBool(tr) ? cJSON_IsTrue(tr) : true;
+        p->add_prefix_space = cJSON_IsBool(ap) ? cJSON_IsTrue(ap) : true;
     } else if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
         int32_t cls, sep;
         st = pair_id(j, "cls", type, &cls);
@@ -153,4 +158,15 @@ kiln_status tok_post_apply(const tok_post *p, const tok_ids *in, tok_ids *out) {
         }
     }
     return KILN_OK;
+}
+
+bool tok_post_trims_offsets(const tok_post *p, bool *add_prefix_space) {
+    if (!p) return false;
+    if (p->trim_offsets) {
+        *add_prefix_space = p->add_prefix_space;
+        return true;
+    }
+    for (size_t i = 0; i < p->n_subs; i++)
+        if (tok_post_trims_offsets(p->subs[i], add_prefix_space)) return true;
+    return false;
 }

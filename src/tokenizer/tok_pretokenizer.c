@@ -288,8 +288,8 @@ static bool pred_rep(int32_t cp, const tok_pretok *p) {
 }
 
 /* Applies a delimiter behaviour to segs (in place) and emits the non-empty pieces. */
-static kiln_status emit(tok_pieces *out, const char *s, segs *sg, behavior bh, bool invert,
-                        bool origin) {
+static kiln_status emit(tok_pieces *out, const char *s, const tok_span *al, segs *sg, behavior bh,
+                        bool invert, bool origin) {
     if (invert)
         for (size_t i = 0; i < sg->n; i++) sg->v[i].match = !sg->v[i].match;
     size_t m = 0;
@@ -341,13 +341,14 @@ static kiln_status emit(tok_pieces *out, const char *s, segs *sg, behavior bh, b
     for (size_t i = 0; i < m; i++) {
         seg e = sg->v[i];
         if (e.a == e.b) continue;
-        KILN_TRY(tok_pieces_push(out, s + e.a, e.b - e.a, -1, origin && e.a == 0));
+        KILN_TRY(tok_pieces_push(out, s + e.a, e.b - e.a, al + e.a, -1, origin && e.a == 0));
     }
     return KILN_OK;
 }
 
-static kiln_status split_piece(const tok_pretok *p, const char *s, size_t n, bool origin,
-                               tok_pieces *out, tok_buf *scratch, segs *sg);
+static kiln_status split_piece(const tok_pretok *p, const char *s, const tok_span *al, size_t n,
+                               bool origin, tok_pieces *out, tok_buf *scratch, tok_spans *sal,
+                               segs *sg);
 
 /* Runs a whole pre-tokenizer over *ps, replacing it. */
 kiln_status tok_pretok_apply(const tok_pretok *p, tok_pieces *ps) {
@@ -357,17 +358,20 @@ kiln_status tok_pretok_apply(const tok_pretok *p, tok_pieces *ps) {
     }
     tok_pieces out = {0};
     tok_buf scratch = {0};
+    tok_spans sal = {0};
     segs sg = {0};
     kiln_status st = KILN_OK;
     for (size_t i = 0; i < ps->n && st == KILN_OK; i++) {
         tok_piece pc = ps->v[i];
         const char *s = ps->text.p + pc.off;
+        const tok_span *al = ps->al.v + pc.off;
         if (pc.id >= 0)
-            st = tok_pieces_push(&out, s, pc.len, pc.id, pc.origin);
+            st = tok_pieces_push(&out, s, pc.len, al, pc.id, pc.origin);
         else
-            st = split_piece(p, s, pc.len, pc.origin, &out, &scratch, &sg);
+            st = split_piece(p, s, al, pc.len, pc.origin, &out, &scratch, &sal, &sg);
     }
     tok_buf_free(&scratch);
+    tok_spans_free(&sal);
     free(sg.v);
     if (st != KILN_OK) {
         tok_pieces_free(&out);
@@ -378,51 +382,68 @@ kiln_status tok_pretok_apply(const tok_pretok *p, tok_pieces *ps) {
     return KILN_OK;
 }
 
-static kiln_status bytelevel_map(const char *s, size_t n, tok_buf *out) {
-    for (size_t i = 0; i < n; i++) KILN_TRY(tok_buf_put_cp(out, tok_byte_to_cp((uint8_t)s[i])));
+/* Each byte becomes one printable char with the byte's span (the first char of a multi-byte char
+ * replaces it, the others are inserted after it: all take its span). */
+static kiln_status bytelevel_map(const char *s, const tok_span *al, size_t n, tok_buf *out,
+                                 tok_spans *oal) {
+    for (size_t i = 0; i < n; i++) {
+        size_t at = out->n;
+        KILN_TRY(tok_buf_put_cp(out, tok_byte_to_cp((uint8_t)s[i])));
+        KILN_TRY(tok_spans_put(oal, al[i], out->n - at));
+    }
     return KILN_OK;
 }
 
-static kiln_status split_piece(const tok_pretok *p, const char *s, size_t n, bool origin,
-                               tok_pieces *out, tok_buf *scratch, segs *sg) {
+static kiln_status split_piece(const tok_pretok *p, const char *s, const tok_span *al, size_t n,
+                               bool origin, tok_pieces *out, tok_buf *scratch, tok_spans *sal,
+                               segs *sg) {
     sg->n = 0;
     switch (p->type) {
     case P_SPLIT:
         KILN_TRY(segs_from_pattern(&p->pattern, s, n, sg));
-        return emit(out, s, sg, p->behavior, p->invert, origin);
+        return emit(out, s, al, sg, p->behavior, p->invert, origin);
     case P_PUNCT:
         KILN_TRY(segs_from_pred(pred_punct, p, s, n, sg));
-        return emit(out, s, sg, p->behavior, false, origin);
+        return emit(out, s, al, sg, p->behavior, false, origin);
     case P_DIGITS:
         KILN_TRY(segs_from_pred(pred_digit, p, s, n, sg));
-        return emit(out, s, sg, p->individual_digits ? B_ISOLATED : B_CONTIGUOUS, false, origin);
+        return emit(out, s, al, sg, p->individual_digits ? B_ISOLATED : B_CONTIGUOUS, false,
+                    origin);
     case P_WSSPLIT:
         KILN_TRY(segs_from_pred(pred_ws, p, s, n, sg));
-        return emit(out, s, sg, B_REMOVED, false, origin);
+        return emit(out, s, al, sg, B_REMOVED, false, origin);
     case P_CHARDELIM:
         KILN_TRY(segs_from_pred(pred_delim, p, s, n, sg));
-        return emit(out, s, sg, B_REMOVED, false, origin);
+        return emit(out, s, al, sg, B_REMOVED, false, origin);
     case P_WHITESPACE:
         KILN_TRY(segs_from_pattern(&p->pattern, s, n, sg));
-        return emit(out, s, sg, B_REMOVED, true, origin);
+        return emit(out, s, al, sg, B_REMOVED, true, origin);
     case P_BERT: {
         tok_pieces tmp = {0};
         kiln_status st = segs_from_pred(pred_ws, p, s, n, sg);
-        if (st == KILN_OK) st = emit(&tmp, s, sg, B_REMOVED, false, origin);
+        if (st == KILN_OK) st = emit(&tmp, s, al, sg, B_REMOVED, false, origin);
         for (size_t i = 0; i < tmp.n && st == KILN_OK; i++) {
             sg->n = 0;
             const char *t = tmp.text.p + tmp.v[i].off;
             st = segs_from_pred(pred_punct, p, t, tmp.v[i].len, sg);
-            if (st == KILN_OK) st = emit(out, t, sg, B_ISOLATED, false, tmp.v[i].origin);
+            if (st == KILN_OK)
+                st = emit(out, t, tmp.al.v + tmp.v[i].off, sg, B_ISOLATED, false, tmp.v[i].origin);
         }
         tok_pieces_free(&tmp);
         return st;
     }
     case P_BYTELEVEL: {
         scratch->n = 0;
-        if (p->add_prefix_space && (n == 0 || s[0] != ' ')) KILN_TRY(tok_buf_putc(scratch, ' '));
+        sal->n = 0;
+        if (p->add_prefix_space && (n == 0 || s[0] != ' ')) {
+            /* HF prepend: the space takes the span of the first char */
+            KILN_TRY(tok_buf_putc(scratch, ' '));
+            KILN_TRY(tok_spans_put(sal, n ? al[0] : (tok_span){0, 0}, 1));
+        }
         KILN_TRY(tok_buf_put(scratch, s, n));
+        KILN_TRY(tok_spans_append(sal, al, n));
         const char *t = scratch->p;
+        const tok_span *tal = sal->v;
         size_t tn = scratch->n;
         if (p->use_regex) {
             KILN_TRY(segs_from_pattern(&p->pattern, t, tn, sg));
@@ -430,16 +451,19 @@ static kiln_status split_piece(const tok_pretok *p, const char *s, size_t n, boo
             KILN_TRY(segs_push(sg, 0, tn, false));
         }
         tok_buf mapped = {0};
+        tok_spans mal = {0};
         kiln_status st = KILN_OK;
         for (size_t i = 0; i < sg->n && st == KILN_OK; i++) {
             seg e = sg->v[i];
             if (e.a == e.b) continue;
             mapped.n = 0;
-            st = bytelevel_map(t + e.a, e.b - e.a, &mapped);
+            mal.n = 0;
+            st = bytelevel_map(t + e.a, tal + e.a, e.b - e.a, &mapped, &mal);
             if (st == KILN_OK)
-                st = tok_pieces_push(out, mapped.p, mapped.n, -1, origin && e.a == 0);
+                st = tok_pieces_push(out, mapped.p, mapped.n, mal.v, -1, origin && e.a == 0);
         }
         tok_buf_free(&mapped);
+        tok_spans_free(&mal);
         return st;
     }
     case P_METASPACE: {
@@ -451,20 +475,28 @@ static kiln_status split_piece(const tok_pretok *p, const char *s, size_t n, boo
             size_t k = tok_utf8_decode(s, n, &cp);
             starts = (k && cp == p->replacement) || (s[0] == ' ');
         }
-        if (!starts && (p->scheme == PREPEND_ALWAYS || (p->scheme == PREPEND_FIRST && origin)))
+        sal->n = 0;
+        /* the prepended replacement takes the span of the first char, a replaced space its own */
+        if (!starts && n &&
+            (p->scheme == PREPEND_ALWAYS || (p->scheme == PREPEND_FIRST && origin))) {
             KILN_TRY(tok_buf_put(scratch, p->rep_utf8, p->rep_len));
+            KILN_TRY(tok_spans_put(sal, al[0], p->rep_len));
+        }
         for (size_t i = 0; i < n; i++) {
-            if (s[i] == ' ')
+            if (s[i] == ' ') {
                 KILN_TRY(tok_buf_put(scratch, p->rep_utf8, p->rep_len));
-            else
+                KILN_TRY(tok_spans_put(sal, al[i], p->rep_len));
+            } else {
                 KILN_TRY(tok_buf_putc(scratch, s[i]));
+                KILN_TRY(tok_spans_put(sal, al[i], 1));
+            }
         }
         if (!p->split) {
             if (scratch->n == 0) return KILN_OK;
-            return tok_pieces_push(out, scratch->p, scratch->n, -1, origin);
+            return tok_pieces_push(out, scratch->p, scratch->n, sal->v, -1, origin);
         }
         KILN_TRY(segs_from_pred(pred_rep, p, scratch->p, scratch->n, sg));
-        return emit(out, scratch->p, sg, B_MERGED_NEXT, false, origin);
+        return emit(out, scratch->p, sal->v, sg, B_MERGED_NEXT, false, origin);
     }
     case P_SEQ:
         break;

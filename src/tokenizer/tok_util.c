@@ -374,7 +374,34 @@ int tok_cp_to_byte(int32_t cp) {
 }
 
 /* ---- pieces --------------------------------------------------------------------------------- */
-kiln_status tok_pieces_push(tok_pieces *ps, const char *s, size_t len, int32_t id, bool origin) {
+kiln_status tok_spans_put(tok_spans *s, tok_span sp, size_t count) {
+    if (s->n + count > s->cap) {
+        size_t cap = s->cap ? s->cap : 64;
+        while (cap < s->n + count) cap *= 2;
+        tok_span *v = realloc(s->v, cap * sizeof *v);
+        if (!v) return kiln_error(KILN_ERR_OOM, "tokenizer: out of memory (alignments)");
+        s->v = v;
+        s->cap = cap;
+    }
+    for (size_t i = 0; i < count; i++) s->v[s->n++] = sp;
+    return KILN_OK;
+}
+
+kiln_status tok_spans_append(tok_spans *s, const tok_span *v, size_t n) {
+    if (!n) return KILN_OK;
+    size_t at = s->n;
+    KILN_TRY(tok_spans_put(s, v[0], n));
+    memcpy(s->v + at, v, n * sizeof *v);
+    return KILN_OK;
+}
+
+void tok_spans_free(tok_spans *s) {
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+kiln_status tok_pieces_push(tok_pieces *ps, const char *s, size_t len, const tok_span *al,
+                            int32_t id, bool origin) {
     if (ps->n == ps->cap) {
         size_t cap = ps->cap ? ps->cap * 2 : 16;
         tok_piece *v = realloc(ps->v, cap * sizeof *v);
@@ -384,6 +411,7 @@ kiln_status tok_pieces_push(tok_pieces *ps, const char *s, size_t len, int32_t i
     }
     size_t off = ps->text.n;
     KILN_TRY(tok_buf_put(&ps->text, s, len));
+    KILN_TRY(tok_spans_append(&ps->al, al, len));
     ps->v[ps->n++] = (tok_piece){off, len, id, origin};
     return KILN_OK;
 }
@@ -391,10 +419,12 @@ kiln_status tok_pieces_push(tok_pieces *ps, const char *s, size_t len, int32_t i
 void tok_pieces_reset(tok_pieces *ps) {
     ps->n = 0;
     ps->text.n = 0;
+    ps->al.n = 0;
 }
 
 void tok_pieces_free(tok_pieces *ps) {
     tok_buf_free(&ps->text);
+    tok_spans_free(&ps->al);
     free(ps->v);
     memset(ps, 0, sizeof *ps);
 }

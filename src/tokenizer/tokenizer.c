@@ -87,7 +87,8 @@ static bool first_char_is_word(const char *s, size_t n) {
 
 /* Splits s on the added tokens of trie t (HF AddedVocabulary::find_matches) into out. */
 static kiln_status split_added(const kiln_tokenizer *tok, const tok_trie *t, const char *s,
-                               size_t n, bool origin, tok_pieces *out, bool *any) {
+                               const tok_span *al, size_t n, bool origin, tok_pieces *out,
+                               bool *any) {
     size_t start_offset = 0;
     *any = false;
     if (t->n_nodes > 1) {
@@ -124,16 +125,17 @@ static kiln_status split_added(const kiln_tokenizer *tok, const tok_trie *t, con
                 }
             }
             if (start_offset < start)
-                KILN_TRY(tok_pieces_push(out, s + start_offset, start - start_offset, -1,
-                                         origin && start_offset == 0));
-            KILN_TRY(tok_pieces_push(out, s + start, stop - start, a->id, origin && start == 0));
+                KILN_TRY(tok_pieces_push(out, s + start_offset, start - start_offset,
+                                         al + start_offset, -1, origin && start_offset == 0));
+            KILN_TRY(tok_pieces_push(out, s + start, stop - start, al + start, a->id,
+                                     origin && start == 0));
             *any = true;
             start_offset = stop;
             if (i < stop) i = stop;
         }
     }
     if (start_offset < n)
-        KILN_TRY(tok_pieces_push(out, s + start_offset, n - start_offset, -1,
+        KILN_TRY(tok_pieces_push(out, s + start_offset, n - start_offset, al + start_offset, -1,
                                  origin && start_offset == 0));
     return KILN_OK;
 }
@@ -370,72 +372,223 @@ void kiln_tokenizer_free(kiln_tokenizer *tok) {
     free(tok);
 }
 
-/* ---- encode --------------------------------------------------------------------------------- */
+/* ---- encode ----------------------------------------------------------------------------- */
+/* Original byte range of piece bytes [p, q): the smallest range covering their spans (HF
+ * NormalizedString::convert_offsets). */
+static tok_span span_of(const tok_span *al, size_t p, size_t q) {
+    tok_span r = al[p];
+    for (size_t i = p + 1; i < q; i++) {
+        if (al[i].a < r.a) r.a = al[i].a;
+        if (al[i].b > r.b) r.b = al[i].b;
+    }
+    return r;
+}
+
+/* Counts the leading (or trailing) chars of s that are 'Ġ' or whitespace (HF ByteLevel
+ * process_offsets). */
+static size_t count_spaces(const char *s, size_t n, bool trailing) {
+    size_t cnt = 0;
+    if (!trailing) {
+        for (size_t i = 0; i < n;) {
+            int32_t cp;
+            size_t k = tok_utf8_decode(s + i, n - i, &cp);
+            if (!k || !(cp == 0x120 || tok_is_whitespace(cp))) break;
+            cnt++;
+            i += k;
+        }
+        return cnt;
+    }
+    for (size_t e = n; e > 0;) {
+        size_t p = e - 1;
+        while (p > 0 && ((uint8_t)s[p] & 0xc0) == 0x80) p--;
+        int32_t cp;
+        if (!tok_utf8_decode(s + p, e - p, &cp) || !(cp == 0x120 || tok_is_whitespace(cp))) break;
+        cnt++;
+        e = p;
+    }
+    return cnt;
+}
+
+/* Encodes text; when offs is non-NULL it gets two entries per id: the [start, end) char offsets
+ * of the id in text, as HF's Python and Node bindings report them. */
 static kiln_status encode(const kiln_tokenizer *tok, const char *text, size_t len, bool add_special,
-                          tok_ids *ids) {
+                          tok_ids *ids, tok_ids *offs) {
     tok_pieces raw = {0}, ps = {0};
     tok_buf norm = {0};
+    tok_spans nal = {0}, text_al = {0};
+    tok_ids model_ids = {0}, lens = {0}, moffs = {0}, marks = {0}, post = {0};
+    int32_t *char_at = NULL;
     bool any;
-    kiln_status st = split_added(tok, &tok->trie_raw, text, len, true, &raw, &any);
+    kiln_status st = KILN_OK;
+    /* every byte of a char starts out mapped to the whole char */
+    for (size_t i = 0; i < len && st == KILN_OK;) {
+        int32_t cp;
+        size_t k = tok_utf8_decode(text + i, len - i, &cp);
+        if (!k) k = 1;
+        st = tok_spans_put(&text_al, (tok_span){(uint32_t)i, (uint32_t)(i + k)}, k);
+        i += k;
+    }
+    if (st == KILN_OK)
+        st = split_added(tok, &tok->trie_raw, text, text_al.v, len, true, &raw, &any);
     for (size_t i = 0; i < raw.n && st == KILN_OK; i++) {
         tok_piece pc = raw.v[i];
         const char *s = raw.text.p + pc.off;
+        const tok_span *al = raw.al.v + pc.off;
         if (pc.id >= 0) {
-            st = tok_pieces_push(&ps, s, pc.len, pc.id, pc.origin);
+            st = tok_pieces_push(&ps, s, pc.len, al, pc.id, pc.origin);
             continue;
         }
         if (tok->normalizer) {
             norm.n = 0;
-            st = tok_normalize(tok->normalizer, s, pc.len, &norm);
+            nal.n = 0;
+            st = tok_normalize(tok->normalizer, s, pc.len, al, &norm, &nal);
             if (st != KILN_OK) break;
             s = norm.p ? norm.p : "";
+            al = nal.v;
             pc.len = norm.n;
         }
-        st = split_added(tok, &tok->trie_norm, s, pc.len, pc.origin, &ps, &any);
+        st = split_added(tok, &tok->trie_norm, s, al, pc.len, pc.origin, &ps, &any);
     }
     if (st == KILN_OK && tok->pretok) st = tok_pretok_apply(tok->pretok, &ps);
-    tok_ids model_ids = {0};
-    tok_ids *dst = add_special && tok->post ? &model_ids : ids;
     for (size_t i = 0; i < ps.n && st == KILN_OK; i++) {
         tok_piece pc = ps.v[i];
-        if (pc.id >= 0)
-            st = tok_ids_push(dst, pc.id);
-        else
-            st = tok_bpe_encode(tok->model, ps.text.p + pc.off, pc.len, dst);
+        const tok_span *al = ps.al.v + pc.off;
+        if (pc.id >= 0) {
+            st = tok_ids_push(&model_ids, pc.id);
+            if (st == KILN_OK && offs) {
+                tok_span r = span_of(al, 0, pc.len);
+                st = tok_ids_push(&moffs, (int32_t)r.a);
+                if (st == KILN_OK) st = tok_ids_push(&moffs, (int32_t)r.b);
+            }
+            continue;
+        }
+        size_t first = model_ids.n;
+        lens.n = 0;
+        st =
+            tok_bpe_encode(tok->model, ps.text.p + pc.off, pc.len, &model_ids, offs ? &lens : NULL);
+        for (size_t t = 0, p = 0; offs && t < lens.n && st == KILN_OK; t++) {
+            size_t q = p + (size_t)lens.v[t];
+            if (q > pc.len || q <= p) q = p < pc.len ? pc.len : p + 1; /* not expected */
+            tok_span r = p < pc.len ? span_of(al, p, q) : span_of(al, pc.len - 1, pc.len);
+            st = tok_ids_push(&moffs, (int32_t)r.a);
+            if (st == KILN_OK) st = tok_ids_push(&moffs, (int32_t)r.b);
+            p = q;
+        }
+        if (st == KILN_OK && offs && moffs.n != 2 * model_ids.n)
+            st = kiln_error(KILN_ERR_INTERNAL, "tokenizer: offsets of %zu tokens lost",
+                            model_ids.n - first);
     }
-    if (st == KILN_OK && dst != ids) st = tok_post_apply(tok->post, &model_ids, ids);
+    if (st == KILN_OK && offs) {
+        /* byte -> char offsets (HF BytesToCharOffsetConverter) */
+        char_at = malloc((len + 1) * sizeof *char_at);
+        if (!char_at) st = kiln_error(KILN_ERR_OOM, "tokenizer: out of memory");
+        int32_t c = 0;
+        for (size_t i = 0; i < len && char_at;) {
+            int32_t cp;
+            size_t k = tok_utf8_decode(text + i, len - i, &cp);
+            if (!k) k = 1;
+            for (size_t j = 0; j < k && i + j < len; j++) char_at[i + j] = c;
+            i += k;
+            c++;
+        }
+        for (size_t t = 0; t < model_ids.n && st == KILN_OK; t++) {
+            size_t a = (size_t)moffs.v[2 * t], b = (size_t)moffs.v[2 * t + 1];
+            if (a >= len) continue; /* HF keeps the byte offsets */
+            moffs.v[2 * t] = char_at[a];
+            moffs.v[2 * t + 1] = b < len ? char_at[b] : (b > 0 ? char_at[b - 1] : char_at[a]) + 1;
+        }
+        bool prefix = false;
+        if (tok_post_trims_offsets(tok->post, &prefix)) {
+            for (size_t t = 0; t < model_ids.n; t++) {
+                size_t n;
+                const char *v = tok_id_to_token(tok, model_ids.v[t], &n);
+                if (!v) continue;
+                int32_t lead = (int32_t)count_spaces(v, n, false);
+                int32_t trail = (int32_t)count_spaces(v, n, true);
+                int32_t *o = moffs.v + 2 * t;
+                if (lead > 0) {
+                    if ((t == 0 || o[0] == 0) && prefix && lead == 1) lead = 0;
+                    o[0] = o[0] + lead < o[1] ? o[0] + lead : o[1];
+                }
+                if (trail > 0 && o[1] >= trail) o[1] = o[1] - trail > o[0] ? o[1] - trail : o[0];
+            }
+        }
+    }
+    if (st == KILN_OK && add_special && tok->post) {
+        /* run the processor over markers -2-i to see where each model token lands */
+        for (size_t i = 0; i < model_ids.n && st == KILN_OK; i++)
+            st = tok_ids_push(&marks, -2 - (int32_t)i);
+        if (st == KILN_OK) st = tok_post_apply(tok->post, &marks, &post);
+        for (size_t i = 0; i < post.n && st == KILN_OK; i++) {
+            int32_t m = post.v[i];
+            size_t k = m <= -2 ? (size_t)(-2 - m) : 0;
+            st = tok_ids_push(ids, m <= -2 ? model_ids.v[k] : m);
+            if (st == KILN_OK && offs) st = tok_ids_push(offs, m <= -2 ? moffs.v[2 * k] : 0);
+            if (st == KILN_OK && offs) st = tok_ids_push(offs, m <= -2 ? moffs.v[2 * k + 1] : 0);
+        }
+    } else {
+        for (size_t i = 0; i < model_ids.n && st == KILN_OK; i++) {
+            st = tok_ids_push(ids, model_ids.v[i]);
+            if (st == KILN_OK && offs) st = tok_ids_push(offs, moffs.v[2 * i]);
+            if (st == KILN_OK && offs) st = tok_ids_push(offs, moffs.v[2 * i + 1]);
+        }
+    }
+    free(char_at);
     tok_ids_free(&model_ids);
+    tok_ids_free(&lens);
+    tok_ids_free(&moffs);
+    tok_ids_free(&marks);
+    tok_ids_free(&post);
     tok_pieces_free(&raw);
     tok_pieces_free(&ps);
     tok_buf_free(&norm);
+    tok_spans_free(&nal);
+    tok_spans_free(&text_al);
     return st;
+}
+
+static kiln_status tokenize(const kiln_tokenizer *tok, const char *text, size_t len,
+                            bool add_special, int32_t **out, int32_t (**offsets)[2], int *n_out,
+                            const char *fn) {
+    if (!tok || !out || !n_out || (!text && len))
+        return kiln_error(KILN_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    *out = NULL;
+    *n_out = 0;
+    if (offsets) *offsets = NULL;
+    if (len > (size_t)1 << 31)
+        return kiln_error(KILN_ERR_INVALID_ARG, "%s: text of %zu bytes is too long", fn, len);
+    size_t bad = tok_utf8_validate(text ? text : "", len);
+    if (bad != len)
+        return kiln_error(KILN_ERR_INVALID_ARG,
+                          "%s: text is not valid UTF-8 (byte 0x%02x at offset %zu)", fn,
+                          (uint8_t)text[bad], bad);
+    tok_ids ids = {0}, offs = {0};
+    kiln_status st = encode(tok, text ? text : "", len, add_special, &ids, offsets ? &offs : NULL);
+    if (st == KILN_OK && !ids.v && !(ids.v = malloc(sizeof *ids.v)))
+        st = kiln_error(KILN_ERR_OOM, "tokenizer: out of memory");
+    if (st == KILN_OK && offsets && !offs.v && !(offs.v = malloc(2 * sizeof *offs.v)))
+        st = kiln_error(KILN_ERR_OOM, "tokenizer: out of memory");
+    if (st != KILN_OK) {
+        tok_ids_free(&ids);
+        tok_ids_free(&offs);
+        return st;
+    }
+    *out = ids.v;
+    *n_out = (int)ids.n;
+    if (offsets) *offsets = (int32_t(*)[2])offs.v;
+    return KILN_OK;
 }
 
 kiln_status kiln_tokenize(const kiln_tokenizer *tok, const char *text, size_t len, bool add_special,
                           int32_t **out, int *n_out) {
-    if (!tok || !out || !n_out || (!text && len))
-        return kiln_error(KILN_ERR_INVALID_ARG, "kiln_tokenize: NULL argument");
-    *out = NULL;
-    *n_out = 0;
-    if (len > (size_t)1 << 31)
-        return kiln_error(KILN_ERR_INVALID_ARG, "kiln_tokenize: text of %zu bytes is too long",
-                          len);
-    size_t bad = tok_utf8_validate(text ? text : "", len);
-    if (bad != len)
-        return kiln_error(KILN_ERR_INVALID_ARG,
-                          "kiln_tokenize: text is not valid UTF-8 (byte 0x%02x at offset %zu)",
-                          (uint8_t)text[bad], bad);
-    tok_ids ids = {0};
-    kiln_status st = encode(tok, text ? text : "", len, add_special, &ids);
-    if (st != KILN_OK) {
-        tok_ids_free(&ids);
-        return st;
-    }
-    if (!ids.v && !(ids.v = malloc(sizeof *ids.v)))
-        return kiln_error(KILN_ERR_OOM, "tokenizer: out of memory");
-    *out = ids.v;
-    *n_out = (int)ids.n;
-    return KILN_OK;
+    return tokenize(tok, text, len, add_special, out, NULL, n_out, "kiln_tokenize");
+}
+
+kiln_status kiln_tokenize_offsets(const kiln_tokenizer *tok, const char *text, size_t len,
+                                  bool add_special, int32_t **ids, int32_t (**offsets)[2],
+                                  int *n_out) {
+    if (!offsets) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_tokenize_offsets: NULL argument");
+    return tokenize(tok, text, len, add_special, ids, offsets, n_out, "kiln_tokenize_offsets");
 }
 
 /* ---- decode --------------------------------------------------------------------------------- */
