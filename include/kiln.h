@@ -101,7 +101,9 @@ kiln_status kiln_seq_truncate(kiln_seq *seq, int len); /* roll back to the first
  * sequence, attaches the longest run of cached full blocks matching tokens[0..n_tokens) (blocks
  * become cached when a sequence of the same model commits them) and sets *n_reused to the tokens
  * reused, at most n_tokens-1 so the caller still forwards tokens[*n_reused..] and gets logits for
- * the last one. Other cache kinds, or models with sliding/recurrent layers: *n_reused = 0. */
+ * the last one. Hybrid models (recurrent layers) reuse only up to the last block boundary at
+ * which a forward call of some sequence ended (a recurrent-state snapshot is cached there).
+ * Other cache kinds, or models with sliding layers: *n_reused = 0. */
 kiln_status kiln_seq_prefix_attach(kiln_seq *seq, const int32_t *tokens, int n_tokens,
                                    int *n_reused);
 

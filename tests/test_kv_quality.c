@@ -1,7 +1,8 @@
 /* test_kv_quality.c — what each KV storage kind costs in accuracy on the demo model: mean NLL over
  * eval windows (tokens 1..N-1 predicted from the ones before) and the mean KL divergence of the
  * next-token distributions from those of the f32 cache, with bytes per token. Windows:
- * KILN_KV_QUALITY_WINDOWS (default 2; docs/kv-quality.md uses 16). Checks the issue's goals. */
+ * KILN_KV_QUALITY_WINDOWS (default 2; docs/kv-quality.md uses all 64). Checks the issue's goals
+ * on the default list of kinds; KILN_KV_QUALITY_KINDS="f32 q8 ..." (f32 first) measures others. */
 #include "kiln.h"
 #include "test_util.h"
 
@@ -83,20 +84,32 @@ int main(void) {
                                   "turbo:k8v2",
                                   "turbo:k8v3:rotk",
                                   "turbo:k4v3:rotk"};
-    enum { NK = sizeof kinds / sizeof kinds[0] };
-    result res[NK];
+    enum { NK = sizeof kinds / sizeof kinds[0], MAXK = 32 };
+    const char *list[MAXK];
+    int nk = NK;
+    for (int k = 0; k < NK; k++) list[k] = kinds[k];
+    char *custom = getenv("KILN_KV_QUALITY_KINDS") ? strdup(getenv("KILN_KV_QUALITY_KINDS")) : NULL;
+    if (custom) { /* a custom list: measured and printed, no goal checks */
+        nk = 0;
+        for (char *tok = strtok(custom, " ,"); tok && nk < MAXK; tok = strtok(NULL, " ,"))
+            list[nk++] = tok;
+        CHECK_MSG(nk > 0 && strcmp(list[0], "f32") == 0,
+                  "KILN_KV_QUALITY_KINDS must start with f32");
+        if (nk == 0 || strcmp(list[0], "f32") != 0) return test_finish();
+    }
+    result res[MAXK];
     double *ref = NULL;
     printf("%d windows of %d tokens\n%-18s %10s %9s %10s %9s\n", n_win, WIN, "kind", "nll", "dNLL%",
            "KL", "B/token");
-    for (int k = 0; k < NK; k++) {
-        bool ok = run_kind(kinds[k], ids, n_win, &ref, &res[k]);
-        CHECK_MSG(ok, "%s: %s", kinds[k], kiln_last_error());
+    for (int k = 0; k < nk; k++) {
+        bool ok = run_kind(list[k], ids, n_win, &ref, &res[k]);
+        CHECK_MSG(ok, "%s: %s", list[k], kiln_last_error());
         if (!ok) break;
-        printf("%-18s %10.6f %+8.3f%% %10.3g %9lld\n", kinds[k], res[k].nll,
+        printf("%-18s %10.6f %+8.3f%% %10.3g %9lld\n", list[k], res[k].nll,
                100.0 * (res[k].nll / res[0].nll - 1.0), res[k].kl, (long long)res[k].bytes);
         fflush(stdout);
     }
-    if (test_failures == 0) {
+    if (test_failures == 0 && !custom) {
         double base = res[0].nll;
         CHECK(res[0].kl == 0.0);
         CHECK(res[1].kl > 0 && res[1].kl < 1e-3); /* bf16 */
@@ -110,5 +123,6 @@ int main(void) {
     }
     free(ref);
     free(ids);
+    free(custom);
     return test_finish();
 }

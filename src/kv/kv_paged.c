@@ -3,7 +3,9 @@
  * prefix-block registration at commit, and the attention read through the block table (keys and
  * values are decoded row by row inside the loop; for f32 the loop is the one of
  * kiln_attention_contiguous, in the same order, so results match it bit for bit). TurboQuant
- * values are accumulated in the rotated basis and the output is unrotated once per head. */
+ * values are accumulated in the rotated basis and the output is unrotated once per head.
+ * Hybrid models: a commit that ends exactly on a block boundary stores the recurrent states with
+ * that block's prefix entry; attach and truncate go back only to boundaries holding a snapshot. */
 #include "backend/cpu/cpu_ops.h"
 #include "kv/hadamard.h"
 #include "kv/kv_factory.h"
@@ -307,10 +309,28 @@ static void register_blocks_locked(kv_paged *c) {
         uint64_t parent = b ? c->hashes[b - 1] : 0;
         uint64_t h = kv_prefix_hash(p, parent, c->tokens + (size_t)b * B);
         for (int l = 0; l < c->base.n_layers; l++) c->blk[l] = c->table[l] ? c->table[l][b] : -1;
-        kv_prefix_insert_locked(p, h, c->tokens + (size_t)b * B, c->blk);
+        /* the recurrent states describe position len: a snapshot only for the block ending there */
+        bool at_end = p->snap_floats > 0 && (b + 1) * B == c->base.len;
+        kv_prefix_insert_locked(p, h, c->tokens + (size_t)b * B, c->blk, at_end ? c->state : NULL);
         c->hashes[b] = h;
         c->n_hashed++;
     }
+}
+
+/* Restores the recurrent states from the snapshot of full block b-1's entry (len = b*B); false if
+ * there is none (p->mu held). */
+static bool restore_snapshot_locked(kv_paged *c, int b, const int32_t *tokens) {
+    kv_pool *p = c->pool;
+    if (b <= 0) return false;
+    const float *snap =
+        kv_prefix_snapshot_locked(p, c->hashes[b - 1], tokens + (size_t)(b - 1) * p->block_tokens);
+    if (!snap) return false;
+    for (int l = 0, o = 0; l < c->base.n_layers; l++) {
+        if (!c->state[l]) continue;
+        memcpy(c->state[l], snap + o, (size_t)c->base.layers[l].state_floats * sizeof(float));
+        o += (int)c->base.layers[l].state_floats;
+    }
+    return true;
 }
 
 static void paged_commit(kiln_kv *kv, int n) {
@@ -339,11 +359,6 @@ static kiln_status paged_truncate(kiln_kv *kv, int len) {
         return kiln_error(KILN_ERR_INVALID_ARG, "kv: cannot truncate %d tokens to %d", kv->len,
                           len);
     for (int l = 0; l < kv->n_layers; l++) {
-        if (c->state[l] && len != 0 && len != kv->len)
-            return kiln_error(KILN_ERR_UNSUPPORTED,
-                              "kv: a recurrent state cannot be rolled back "
-                              "to %d of %d tokens (only to 0)",
-                              len, kv->len);
         if (c->table[l] && kv->layers[l].window > 0 && len > 0) {
             int first = kv_sliding_first_needed(len, kv->layers[l].window);
             for (int b = first / B; b * B < len; b++)
@@ -354,8 +369,20 @@ static kiln_status paged_truncate(kiln_kv *kv, int len) {
                                       l, kv->layers[l].window, b * B, len);
         }
     }
-    int keep = (len + B - 1) / B;
     pthread_mutex_lock(&p->mu);
+    if (p->snap_floats > 0 && len != 0 && len != kv->len) {
+        /* recurrent states roll back only to a block boundary whose snapshot is cached */
+        bool ok = p->prefix_ok && len % B == 0 && len / B <= c->n_hashed && c->known >= len &&
+                  restore_snapshot_locked(c, len / B, c->tokens);
+        if (!ok) {
+            pthread_mutex_unlock(&p->mu);
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "kv: a recurrent state cannot be rolled back to %d of %d tokens "
+                              "(only to 0 or to a block boundary with a cached snapshot)",
+                              len, kv->len);
+        }
+    }
+    int keep = (len + B - 1) / B;
     for (int l = 0; l < kv->n_layers; l++)
         for (int b = keep; c->table[l] && b < c->n_alloc; b++)
             if (c->table[l][b] >= 0) {
@@ -480,7 +507,7 @@ kiln_status kiln_seq_prefix_attach(kiln_seq *seq, const int32_t *tokens, int n_t
                           "kiln_seq_prefix_attach: the sequence must be "
                           "empty (it holds %d tokens)",
                           kv->len);
-    if (!kv_is_paged(kv) || !((kv_paged *)kv)->pool->prefix_ok) return KILN_OK;
+    if (!kv_is_paged(kv) || !((kv_paged *)kv)->pool->prefix_ok) return KILN_OK; /* windows */
     kv_paged *c = (kv_paged *)kv;
     kv_pool *p = c->pool;
     const int B = p->block_tokens, max_full = n_tokens / B;
@@ -496,6 +523,11 @@ kiln_status kiln_seq_prefix_attach(kiln_seq *seq, const int32_t *tokens, int n_t
     /* keep at least one token to forward, so the caller gets logits for the last one */
     int reuse = m * B < n_tokens ? m * B : n_tokens - 1;
     if (reuse < 0) reuse = 0;
+    if (p->snap_floats > 0) { /* hybrid: the longest run that ends on a snapshot */
+        int b = reuse / B;
+        while (b > 0 && !restore_snapshot_locked(c, b, tokens)) b--;
+        reuse = b * B;
+    }
     int nblk = (reuse + B - 1) / B;
     for (int b = nblk - 1; b >= 0; b--) { /* leaf first: the root ends most recently used */
         kv_prefix_lookup_locked(p, c->hashes[b], tokens + (size_t)b * B, c->blk, ++p->tick);

@@ -16,6 +16,7 @@ struct kv_prefix_entry {
     uint64_t tick;
     kv_prefix_entry *next;
     int32_t *tokens;  /* [block_tokens] */
+    float *snap;      /* [snap_floats] recurrent states at the block's end, or NULL */
     int32_t blocks[]; /* [n_layers] */
 };
 
@@ -44,8 +45,8 @@ kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const ki
     int64_t bytes_per_token = 0;
     for (int l = 0; l < n_layers; l++) {
         const kiln_kv_layer_desc *d = &layers[l];
-        if (!d->is_attention) {
-            p->prefix_ok = false; /* recurrent state cannot be rebuilt from shared blocks */
+        if (!d->is_attention) { /* its state comes back from a snapshot, not from blocks */
+            p->snap_floats += d->state_floats > 0 ? d->state_floats : 0;
             continue;
         }
         if (d->window > 0) p->prefix_ok = false;
@@ -74,6 +75,9 @@ kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const ki
         goto fail;
     }
     if (nb > INT32_MAX / 2) nb = INT32_MAX / 2;
+    /* snapshots: a quarter of the block budget, but room for at least 8 of them */
+    p->snap_bytes_max = budget / 4;
+    if (p->snap_bytes_max < 8 * p->snap_floats * 4) p->snap_bytes_max = 8 * p->snap_floats * 4;
     p->n_blocks = (int32_t)nb;
     p->data = malloc((size_t)nb * p->block_bytes); /* pages are touched as blocks are written */
     p->refcount = calloc((size_t)nb, sizeof *p->refcount);
@@ -104,6 +108,7 @@ void kv_pool_free(kv_pool *p) {
             kv_prefix_entry *e = p->buckets[b];
             while (e) {
                 kv_prefix_entry *n = e->next;
+                free(e->snap);
                 free(e->tokens);
                 free(e);
                 e = n;
@@ -152,6 +157,8 @@ static bool evict_one(kv_pool *p) {
     *victim = e->next;
     for (int l = 0; l < p->n_layers; l++)
         if (e->blocks[l] >= 0) kv_pool_unref_locked(p, e->blocks[l]);
+    if (e->snap) p->snap_bytes -= p->snap_floats * 4;
+    free(e->snap);
     free(e->tokens);
     free(e);
     p->n_entries--;
@@ -195,9 +202,58 @@ bool kv_prefix_lookup_locked(kv_pool *p, uint64_t hash, const int32_t *tokens, i
     return true;
 }
 
+/* Drops least recently used snapshots (never keep's) until the store fits its bound. */
+static void snap_trim(kv_pool *p, const kv_prefix_entry *keep) {
+    while (p->snap_bytes > p->snap_bytes_max) {
+        kv_prefix_entry *victim = NULL;
+        for (int32_t b = 0; b < p->n_buckets; b++)
+            for (kv_prefix_entry *e = p->buckets[b]; e; e = e->next)
+                if (e->snap && e != keep && (!victim || e->tick < victim->tick)) victim = e;
+        if (!victim) return;
+        free(victim->snap);
+        victim->snap = NULL;
+        p->snap_bytes -= p->snap_floats * 4;
+    }
+}
+
+static void snap_store(kv_pool *p, kv_prefix_entry *e, float *const *states) {
+    if (!states || e->snap || p->snap_floats <= 0) return;
+    float *snap = malloc((size_t)p->snap_floats * sizeof *snap);
+    if (!snap) return; /* an optimisation: skip it when memory is short */
+    int64_t o = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        int64_t n = p->layers[l].is_attention ? 0 : p->layers[l].state_floats;
+        if (n <= 0) continue;
+        memcpy(snap + o, states[l], (size_t)n * sizeof *snap);
+        o += n;
+    }
+    e->snap = snap;
+    p->snap_bytes += p->snap_floats * 4;
+    snap_trim(p, e);
+}
+
+const float *kv_prefix_snapshot_locked(kv_pool *p, uint64_t hash, const int32_t *tokens) {
+    kv_prefix_entry *e = find(p, hash, tokens);
+    return e ? e->snap : NULL;
+}
+
+int64_t kv_prefix_snapshot_count(kv_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    int64_t n = p->snap_floats > 0 ? p->snap_bytes / (p->snap_floats * 4) : 0;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
 void kv_prefix_insert_locked(kv_pool *p, uint64_t hash, const int32_t *tokens,
-                             const int32_t *blocks) {
-    if (find(p, hash, tokens)) return;
+                             const int32_t *blocks, float *const *states) {
+    kv_prefix_entry *old = find(p, hash, tokens);
+    if (old) {
+        if (states && !old->snap) {
+            old->tick = ++p->tick;
+            snap_store(p, old, states);
+        }
+        return;
+    }
     kv_prefix_entry *e = malloc(sizeof *e + (size_t)p->n_layers * sizeof(int32_t));
     int32_t *tk = malloc((size_t)p->block_tokens * sizeof *tk);
     if (!e || !tk) { /* caching is an optimisation: skip it when memory is short */
@@ -208,6 +264,7 @@ void kv_prefix_insert_locked(kv_pool *p, uint64_t hash, const int32_t *tokens,
     e->hash = hash;
     e->tick = ++p->tick;
     e->tokens = tk;
+    e->snap = NULL;
     memcpy(tk, tokens, (size_t)p->block_tokens * sizeof *tk);
     for (int l = 0; l < p->n_layers; l++) {
         e->blocks[l] = blocks[l];
@@ -217,6 +274,7 @@ void kv_prefix_insert_locked(kv_pool *p, uint64_t hash, const int32_t *tokens,
     e->next = p->buckets[b];
     p->buckets[b] = e;
     p->n_entries++;
+    snap_store(p, e, states);
 }
 
 int64_t kv_prefix_count(kv_pool *p) {

@@ -2,7 +2,14 @@
  * arena of fixed-size blocks (block_tokens tokens of ONE layer: K records then V records, each
  * [block_tokens][n_kv_heads] rows in that layer's codec), reference counts, a free list, and the
  * prefix cache (hash chain over full token blocks -> the blocks of every layer holding them,
- * evicted least-recently-used when unreferenced and the pool needs room). */
+ * evicted least-recently-used when unreferenced and the pool needs room).
+ *
+ * Hybrid models (recurrent layers beside attention ones) cannot rebuild a recurrent state from
+ * shared blocks, so an entry may also hold a snapshot of every recurrent layer's state (conv +
+ * recurrent, state_floats each, in layer order) taken when a forward call ended exactly at the end
+ * of its block. Snapshots live in a separate store bounded by snap_bytes_max: when it is over, the
+ * least recently used snapshot is dropped (its entry stays, usable as an inner block of a longer
+ * run); an evicted entry frees its snapshot. */
 #ifndef KILN_KV_POOL_H
 #define KILN_KV_POOL_H
 
@@ -32,8 +39,11 @@ typedef struct kv_pool {
     kiln_kv_layer_desc *layers; /* [n_layers], owned */
     kv_layer_fmt *fmt;          /* [n_layers] */
     int n_attn_layers;
-    bool prefix_ok; /* every layer is full attention: prefix blocks can be shared */
-    uint64_t salt;  /* namespace of the prefix hashes (storage kind, block size) */
+    bool prefix_ok;         /* no sliding window layer: prefix blocks can be shared */
+    int64_t snap_floats;    /* sum of state_floats over recurrent layers (0: no snapshots) */
+    int64_t snap_bytes_max; /* bound of the snapshot store */
+    int64_t snap_bytes;     /* held by snapshots now */
+    uint64_t salt;          /* namespace of the prefix hashes (storage kind, block size) */
     kv_prefix_entry **buckets;
     int32_t n_buckets;
     int64_t n_entries;
@@ -67,9 +77,15 @@ uint64_t kv_prefix_hash(const kv_pool *p, uint64_t parent, const int32_t *tokens
  * layers without KV). Touches the entry (LRU) with the given tick. */
 bool kv_prefix_lookup_locked(kv_pool *p, uint64_t hash, const int32_t *tokens, int32_t *blocks_out,
                              uint64_t tick);
-/* Registers a full block (referencing blocks[n_layers]); no-op if the hash is already cached. */
+/* Registers a full block (referencing blocks[n_layers]); if the hash is already cached, only adds
+ * the snapshot when the entry has none. states: NULL, or [n_layers] pointers to the recurrent
+ * states at the end of this block (NULL for layers without state), copied into a snapshot. */
 void kv_prefix_insert_locked(kv_pool *p, uint64_t hash, const int32_t *tokens,
-                             const int32_t *blocks);
+                             const int32_t *blocks, float *const *states);
+/* Snapshot of the entry (snap_floats floats, layer order), or NULL if it has none / is absent. */
+const float *kv_prefix_snapshot_locked(kv_pool *p, uint64_t hash, const int32_t *tokens);
+/* Number of snapshots held. */
+int64_t kv_prefix_snapshot_count(kv_pool *p);
 /* Number of cached prefix blocks (entries). */
 int64_t kv_prefix_count(kv_pool *p);
 
