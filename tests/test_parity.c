@@ -31,7 +31,7 @@ static int32_t *json_ids(const cJSON *arr, int *n) {
 }
 
 static bool load_reference(const char *dir, int vocab, reference *r) {
-    char path[4096];
+    char path[4200];
     snprintf(path, sizeof path, "%s/reference.json", dir);
     char *text = test_read_file(path, NULL);
     if (!text) return false;
@@ -61,7 +61,7 @@ static int32_t argmax(const float *x, int n) {
 }
 
 static void check_fixture(const char *name) {
-    char rel[256], fixture_dir[4096];
+    char rel[256], fixture_dir[4000];
     snprintf(rel, sizeof rel, "fixtures/%s", name);
     snprintf(fixture_dir, sizeof fixture_dir, "%s", test_shared(rel));
     kiln_model *m = NULL;
