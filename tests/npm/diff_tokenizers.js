@@ -6,7 +6,9 @@
 // special-token fragments, mixed scripts, emoji/ZWJ sequences, digits, contractions) plus
 // invalid UTF-8 byte strings, runs `TEST_BIN --batch MODEL_DIR` on them (hex lines in, JSON lines
 // out) and requires, for valid UTF-8: identical ids (add_special_tokens false and true),
-// identical decode (skip_special_tokens false on ids, true on ids with specials), and the
+// identical offsets (getOffsets(): Unicode code point indices, the same unit as HF's Python API
+// and kiln_tokenize_offsets; checked with and without special tokens), identical decode
+// (skip_special_tokens false on ids, true on ids with specials), and the
 // streaming decode equal to the full decode. For invalid UTF-8, kiln must refuse with
 // "invalid argument" (HF's bindings cannot even be given such input).
 'use strict';
@@ -129,6 +131,9 @@ async function main() {
     else {
       if (!same(k.ids, ids)) problems.push(`ids kiln ${JSON.stringify(k.ids)} hf ${JSON.stringify(ids)}`);
       if (!same(k.ids_special, idsSp)) problems.push(`ids_special kiln ${JSON.stringify(k.ids_special)} hf ${JSON.stringify(idsSp)}`);
+      const o1 = JSON.stringify(e1.getOffsets()), o2 = JSON.stringify(e2.getOffsets());
+      if (JSON.stringify(k.offsets) !== o1) problems.push(`offsets kiln ${JSON.stringify(k.offsets)} hf ${o1}`);
+      if (JSON.stringify(k.offsets_special) !== o2) problems.push(`offsets_special kiln ${JSON.stringify(k.offsets_special)} hf ${o2}`);
       if (k.decoded !== d1) problems.push(`decode kiln ${JSON.stringify(k.decoded)} hf ${JSON.stringify(d1)}`);
       if (k.decoded_skip !== d2) problems.push(`decode(skip) kiln ${JSON.stringify(k.decoded_skip)} hf ${JSON.stringify(d2)}`);
       // the stream hands out NUL-terminated chunks and drops U+0000 (documented)
