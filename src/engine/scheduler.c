@@ -8,9 +8,22 @@
  * sequence with the longest common prefix) -> one kiln_forward over [decode tokens of running
  * sequences] + [prefill chunks in admission order, under step_tokens] -> sample where logits came
  * back -> publish tokens, finish on stop id / max_tokens / ctx -> retire finished sequences into
- * the kept LRU. */
+ * the kept LRU.
+ *
+ * Paged KV (the model's --kv kind is stored in the block pool): admission also attaches the
+ * longest cached block run of the pool's prefix cache (kiln_seq_prefix_attach) when it beats the
+ * kept sequences; a request is admitted when the pool's available blocks cover the uncached part
+ * of its prompt and the pending prefill of the running ones (generation grows optimistically);
+ * when kiln_forward answers KILN_ERR_CACHE_FULL the kept sequences are dropped first, then the
+ * newest running request is preempted: its sequence is freed (its full blocks stay in the prefix
+ * cache), it goes back to the head of the queue and resumes later by re-prefilling prompt +
+ * generated tokens. Hybrid models (recurrent layers) split prefill chunks at block boundaries,
+ * including the last one before the end of the prompt, so recurrent-state snapshots exist there. */
 #include "engine/scheduler.h"
 
+#include "kv/kv_factory.h"
+#include "kv/kv_pool.h"
+#include "model/model.h"
 #include "util/status.h"
 
 #include <errno.h>
@@ -30,7 +43,8 @@ struct kiln_sched_req {
     int top_logprobs;
     int32_t *stop_ids;
     int n_stop;
-    int64_t reserve; /* KV tokens reserved while running */
+    int64_t reserve;   /* KV tokens reserved while running */
+    uint64_t admit_id; /* admission order (the newest is preempted first) */
     /* engine */
     kiln_seq *seq;
     kiln_sampler *sampler;
@@ -79,7 +93,11 @@ struct kiln_sched {
     kiln_sched_stats totals;
     step_rec ring[STEP_RING];
     int ring_n, ring_pos;
-    float *scratch; /* [vocab] raw logits for logprobs (engine) */
+    float *scratch;  /* [vocab] raw logits for logprobs (engine) */
+    kv_pool *pool;   /* the model's paged pool, or NULL (contiguous caches) */
+    int snap_block;  /* hybrid paged models: block size at which prefill chunks are cut (0: off) */
+    bool hold_admit; /* after a preemption: admit again once a running request retires */
+    uint64_t admit_clock;
 };
 
 static double now_s(void) {
@@ -138,12 +156,12 @@ static void kept_put(kiln_sched *s, kiln_seq *seq, const int32_t *tokens, int n)
     s->kept_tokens += n;
 }
 
-/* Takes the kept sequence sharing the longest prefix with r's prompt (capped at n_prompt - 1 so
+/* Takes the kept sequence sharing the longest prefix with r's tokens (capped at n_tokens - 1 so
  * at least one token is fed for logits), truncated to that prefix. Returns the prefix length. */
 static int kept_take(kiln_sched *s, kiln_sched_req *r) {
     int best = -1, best_len = 0;
     for (int i = 0; i < s->n_kept; i++) {
-        int n = s->kept[i].n < r->n_prompt - 1 ? s->kept[i].n : r->n_prompt - 1;
+        int n = s->kept[i].n < r->n_tokens - 1 ? s->kept[i].n : r->n_tokens - 1;
         int l = 0;
         while (l < n && s->kept[i].tokens[l] == r->tokens[l]) l++;
         if (l > best_len || (l == best_len && best >= 0 && l > 0 &&
@@ -192,6 +210,7 @@ static void retire(kiln_sched *s, int slot, kiln_sched_finish why, const char *e
     if (r->st.finish == KILN_FINISH_NONE) r->st.finish = why;
     if (why == KILN_FINISH_ERROR && err) snprintf(r->st.error, sizeof r->st.error, "%s", err);
     s->reserved -= r->reserve;
+    s->hold_admit = false;
     r->running = false;
     r->engine_done = true;
     if (why == KILN_FINISH_CANCELLED)
@@ -219,6 +238,51 @@ static void finish_waiting(kiln_sched *s, kiln_sched_req *r, kiln_sched_finish w
     if (r->released) req_free(r);
 }
 
+/* Pool blocks of n tokens over every attention layer. */
+static int64_t pool_blocks(const kv_pool *p, int64_t n) {
+    return (n + p->block_tokens - 1) / p->block_tokens * p->n_attn_layers;
+}
+
+/* Paged admission: would r's prompt, with the pending prefill of the running requests and one
+ * block of decode headroom each, exceed the blocks the pool can hand out now? (mu held) */
+static bool pool_short(kiln_sched *s, const kiln_sched_req *r) {
+    int64_t need = pool_blocks(s->pool, r->n_tokens) + s->pool->n_attn_layers;
+    for (int i = 0; i < s->n_run; i++)
+        need +=
+            pool_blocks(s->pool, s->run[i]->n_tokens - s->run[i]->n_fed) + s->pool->n_attn_layers;
+    pthread_mutex_lock(&s->pool->mu);
+    int64_t avail = kv_pool_available_locked(s->pool);
+    pthread_mutex_unlock(&s->pool->mu);
+    return need > avail;
+}
+
+/* KILN_ERR_CACHE_FULL from the pool (mu held): drops the kept sequences, else preempts the newest
+ * running request (back to the head of the queue, its sequence freed). False if neither helps. */
+static bool relieve_pool(kiln_sched *s) {
+    if (s->n_kept > 0) {
+        while (s->n_kept > 0) kept_drop(s, s->n_kept - 1);
+        return true;
+    }
+    if (s->n_run < 2) return false;
+    int slot = 0;
+    for (int i = 1; i < s->n_run; i++)
+        if (s->run[i]->admit_id > s->run[slot]->admit_id) slot = i;
+    kiln_sched_req *r = s->run[slot];
+    s->run[slot] = s->run[--s->n_run];
+    s->reserved -= r->reserve;
+    kiln_seq_free(r->seq);
+    r->seq = NULL;
+    r->n_fed = 0;
+    r->running = false;
+    r->next = s->wait_head;
+    s->wait_head = r;
+    if (!s->wait_tail) s->wait_tail = r;
+    s->n_waiting++;
+    s->hold_admit = true;
+    s->totals.preemptions_total++;
+    return true;
+}
+
 /* Admits waiting requests FIFO while a slot and KV room exist (mu held). */
 static void admit(kiln_sched *s) {
     while (s->wait_head && s->n_run < s->o.max_batch) {
@@ -230,6 +294,14 @@ static void admit(kiln_sched *s) {
             finish_waiting(s, r, KILN_FINISH_CANCELLED);
             continue;
         }
+        if (s->hold_admit && s->n_run > 0) break; /* a preempted request waits for room */
+        if (s->pool) {
+            r->reserve = r->n_tokens; /* generation grows optimistically: preemption covers it */
+            while (s->n_kept > 0 && pool_short(s, r)) kept_evict_lru(s);
+            if (s->n_run > 0 && pool_short(s, r)) break;
+        } else {
+            r->reserve = (int64_t)r->n_prompt + r->max_tokens;
+        }
         while (s->reserved + s->kept_tokens + r->reserve > s->o.kv_tokens && s->n_kept > 0)
             kept_evict_lru(s);
         if (s->reserved + r->reserve > s->o.kv_tokens) break; /* FIFO: wait for room */
@@ -239,19 +311,34 @@ static void admit(kiln_sched *s) {
         r->next = NULL;
         int cached = kept_take(s, r);
         kiln_status st = KILN_OK;
-        if (!r->seq) st = kiln_seq_new(s->model, &r->seq);
-        if (st == KILN_OK) st = kiln_sampler_new(&r->sp, s->vocab, &r->sampler);
-        if (st == KILN_OK && !(r->logits = malloc(sizeof(float) * (size_t)s->vocab)))
+        if (s->pool) { /* the pool's prefix cache may hold a longer run than any kept sequence */
+            kiln_seq *fresh = NULL;
+            int reused = 0;
+            st = kiln_seq_new(s->model, &fresh);
+            if (st == KILN_OK) st = kiln_seq_prefix_attach(fresh, r->tokens, r->n_tokens, &reused);
+            if (st == KILN_OK && reused > cached) {
+                kiln_seq_free(r->seq);
+                r->seq = fresh;
+                cached = reused;
+            } else {
+                kiln_seq_free(fresh);
+            }
+        }
+        if (st == KILN_OK && !r->seq) st = kiln_seq_new(s->model, &r->seq);
+        if (st == KILN_OK && !r->sampler) st = kiln_sampler_new(&r->sp, s->vocab, &r->sampler);
+        if (st == KILN_OK && !r->logits && !(r->logits = malloc(sizeof(float) * (size_t)s->vocab)))
             st = kiln_error(KILN_ERR_OOM, "logits buffer");
         r->running = true;
-        r->reserve = (int64_t)r->n_prompt + r->max_tokens;
+        r->admit_id = ++s->admit_clock;
         s->reserved += r->reserve;
         s->run[s->n_run++] = r;
         r->n_fed = cached;
-        r->st.n_cached = cached;
+        if (!r->st.started) { /* a resumed (preempted) request is counted once */
+            r->st.n_cached = cached;
+            s->totals.prompt_tokens_total += r->n_prompt;
+            s->totals.cached_tokens_total += cached;
+        }
         r->st.started = true;
-        s->totals.prompt_tokens_total += r->n_prompt;
-        s->totals.cached_tokens_total += cached;
         if (st != KILN_OK) retire(s, s->n_run - 1, KILN_FINISH_ERROR, kiln_last_error());
     }
 }
@@ -315,6 +402,12 @@ static void *engine_main(void *arg) {
                 bool decode = r->n_tokens > r->n_prompt;
                 if (pending <= 0 || decode != (pass == 0) || budget <= 0) continue;
                 int chunk = pending < budget ? pending : budget;
+                if (s->snap_block > 0 && chunk > 1) { /* end on a boundary: a state snapshot */
+                    const int B = s->snap_block, start = r->n_fed;
+                    int end = start + chunk;
+                    int cut = end < r->n_tokens ? end / B * B : (r->n_tokens - 1) / B * B;
+                    if (cut > start && cut < end) chunk = cut - start;
+                }
                 budget -= chunk;
                 e[n] = (kiln_batch_entry){r->seq, r->tokens + r->n_fed, chunk,
                                           chunk == pending ? KILN_LOGITS_LAST : KILN_LOGITS_NONE,
@@ -340,6 +433,10 @@ static void *engine_main(void *arg) {
         }
 
         pthread_mutex_lock(&s->mu);
+        if (st == KILN_ERR_CACHE_FULL && s->pool && relieve_pool(s)) {
+            pthread_cond_broadcast(&s->out);
+            continue; /* nothing was fed: the step is rebuilt without the preempted request */
+        }
         s->totals.steps_total++;
         s->ring[s->ring_pos] = (step_rec){now_s(), 0, n_prefill};
         for (int i = 0; i < n; i++) {
@@ -407,6 +504,18 @@ kiln_status kiln_sched_new(kiln_model *model, const kiln_sched_options *o, kiln_
         kiln_sched_free(s);
         return kiln_error(KILN_ERR_OOM, "scheduler buffers");
     }
+    kiln_seq *probe = NULL; /* which kind of cache do this model's sequences get? */
+    if (kiln_seq_new(model, &probe) == KILN_OK) {
+        s->pool = kv_paged_pool(probe->kv);
+        kiln_seq_free(probe);
+    }
+    if (s->pool && s->pool->n_attn_layers > 0) {
+        int64_t cap = (int64_t)s->pool->n_blocks / s->pool->n_attn_layers * s->pool->block_tokens;
+        if (o->kv_tokens <= 0) s->o.kv_tokens = cap; /* the pool is the budget */
+        s->totals.kv_pool_blocks = s->pool->n_blocks;
+    }
+    if (s->pool && s->pool->snap_floats > 0 && s->pool->prefix_ok)
+        s->snap_block = s->pool->block_tokens;
     if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
         kiln_sched_free(s);
         return kiln_error(KILN_ERR_INTERNAL, "scheduler: cannot start the engine thread");
@@ -571,6 +680,12 @@ void kiln_sched_get_stats(kiln_sched *s, kiln_sched_stats *out) {
     out->live_seqs = s->n_run + s->n_kept;
     out->max_batch = s->o.max_batch;
     out->ctx = s->o.ctx;
+    if (s->pool) {
+        pthread_mutex_lock(&s->pool->mu);
+        out->kv_pool_free_blocks = s->pool->n_free;
+        pthread_mutex_unlock(&s->pool->mu);
+        out->kv_pool_prefix_blocks = kv_prefix_count(s->pool);
+    }
     /* rates over the last 5 seconds of steps */
     double t_now = now_s(), t0 = t_now, gen = 0, pre = 0;
     for (int i = 0; i < s->ring_n; i++) {

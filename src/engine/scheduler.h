@@ -5,7 +5,10 @@
  * Requests are admitted FIFO when a batch slot and KV room (prompt + max_tokens tokens) are free.
  * Finished sequences are kept (a small LRU) so a later prompt that shares a token prefix reuses the
  * cache: the kept sequence is truncated to the common prefix and only the rest is prefilled
- * (reported as cached_tokens). Callers submit token ids, poll sampled tokens, and cancel/release.
+ * (reported as cached_tokens). With a paged KV kind the pool's prefix cache is consulted too
+ * (kiln_seq_prefix_attach), admission counts the pool's free blocks, and a full pool preempts the
+ * newest request (re-queued, resumed later) instead of failing it; see scheduler.c.
+ * Callers submit token ids, poll sampled tokens, and cancel/release.
  */
 #ifndef KILN_ENGINE_SCHEDULER_H
 #define KILN_ENGINE_SCHEDULER_H
@@ -26,7 +29,8 @@ typedef struct kiln_sched_options {
     int step_tokens;   /* tokens per forward step, decode + prefill chunks (default 256) */
     int max_waiting;   /* queued requests before submit answers CACHE_FULL (default 256) */
     int cache_entries; /* finished sequences kept for prefix reuse (default max_batch) */
-    int64_t kv_tokens; /* KV admission budget in tokens (default max_batch * ctx) */
+    int64_t kv_tokens; /* KV admission budget in tokens (default max_batch * ctx; paged KV: the
+                          pool's capacity) */
 } kiln_sched_options;
 
 typedef struct kiln_sched_params {
@@ -74,6 +78,8 @@ typedef struct kiln_sched_stats {
     int64_t requests_total, requests_finished, requests_cancelled, requests_failed;
     int64_t prompt_tokens_total, cached_tokens_total, generated_tokens_total;
     int64_t steps_total;
+    int64_t preemptions_total; /* paged KV: requests paused because the pool was full */
+    int64_t kv_pool_blocks, kv_pool_free_blocks, kv_pool_prefix_blocks; /* paged KV, else 0 */
     double decode_tok_per_s; /* generated tokens/s over the recent window */
     double prefill_tok_per_s;
     int max_batch, ctx;

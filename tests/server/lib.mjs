@@ -26,7 +26,8 @@ export function eq(a, b, what) { return check(JSON.stringify(a) === JSON.stringi
 export function failed() { return failures; }
 
 export async function startServer(args, { env } = {}) {
-  const child = spawn(BIN, ["serve", "--port", "0", "--quiet", ...args], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
+  const extra = (process.env.KILN_SERVE_EXTRA || "").split(/\s+/).filter(Boolean); // e.g. "--kv q8"
+  const child = spawn(BIN, ["serve", "--port", "0", "--quiet", ...args, ...extra], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
   let log = "";
   const url = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("server did not start in 120 s:\n" + log)), 120000);
