@@ -1,13 +1,16 @@
 /* bench_kernels.c — throughput of the CPU matmul kernels against the machine's memory bandwidth.
- * GEMV (decode, n=1): weight GB/s for bf16, q8g64 and q4g32 at 4096x4096 and 1024x3072; GEMM
- * (prefill, n=128): GFLOP/s; memory read bandwidth measured with the same thread pool summing a
- * 1 GiB buffer. Medians of several runs. Build (after building build-kernels):
+ * GEMV (decode, n=1): weight GB/s for bf16, q8g64 and q4g32 at 4096x4096 and 1024x3072, in the
+ * exact matmul mode and the fast one (int8 / bf16 activations on VNNI / BF16; "=" when the CPU or
+ * level lacks it); GEMM (prefill, n=128): GFLOP/s; memory read bandwidth measured with the same
+ * thread pool summing a 1 GiB buffer. Medians of several runs. Build (after building
+ * build-kernels):
  *   gcc -O2 -std=c17 -D_GNU_SOURCE -Iinclude -Isrc bench/bench_kernels.c build-kernels/libkiln.a \
  *       -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lpthread -lm -o build-kernels/bench_kernels
  * Run: build-kernels/bench_kernels [threads=2] [simd level] */
 #include "backend/cpu/cpu_ops.h"
 #include "util/half.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,23 +97,32 @@ static void bench_matrix(kiln_threadpool *pool, const char *name, int64_t rows, 
     double bytes = (double)kiln_matrix_bytes(&w);
     /* GEMV: repeat enough times per sample that a sample lasts ~20 ms */
     int reps = (int)(2e7 / bytes * 30) + 1;
-    double gemv[9];
-    for (int r = 0; r < 9; r++) {
+    double gemv[9], gemv_fast[9];
+    for (int r = 0; r < 9; r++) { /* exact and fast interleaved: same machine load for both */
+        kiln_cpu_matmul_mode_set("exact");
         double t0 = now_s();
         for (int k = 0; k < reps; k++) kiln_cpu_matmul(pool, y, x, 1, &w);
         gemv[r] = bytes * reps / (now_s() - t0) / 1e9;
+        kiln_cpu_matmul_mode_set("fast");
+        t0 = now_s();
+        for (int k = 0; k < reps; k++) kiln_cpu_matmul(pool, y, x, 1, &w);
+        gemv_fast[r] = bytes * reps / (now_s() - t0) / 1e9;
     }
+    bool fast = !strcmp(kiln_cpu_matmul_mode(), "fast");
+    kiln_cpu_matmul_mode_set("exact");
     double gemm[5];
     for (int r = 0; r < 5; r++) {
         double t0 = now_s();
         kiln_cpu_matmul(pool, y, x, n_gemm, &w);
         gemm[r] = 2.0 * (double)n_gemm * rows * cols / (now_s() - t0) / 1e9;
     }
-    double g = median(gemv, 9);
-    printf("%-6s %5lldx%-5lld  %7.1f MB  GEMV n=1 %6.1f GB/s (%3.0f%% of read bw, %6.2f ms)  "
-           "GEMM n=128 %6.1f GFLOP/s\n",
+    double g = median(gemv, 9), gf = median(gemv_fast, 9);
+    char fast_col[32] = "     =";
+    if (fast) snprintf(fast_col, sizeof fast_col, "%6.1f", gf);
+    printf("%-6s %5lldx%-5lld  %7.1f MB  GEMV n=1 exact %6.1f GB/s (%3.0f%% of read bw, %6.2f ms)"
+           "  fast %s GB/s  GEMM n=128 %6.1f GFLOP/s\n",
            name, (long long)rows, (long long)cols, bytes / 1e6, g, 100.0 * g / mem_gbs,
-           bytes / g / 1e6, median(gemm, 5));
+           bytes / g / 1e6, fast_col, median(gemm, 5));
     free((void *)w.data), free((void *)w.scales), free((void *)w.biases), free(x), free(y);
 }
 

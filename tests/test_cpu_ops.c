@@ -214,6 +214,13 @@ static void test_matmul_fast(kiln_threadpool *pool) {
             free(x), free(yf), free(ye);
             free_matrix(&w);
         }
+    /* rows wider than the fast kernel's 512-group scale chunk, with a short last step */
+    for (int b = 4; b <= 8; b += 4) {
+        kiln_matrix w = make_matrix(5, 32 * 512 + 96, 0, b, 32, KILN_DT_F16, false);
+        double err = check_matmul(pool, &w, b == 4 ? "fast wide q4g32" : "fast wide q8g32");
+        if (err > worst) worst = err;
+        free_matrix(&w);
+    }
     static const int64_t shapes[][2] = {{37, 96}, {70, 160}, {33, 320}, {5, 17}, {41, 131}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         kiln_matrix w = make_matrix(shapes[s][0], shapes[s][1], KILN_DT_BF16, 0, 0, 0, s % 2);

@@ -103,9 +103,15 @@ int kiln_cpu_simd_force(const char *level) {
 /* -1 = not decided yet, 0 = exact, 1 = fast. */
 static atomic_int matmul_mode = -1;
 
-static bool cpu_has_vnni_bf16(void) {
-    __builtin_cpu_init();
-    return cpu_has_avx512bf16() && __builtin_cpu_supports("avx512vnni");
+static bool cpu_has_vnni_bf16(void) { /* cached: CPUID traps (slowly) under a hypervisor */
+    static atomic_int has = -1;
+    int v = atomic_load_explicit(&has, memory_order_relaxed);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = cpu_has_avx512bf16() && __builtin_cpu_supports("avx512vnni");
+        atomic_store(&has, v);
+    }
+    return v;
 }
 
 static int mode_from_name(const char *name) {

@@ -129,8 +129,22 @@ void kiln_decode_avx512(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len
 #define FAST_XQ_PAD  128 /* bytes past each xq row that a full-width step may read */
 #define FAST_XDL_PAD 16  /* lanes past each xdl row */
 
-/* 16 group values (scales or biases) from element i, count < 16 masked to zero. */
+/* 16 group values (scales or biases) from element i, count < 16 masked to zero (masked loads
+ * only for the short case: on this CPU they stall when they sit in a streaming loop). */
 static ALWAYS_INLINE __m512 load_groups16(const void *p, kiln_dtype dt, int64_t i, int64_t count) {
+    if (count >= 16) {
+        switch (dt) {
+        case KILN_DT_F16:
+            return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+        case KILN_DT_BF16:
+            return _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                      (const __m256i *)((const uint16_t *)p + i))),
+                                  16));
+        default:
+            return _mm512_loadu_ps((const float *)p + i);
+        }
+    }
     __mmask16 m = tail_mask(count);
     switch (dt) {
     case KILN_DT_F16:
@@ -367,46 +381,65 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
 
 /* 4/8-bit fast GEMV for a constant n. A step is 64 bytes of codes (128 4-bit / 64 8-bit codes;
  * the last step of a row may be shorter and is masked). 32-bit lane j of the vpdpbusd sum covers
- * codes [step + j*cpl, +cpl), cpl = 32/bits, so its group is known: s of each lane's group is
- * spread by a permute, dx comes per lane from xdl. */
+ * codes [step + j*cpl, +cpl), cpl = 32/bits, so its group is known: the row's scales are
+ * converted to f32 once (a chunk of FAST_SCALE_CHUNK groups at a time), a permute spreads them
+ * over the lanes, and dx comes per lane from xdl. */
+#define FAST_SCALE_CHUNK 512
 static ALWAYS_INLINE void gemv_q48_fast(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
                                         const int bits, float *y, int64_t ldy, int64_t r0,
                                         int64_t r1) {
     const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
     const int64_t step = 512 / bits, cpl = 32 / bits, row_bytes = cols * bits / 8;
+    const int gsh = __builtin_ctzll((unsigned long long)gs); /* gs is a power of two */
+    const int64_t chunk_cols = FAST_SCALE_CHUNK * gs;        /* a multiple of step */
     uint32_t idx_a[16];
     for (int j = 0; j < 16; j++) idx_a[j] = step > gs ? (uint32_t)(j * cpl / gs) : 0;
     const __m512i idx = _mm512_loadu_si512(idx_a);
     const __m512i low4 = _mm512_set1_epi8(15);
+    _Alignas(64) float sb[FAST_SCALE_CHUNK + 16];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + r * row_bytes;
         __m512 acc[KILN_GEMV_MAX_N];
         _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
-        for (int64_t k = 0; k < cols; k += step) {
-            int64_t len = cols - k < step ? cols - k : step, nb = len * bits / 8;
-            __mmask64 m = nb == 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1);
-            __m512i v = _mm512_maskz_loadu_epi8(m, row + k * bits / 8);
-            int64_t ng = len / gs > 0 ? len / gs : 1;
-            __m512 s = _mm512_permutexvar_ps(
-                idx, load_groups16(w->scales, w->scale_dtype, r * groups + k / gs, ng));
-            if (bits == 4) {
-                __m512i lo = _mm512_and_si512(v, low4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                    const int8_t *xq = px->xq + i * px->xq_stride + k;
-                    __m512i d =
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
-                    d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xq + len / 2));
-                    __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
+        for (int64_t c0 = 0; c0 < cols; c0 += chunk_cols) {
+            int64_t c1 = cols - c0 < chunk_cols ? cols : c0 + chunk_cols;
+            int64_t g0 = c0 >> gsh, ng = (c1 - c0) >> gsh;
+            for (int64_t g = 0; g < ng; g += 16)
+                _mm512_store_ps(
+                    sb + g, load_groups16(w->scales, w->scale_dtype, r * groups + g0 + g, ng - g));
+            _mm512_store_ps(sb + ((ng + 15) & ~(int64_t)15), _mm512_setzero_ps());
+            for (int64_t k = c0; k < c1; k += step) {
+                __m512i v;
+                int64_t len = step;
+                if (k + step <= c1) { /* plain load: masked ones stall in a stream here */
+                    v = _mm512_loadu_si512(row + k * bits / 8);
+                } else {
+                    len = c1 - k;
+                    v = _mm512_maskz_loadu_epi8(((__mmask64)1 << (len * bits / 8)) - 1,
+                                                row + k * bits / 8);
                 }
-            } else {
-                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                    const int8_t *xq = px->xq + i * px->xq_stride + k;
-                    __m512i d =
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_loadu_si512(xq));
-                    __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
+                __m512 s = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sb + ((k - c0) >> gsh)));
+                if (bits == 4) {
+                    __m512i lo = _mm512_and_si512(v, low4);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                        const int8_t *xq = px->xq + i * px->xq_stride + k;
+                        __m512i d =
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+                        d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xq + len / 2));
+                        __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
+                        acc[i] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
+                    }
+                } else {
+                    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                        const int8_t *xq = px->xq + i * px->xq_stride + k;
+                        __m512i d =
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_loadu_si512(xq));
+                        __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
+                        acc[i] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
+                    }
                 }
             }
         }
@@ -482,7 +515,9 @@ static void quantize_x_fast(const float *x, int n, int64_t cols, int bits, int8_
 }
 
 static bool fast_kind(const kiln_matrix *w) {
-    if (kiln_matrix_is_quantized(w)) return w->bits == 4 || w->bits == 8;
+    if (kiln_matrix_is_quantized(w))
+        return (w->bits == 4 || w->bits == 8) && w->group_size >= 16 &&
+               (w->group_size & (w->group_size - 1)) == 0;
     return w->dtype == KILN_DT_BF16;
 }
 
