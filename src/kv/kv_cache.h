@@ -49,6 +49,14 @@ typedef struct kiln_kv_vtable {
     /* Fixed-size state of layer (state_floats f32, zeroed at creation and by truncate(0)); NULL
      * for layers without state. Recurrent layers read and update it in place. */
     float *(*layer_state)(kiln_kv *kv, int layer);
+    /* Optional (NULL: the forward calls store + attend per cache). store + attend of one layer for
+     * all caches of a batch step at once; every kvs[i] has this same vtable. Entry i adds n[i]
+     * tokens whose rows start at row t0 = n[0]+...+n[i-1] of k, v, q and out (rows as in store /
+     * attend). Same result as store(i) + attend(i) for each i. Device caches use it to launch one
+     * kernel for the whole batch instead of one per sequence. */
+    void (*store_attend_batch)(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
+                               const float *k, const float *v, const float *q, float *out,
+                               const kiln_attn_params *p, kiln_threadpool *pool);
 } kiln_kv_vtable;
 
 struct kiln_kv {

@@ -225,6 +225,22 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
 
     int32_t *host_ids = malloc((size_t)(2 * T) * sizeof(int32_t));
     if (!host_ids) return kiln_error(KILN_ERR_OOM, "out of memory");
+    /* One store + attend call per layer for the whole batch when the caches offer it (device
+     * caches: one launch instead of several per sequence); otherwise per cache as before. */
+    kiln_kv **kvs = NULL;
+    int *kv_n = NULL;
+    const kiln_kv_vtable *bvt = e[0].seq->kv->vt;
+    bool batch_kv = bvt->store_attend_batch != NULL;
+    for (int i = 1; batch_kv && i < n_entries; i++) batch_kv = e[i].seq->kv->vt == bvt;
+    if (batch_kv) {
+        kvs = malloc((size_t)n_entries * sizeof *kvs);
+        kv_n = malloc((size_t)n_entries * sizeof *kv_n);
+        if (!kvs || !kv_n) {
+            free(kvs), free(kv_n), free(host_ids);
+            return kiln_error(KILN_ERR_OOM, "out of memory");
+        }
+        for (int i = 0; i < n_entries; i++) kvs[i] = e[i].seq->kv, kv_n[i] = e[i].n_tokens;
+    }
     for (int i = 0, t = 0; i < n_entries; i++)
         for (int j = 0; j < e[i].n_tokens; j++, t++) {
             host_ids[t] = e[i].tokens[j];
@@ -253,11 +269,14 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         }
         be->rope(be, a.q, a.pos, T, s->n_heads, s->head_dim, rot, s->inv_freq);
         be->rope(be, a.k, a.pos, T, s->n_kv_heads, s->head_dim, rot, s->inv_freq);
-        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
-            kiln_kv *kv = e[i].seq->kv;
-            kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
-            kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
-        }
+        if (batch_kv)
+            bvt->store_attend_batch(kvs, kv_n, n_entries, l, a.k, a.v, a.q, a.attn, &ap, be->pool);
+        else
+            for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+                kiln_kv *kv = e[i].seq->kv;
+                kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
+                kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
+            }
         be->matmul(be, a.h, a.attn, T, &L->wo);
         be->add(be, a.x, a.x, a.h, T * H);
         be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, false);
@@ -267,6 +286,8 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         be->matmul(be, a.h, a.gate, T, &L->w_down);
         be->add(be, a.x, a.x, a.h, T * H);
     }
+    free(kvs);
+    free(kv_n);
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
     if (R == 0) return KILN_OK;
 
@@ -292,9 +313,31 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         logits = s->logits.ptr;
     }
     be->matmul(be, logits, a.rows, R, &s->lm_head);
+    /* logits_out buffers laid end to end (a batch decoding into one array): one download, one
+     * wait, instead of one per entry */
+    bool one_copy = true;
+    float *dst0 = NULL;
+    r = 0;
+    for (int i = 0; one_copy && i < n_entries; i++) {
+        int64_t rows =
+            e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+        if (!rows) continue;
+        if (!e[i].logits_out) {
+            one_copy = false;
+            break;
+        }
+        if (!dst0) dst0 = e[i].logits_out - r * s->vocab;
+        one_copy = e[i].logits_out == dst0 + r * s->vocab;
+        r += rows;
+    }
+    if (one_copy && dst0 && r == R) {
+        be->download(be, dst0, logits, (size_t)(R * s->vocab) * sizeof(float));
+        return KILN_OK;
+    }
     r = 0;
     for (int i = 0; i < n_entries; i++) {
-        int64_t rows = e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
+        int64_t rows =
+            e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
         if (rows && e[i].logits_out)
             be->download(be, e[i].logits_out, logits + r * s->vocab,
                          (size_t)(rows * s->vocab) * sizeof(float));

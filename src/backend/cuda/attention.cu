@@ -12,14 +12,25 @@
 #define ATT_WARPS 4
 #define ATT_KT    32
 
+/* one sequence of a launch (passed by value in the kernel parameters: no host->device copy) */
+struct att_seq {
+    const void *k, *v;
+    int pos0, n, t0; /* first position, tokens, first row of q / out */
+    int kbeg;        /* first key any of its queries sees (window) */
+};
+
+/* Kernel parameters (< 4 KB): geometry shared by the launch plus up to KCU_ATT_MAX_SEQ sequences.
+ * blockIdx.z = seq * splits + split. */
 struct att_launch {
-    kcu_attn_args a;
-    int rows_total; /* n * group */
+    kcu_attn_args a; /* q / out: stacked rows of all sequences; n, pos0, k, v unused */
     int group;
-    int kbeg, kps;  /* split z covers keys [kbeg + z*kps, kbeg + (z+1)*kps) */
-    float *part_o;  /* [splits, n_kv_heads, rows_total, v_head_dim] (splits > 1) */
-    int vec;        /* head dims allow 16-byte K/V loads */
-    float *part_ml; /* [splits, n_kv_heads, rows_total, 2] */
+    int kps, splits; /* split z covers keys [kbeg + z*kps, kbeg + (z+1)*kps) */
+    int rows_max;    /* max n * group over the sequences: the partials' row stride */
+    int vec;         /* head dims allow 16-byte K/V loads */
+    float *part_o;   /* [seqs, splits, n_kv_heads, rows_max, v_head_dim] (splits > 1) */
+    float *part_ml;  /* [seqs, splits, n_kv_heads, rows_max, 2] */
+    int n_seq;
+    att_seq s[KCU_ATT_MAX_SEQ];
 };
 
 /* 16 bytes of K or V at element offset off (4 f32 or 8 f16/bf16) as f32; zeros when !ok. */
@@ -44,22 +55,33 @@ __device__ __forceinline__ void load16(const void *base, int64_t off, int dt, bo
     }
 }
 
-template <int DPL, int RPW> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(att_launch L) {
-    const kcu_attn_args &a = L.a;
-    const int ROWS = ATT_WARPS * RPW, hd = a.head_dim, vhd = a.v_head_dim;
+template <int DPL, int RPW>
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__ att_launch L) {
+    const int si = blockIdx.z / L.splits, z = blockIdx.z - si * L.splits;
+    const att_seq &S = L.s[si];
+    const int ROWS = ATT_WARPS * RPW, row0 = blockIdx.x * ROWS, G = L.group;
+    const int rows_total = S.n * G;
+    if (row0 >= rows_total) return; /* a shorter sequence of the batch: whole block idle */
+    kcu_attn_args a = L.a;
+    a.q += (int64_t)S.t0 * a.p.n_heads * a.head_dim;
+    a.out += (int64_t)S.t0 * a.p.n_heads * a.v_head_dim;
+    a.k = S.k;
+    a.v = S.v;
+    a.pos0 = S.pos0;
+    const int hd = a.head_dim, vhd = a.v_head_dim;
     extern __shared__ float sm[];
     float *Qs = sm;                     /* [ROWS][hd] */
     float *Ks = Qs + ROWS * hd;         /* [KT][hd+1] (padded: lanes read different banks) */
     float *Vs = Ks + ATT_KT * (hd + 1); /* [KT][vhd] */
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int kvh = blockIdx.y, z = blockIdx.z, row0 = blockIdx.x * ROWS;
-    int n_heads = a.p.n_heads, G = L.group;
+    int kvh = blockIdx.y;
+    int n_heads = a.p.n_heads;
     int64_t kstride = (int64_t)a.n_kv_heads * hd, vstride = (int64_t)a.n_kv_heads * vhd;
 
     for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x) {
         int r = row0 + i / hd, d = i % hd;
         float v = 0.0f;
-        if (r < L.rows_total) {
+        if (r < rows_total) {
             int t = r / G, h = kvh * G + r % G;
             v = a.q[((int64_t)t * n_heads + h) * hd + d] * a.p.scale;
         }
@@ -72,16 +94,16 @@ template <int DPL, int RPW> __global__ void __launch_bounds__(ATT_WARPS * 32) k_
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         int row = row0 + warp * RPW + r;
-        live[r] = row < L.rows_total;
+        live[r] = row < rows_total;
         int p = a.pos0 + (live[r] ? row / G : 0);
         hi[r] = p + 1;
         lo[r] = a.window > 0 ? max(0, p - a.window + 1) : 0;
     }
     /* keys this block looks at: the split's range clipped to the union of its rows' ranges */
-    int last_row = min(row0 + ROWS, L.rows_total) - 1;
+    int last_row = min(row0 + ROWS, rows_total) - 1;
     int blk_lo = a.window > 0 ? max(0, a.pos0 + row0 / G - a.window + 1) : 0;
     int blk_hi = a.pos0 + last_row / G + 1;
-    int s_lo = L.kbeg + z * L.kps, s_hi = s_lo + L.kps;
+    int s_lo = S.kbeg + z * L.kps, s_hi = s_lo + L.kps;
     int k0 = max(blk_lo, s_lo), k1 = min(blk_hi, s_hi);
 
     float m[RPW], l[RPW], acc[RPW][DPL];
@@ -176,14 +198,14 @@ template <int DPL, int RPW> __global__ void __launch_bounds__(ATT_WARPS * 32) k_
         if (!live[r]) continue;
         int row = row0 + warp * RPW + r;
         int t = row / G, h = kvh * G + row % G;
-        if (gridDim.z == 1) {
+        if (L.splits == 1) {
             float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
             float *o = a.out + ((int64_t)t * n_heads + h) * vhd;
 #pragma unroll
             for (int i = 0; i < DPL; i++)
                 if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i] * inv;
         } else {
-            int64_t pi = ((int64_t)z * a.n_kv_heads + kvh) * L.rows_total + row;
+            int64_t pi = (((int64_t)si * L.splits + z) * a.n_kv_heads + kvh) * L.rows_max + row;
             float *o = L.part_o + pi * vhd;
 #pragma unroll
             for (int i = 0; i < DPL; i++)
@@ -193,12 +215,14 @@ template <int DPL, int RPW> __global__ void __launch_bounds__(ATT_WARPS * 32) k_
     }
 }
 
-/* One block per (row, kv head): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M). */
-__global__ void k_attn_merge(att_launch L, int splits) {
+/* One block per (row, kv head, seq): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M). */
+__global__ void k_attn_merge(const __grid_constant__ att_launch L, int splits) {
     const kcu_attn_args &a = L.a;
+    const att_seq &S = L.s[blockIdx.z];
     int row = blockIdx.x, kvh = blockIdx.y, vhd = a.v_head_dim, G = L.group;
-    int64_t per_split = (int64_t)a.n_kv_heads * L.rows_total;
-    int64_t base = (int64_t)kvh * L.rows_total + row;
+    if (row >= S.n * G) return;
+    int64_t per_split = (int64_t)a.n_kv_heads * L.rows_max;
+    int64_t base = (int64_t)blockIdx.z * splits * per_split + (int64_t)kvh * L.rows_max + row;
     float M = -INFINITY;
     for (int z = 0; z < splits; z++) M = fmaxf(M, L.part_ml[2 * (z * per_split + base)]);
     float den = 0.0f;
@@ -207,7 +231,7 @@ __global__ void k_attn_merge(att_launch L, int splits) {
         if (mz != -INFINITY) den += L.part_ml[2 * (z * per_split + base) + 1] * __expf(mz - M);
     }
     int t = row / G, h = kvh * G + row % G;
-    float *o = a.out + ((int64_t)t * a.p.n_heads + h) * vhd;
+    float *o = a.out + ((int64_t)(S.t0 + t) * a.p.n_heads + h) * vhd;
     for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
         float num = 0.0f;
         for (int z = 0; z < splits; z++) {
@@ -248,23 +272,31 @@ template <int RPW> static void launch_dpl(kcu_state *st, const att_launch &L, di
         launch<16, RPW>(st, L, grid);
 }
 
-void kcu_attention(kcu_state *st, const kcu_attn_args *a) {
-    if (a->n <= 0) return;
-    if (a->v_head_dim > 512 || a->p.n_heads % a->n_kv_heads) {
-        kcu_report(st, "kcu_attention", "unsupported head geometry", __FILE__, __LINE__);
-        return;
-    }
+/* Launches one chunk of at most KCU_ATT_MAX_SEQ sequences. */
+static void attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_attn_seq *seqs,
+                            int n_seq) {
     att_launch L;
     L.a = *a;
     L.group = a->p.n_heads / a->n_kv_heads;
-    L.rows_total = a->n * L.group;
-    int rpw = L.rows_total <= 2 * ATT_WARPS ? 1 : 4;
+    L.n_seq = n_seq;
+    int max_n = 0, keys = 0;
+    bool aligned = true;
+    for (int i = 0; i < n_seq; i++) {
+        const kcu_attn_seq *q = &seqs[i];
+        att_seq *d = &L.s[i];
+        d->k = q->k, d->v = q->v, d->pos0 = q->pos0, d->n = q->n, d->t0 = q->t0;
+        d->kbeg = a->window > 0 ? (q->pos0 - a->window + 1 > 0 ? q->pos0 - a->window + 1 : 0) : 0;
+        int kend = q->pos0 + q->n;
+        if (kend - d->kbeg > keys) keys = kend - d->kbeg;
+        if (q->n > max_n) max_n = q->n;
+        aligned = aligned && ((uintptr_t)q->k & 15) == 0 && ((uintptr_t)q->v & 15) == 0;
+    }
+    if (max_n <= 0) return;
+    L.rows_max = max_n * L.group;
+    int rpw = L.rows_max <= 2 * ATT_WARPS ? 1 : 4;
     int rows_per_block = ATT_WARPS * rpw;
-    int tiles = (L.rows_total + rows_per_block - 1) / rows_per_block;
-    int kend = a->pos0 + a->n;
-    L.kbeg = a->window > 0 ? (a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0) : 0;
-    int keys = kend - L.kbeg;
-    int blocks = tiles * a->n_kv_heads, splits = 1;
+    int tiles = (L.rows_max + rows_per_block - 1) / rows_per_block;
+    int blocks = tiles * a->n_kv_heads * n_seq, splits = 1;
     if (blocks < 2 * st->n_sms && keys > 256) {
         splits = (4 * st->n_sms + blocks - 1) / blocks;
         int max_splits = (keys + 127) / 128;
@@ -273,24 +305,46 @@ void kcu_attention(kcu_state *st, const kcu_attn_args *a) {
     L.kps = (keys + splits - 1) / splits;
     L.kps = (L.kps + ATT_KT - 1) / ATT_KT * ATT_KT;
     splits = (keys + L.kps - 1) / L.kps;
+    L.splits = splits;
     L.part_o = L.part_ml = NULL;
     int vec_el = a->kv_dtype == KILN_DT_F32 ? 4 : 8;
-    L.vec = a->head_dim % vec_el == 0 && a->v_head_dim % vec_el == 0 &&
-            ((uintptr_t)a->k & 15) == 0 && ((uintptr_t)a->v & 15) == 0;
+    L.vec = a->head_dim % vec_el == 0 && a->v_head_dim % vec_el == 0 && aligned;
     if (splits > 1) {
-        size_t n_part = (size_t)splits * a->n_kv_heads * L.rows_total;
+        size_t n_part = (size_t)n_seq * splits * a->n_kv_heads * L.rows_max;
         float *scr = (float *)kcu_scratch(st, n_part * (a->v_head_dim + 2) * sizeof(float));
         if (!scr) return;
         L.part_o = scr;
         L.part_ml = scr + n_part * a->v_head_dim;
     }
-    dim3 grid(tiles, a->n_kv_heads, splits);
+    dim3 grid(tiles, a->n_kv_heads, n_seq * splits);
     if (rpw == 1)
         launch_dpl<1>(st, L, grid);
     else
         launch_dpl<4>(st, L, grid);
     if (splits > 1) {
-        k_attn_merge<<<dim3(L.rows_total, a->n_kv_heads), 128, 0, st->stream>>>(L, splits);
+        k_attn_merge<<<dim3(L.rows_max, a->n_kv_heads, n_seq), 128, 0, st->stream>>>(L, splits);
         KCU_LAUNCHED(st);
     }
+}
+
+static bool geometry_ok(kcu_state *st, const kcu_attn_args *a) {
+    if (a->v_head_dim > 512 || a->n_kv_heads <= 0 || a->p.n_heads % a->n_kv_heads) {
+        kcu_report(st, "kcu_attention", "unsupported head geometry", __FILE__, __LINE__);
+        return false;
+    }
+    return true;
+}
+
+void kcu_attention(kcu_state *st, const kcu_attn_args *a) {
+    if (a->n <= 0 || !geometry_ok(st, a)) return;
+    kcu_attn_seq one = {a->k, a->v, a->pos0, a->n, 0};
+    attention_chunk(st, a, &one, 1);
+}
+
+void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
+                         int n_seq) {
+    if (n_seq <= 0 || !geometry_ok(st, common)) return;
+    for (int i = 0; i < n_seq; i += KCU_ATT_MAX_SEQ)
+        attention_chunk(st, common, seqs + i,
+                        n_seq - i < KCU_ATT_MAX_SEQ ? n_seq - i : KCU_ATT_MAX_SEQ);
 }

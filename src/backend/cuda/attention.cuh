@@ -18,4 +18,17 @@ typedef struct kcu_attn_args {
  * blocks and merges them by log-sum-exp. */
 void kcu_attention(kcu_state *st, const kcu_attn_args *a);
 
+/* One sequence of a batched attention launch: its cache buffers, first position, token count and
+ * first row in the stacked q / out. */
+typedef struct kcu_attn_seq {
+    const void *k, *v;
+    int pos0, n, t0;
+} kcu_attn_seq;
+
+/* The same attention for n_seq sequences in one launch (chunks of KCU_ATT_MAX_SEQ): common holds
+ * the shared geometry and the stacked q / out (its n, pos0, k, v are ignored). */
+#define KCU_ATT_MAX_SEQ 64
+void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
+                         int n_seq);
+
 #endif

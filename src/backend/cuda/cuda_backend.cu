@@ -52,6 +52,10 @@ static void cu_destroy(kiln_backend *be) {
     if (st) {
         if (st->stream) cudaStreamSynchronize(st->stream);
         if (st->scratch) cudaFree(st->scratch);
+        for (int i = 0; i < KCU_STAGE_SLOTS; i++) {
+            if (st->stage[i]) cudaFreeHost(st->stage[i]);
+            if (st->stage_ev[i]) cudaEventDestroy(st->stage_ev[i]);
+        }
         if (st->cublas) cublasDestroy(st->cublas);
         if (st->stream) cudaStreamDestroy(st->stream);
         free(st);
@@ -71,11 +75,39 @@ static void cu_free(kiln_backend *be, void *p) {
     KCU_CHECK(kcu_st(be), cudaFree(p)); /* cudaFree waits for work using p */
 }
 
-/* Copies are ordered on the backend stream and complete before returning, so the host buffer may
- * be reused (upload) or read (download) at once. */
+/* Copies are ordered on the backend stream. The host buffer may be reused as soon as upload()
+ * returns: small uploads (the per-step token ids and positions) are copied into a pinned staging
+ * slot and queued without waiting for the GPU; large ones (weights) wait for the copy. download()
+ * returns once the data is in dst. */
+static void *stage_slot(kcu_state *st) {
+    int i = st->stage_next;
+    if (!st->stage[i]) {
+        if (!KCU_CHECK(st, cudaHostAlloc(&st->stage[i], KCU_STAGE_BYTES, cudaHostAllocDefault)) ||
+            !KCU_CHECK(st, cudaEventCreateWithFlags(&st->stage_ev[i], cudaEventDisableTiming))) {
+            if (st->stage[i]) cudaFreeHost(st->stage[i]);
+            st->stage[i] = NULL;
+            return NULL;
+        }
+    } else if (st->stage_used[i]) {
+        /* the copy queued from this slot KCU_STAGE_SLOTS uploads ago has normally run long ago */
+        KCU_CHECK(st, cudaEventSynchronize(st->stage_ev[i]));
+    }
+    return st->stage[i];
+}
+
 static void cu_upload(kiln_backend *be, void *dst, const void *src, size_t bytes) {
     kcu_state *st = kcu_st(be);
     if (!bytes) return;
+    void *slot = bytes <= KCU_STAGE_BYTES ? stage_slot(st) : NULL;
+    if (slot) {
+        int i = st->stage_next;
+        memcpy(slot, src, bytes);
+        KCU_CHECK(st, cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, st->stream));
+        KCU_CHECK(st, cudaEventRecord(st->stage_ev[i], st->stream));
+        st->stage_used[i] = true;
+        st->stage_next = (i + 1) % KCU_STAGE_SLOTS;
+        return;
+    }
     KCU_CHECK(st, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream));
     KCU_CHECK(st, cudaStreamSynchronize(st->stream));
 }

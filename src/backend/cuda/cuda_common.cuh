@@ -16,6 +16,9 @@ extern "C" {
 #include "util/status.h"
 }
 
+#define KCU_STAGE_SLOTS 4
+#define KCU_STAGE_BYTES (256 << 10)
+
 /* The backend's private state (kiln_backend.impl). One stream: every op and copy is ordered on it,
  * so scratch buffers can be reused from op to op without further synchronization. */
 typedef struct kcu_state {
@@ -25,6 +28,12 @@ typedef struct kcu_state {
     cublasHandle_t cublas;
     void *scratch; /* growable device scratch (bf16 copies of x / W tiles, attention partials) */
     size_t scratch_bytes;
+    /* pinned staging ring for small uploads (ids, positions): the host copy goes into a slot and
+     * the device copy is queued without waiting; a slot is reused once its event has passed */
+    void *stage[KCU_STAGE_SLOTS];
+    cudaEvent_t stage_ev[KCU_STAGE_SLOTS];
+    bool stage_used[KCU_STAGE_SLOTS];
+    int stage_next;
     kiln_status sticky; /* first failure seen by an op (ops return void); reported by synchronize */
     char sticky_msg[256];
 } kcu_state;

@@ -20,16 +20,38 @@ static size_t elem_size(int dt) {
     return dt == KILN_DT_F32 ? 4 : 2;
 }
 
-__global__ void k_kv_store(void *dst, const float *src, int64_t n, int dt) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+/* One launch stores K and V of up to KCU_ATT_MAX_SEQ sequences (blockIdx.y = sequence); the
+ * destinations travel in the kernel parameters, so no descriptor is copied to the device. */
+struct kv_store_seq {
+    void *kd, *vd; /* row `len` of the layer's K / V buffer */
+    int t0, n;     /* rows t0..t0+n-1 of the stacked k / v */
+};
+struct kv_store_launch {
+    const float *k, *v;
+    int64_t kw, vw;
+    int dt;
+    kv_store_seq s[KCU_ATT_MAX_SEQ];
+};
+
+__device__ __forceinline__ void kv_put(void *dst, int64_t i, float x, int dt) {
+    if (dt == KILN_DT_F32)
+        ((float *)dst)[i] = x;
+    else if (dt == KILN_DT_F16)
+        ((__half *)dst)[i] = __float2half_rn(x);
+    else
+        ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
+}
+
+__global__ void k_kv_store(const __grid_constant__ kv_store_launch L) {
+    const kv_store_seq &S = L.s[blockIdx.y];
+    int64_t nk = (int64_t)S.n * L.kw, nv = (int64_t)S.n * L.vw;
+    const float *ks = L.k + (int64_t)S.t0 * L.kw, *vs = L.v + (int64_t)S.t0 * L.vw;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nk + nv;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float x = src[i];
-        if (dt == KILN_DT_F32)
-            ((float *)dst)[i] = x;
-        else if (dt == KILN_DT_F16)
-            ((__half *)dst)[i] = __float2half_rn(x);
+        if (i < nk)
+            kv_put(S.kd, i, ks[i], L.dt);
         else
-            ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
+            kv_put(S.vd, i - nk, vs[i - nk], L.dt);
     }
 }
 
@@ -98,23 +120,43 @@ static kiln_status kv_reserve(kiln_kv *base, int n_new) {
     return KILN_OK;
 }
 
+/* Stores the new K/V rows of kvs[0..n_kv) (n_kv <= KCU_ATT_MAX_SEQ, all of one dtype) in one
+ * launch; entry i's rows start at row t0[i] of k / v. */
+static void store_chunk(kcu_kv *const *kvs, const int *n, const int *t0, int n_kv, int layer,
+                        const float *k, const float *v) {
+    kcu_state *st = kcu_st(kvs[0]->be);
+    const kiln_kv_layer_desc *d = &kvs[0]->base.layers[layer];
+    if (!d->is_attention) return;
+    kv_store_launch L;
+    L.k = k, L.v = v;
+    L.kw = (int64_t)d->n_kv_heads * d->head_dim;
+    L.vw = (int64_t)d->n_kv_heads * d->v_head_dim;
+    L.dt = kvs[0]->dtype;
+    size_t es = elem_size(L.dt);
+    int max_n = 0;
+    for (int i = 0; i < n_kv; i++) {
+        const kcu_kv *kv = kvs[i];
+        if (kv->base.len + n[i] > kv->cap) {
+            kcu_report(st, "kv store", "store() past reserve()", __FILE__, __LINE__);
+            return;
+        }
+        L.s[i].kd = (char *)kv->k[layer] + (size_t)kv->base.len * L.kw * es;
+        L.s[i].vd = (char *)kv->v[layer] + (size_t)kv->base.len * L.vw * es;
+        L.s[i].t0 = t0[i];
+        L.s[i].n = n[i] > 0 ? n[i] : 0;
+        if (n[i] > max_n) max_n = n[i];
+    }
+    if (max_n <= 0) return;
+    dim3 grid(kcu_blocks(max_n * (L.kw + L.vw), 256, 4096), n_kv);
+    k_kv_store<<<grid, 256, 0, st->stream>>>(L);
+    KCU_LAUNCHED(st);
+}
+
 static void kv_store(kiln_kv *base, int layer, const float *k, const float *v, int n) {
     kcu_kv *kv = (kcu_kv *)base;
-    kcu_state *st = kcu_st(kv->be);
-    const kiln_kv_layer_desc *d = &base->layers[layer];
-    if (n <= 0 || !d->is_attention) return;
-    if (base->len + n > kv->cap) {
-        kcu_report(st, "kv store", "store() past reserve()", __FILE__, __LINE__);
-        return;
-    }
-    size_t es = elem_size(kv->dtype);
-    int64_t kw = (int64_t)d->n_kv_heads * d->head_dim, vw = (int64_t)d->n_kv_heads * d->v_head_dim;
-    char *kd = (char *)kv->k[layer] + (size_t)base->len * kw * es;
-    char *vd = (char *)kv->v[layer] + (size_t)base->len * vw * es;
-    k_kv_store<<<kcu_blocks(n * kw, 256, 4096), 256, 0, st->stream>>>(kd, k, n * kw, kv->dtype);
-    KCU_LAUNCHED(st);
-    k_kv_store<<<kcu_blocks(n * vw, 256, 4096), 256, 0, st->stream>>>(vd, v, n * vw, kv->dtype);
-    KCU_LAUNCHED(st);
+    int t0 = 0;
+    if (n <= 0) return;
+    store_chunk(&kv, &n, &t0, 1, layer, k, v);
 }
 
 static void kv_attend(kiln_kv *base, int layer, const float *q, int n, float *out,
@@ -135,6 +177,57 @@ static void kv_attend(kiln_kv *base, int layer, const float *q, int n, float *ou
     a.window = d->window;
     a.p = *p;
     kcu_attention(kcu_st(kv->be), &a);
+}
+
+/* The batch hook (kiln_kv_vtable.store_attend_batch): one store launch and one attention launch
+ * per KCU_ATT_MAX_SEQ sequences, instead of three launches per sequence. */
+static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
+                                  const float *k, const float *v, const float *q, float *out,
+                                  const kiln_attn_params *p, kiln_threadpool *pool) {
+    if (n_kv <= 0) return;
+    const kcu_kv *kv0 = (const kcu_kv *)kvs[0];
+    const kiln_kv_layer_desc *d = &kvs[0]->layers[layer];
+    bool same = d->is_attention;
+    for (int i = 1; same && i < n_kv; i++) same = ((const kcu_kv *)kvs[i])->dtype == kv0->dtype;
+    if (!same) { /* not expected within one model: fall back to the per-sequence calls */
+        for (int i = 0, t = 0; i < n_kv; t += n[i], i++) {
+            int64_t kw = (int64_t)d->n_kv_heads * d->head_dim;
+            int64_t qw = (int64_t)p->n_heads * d->head_dim, ow = (int64_t)p->n_heads * d->v_head_dim;
+            kvs[i]->vt->store(kvs[i], layer, k + t * kw, v + t * (int64_t)d->n_kv_heads * d->v_head_dim,
+                              n[i]);
+            kvs[i]->vt->attend(kvs[i], layer, q + t * qw, n[i], out + t * ow, p, pool);
+        }
+        return;
+    }
+    kcu_kv *ch[KCU_ATT_MAX_SEQ];
+    int t0[KCU_ATT_MAX_SEQ];
+    kcu_attn_seq seqs[KCU_ATT_MAX_SEQ];
+    kcu_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.out = out;
+    a.kv_dtype = kv0->dtype;
+    a.n_kv_heads = d->n_kv_heads;
+    a.head_dim = d->head_dim;
+    a.v_head_dim = d->v_head_dim;
+    a.window = d->window;
+    a.p = *p;
+    int t = 0;
+    for (int i0 = 0; i0 < n_kv; i0 += KCU_ATT_MAX_SEQ) {
+        int c = n_kv - i0 < KCU_ATT_MAX_SEQ ? n_kv - i0 : KCU_ATT_MAX_SEQ;
+        for (int i = 0; i < c; i++) {
+            ch[i] = (kcu_kv *)kvs[i0 + i];
+            t0[i] = t;
+            seqs[i].k = ch[i]->k[layer];
+            seqs[i].v = ch[i]->v[layer];
+            seqs[i].pos0 = ch[i]->base.len;
+            seqs[i].n = n[i0 + i];
+            seqs[i].t0 = t;
+            t += n[i0 + i];
+        }
+        store_chunk(ch, n + i0, t0, c, layer, k, v);
+        kcu_attention_batch(kcu_st(kv0->be), &a, seqs, c);
+    }
 }
 
 static void kv_commit(kiln_kv *base, int n) {
@@ -162,8 +255,15 @@ static int64_t kv_bytes_used(const kiln_kv *base) {
 }
 
 static const kiln_kv_vtable kcu_kv_vt = {
-    "cuda-contiguous", kv_free,   kv_reserve,  kv_store,
-    kv_attend,         kv_commit, kv_truncate, kv_bytes_used,
+    .kind = "cuda-contiguous",
+    .free = kv_free,
+    .reserve = kv_reserve,
+    .store = kv_store,
+    .attend = kv_attend,
+    .commit = kv_commit,
+    .truncate = kv_truncate,
+    .bytes_used = kv_bytes_used,
+    .store_attend_batch = kv_store_attend_batch,
 };
 
 extern "C" kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
