@@ -9,6 +9,11 @@
 #          for each shape in KILN_SHAPES; `kiln bench --device cuda --json`: prefill 512, decode
 #          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
 #   hf     transformers generate (bf16, sdpa, static cache) on the same shapes
+#   nsys   (if nsys is installed) `nsys profile --stats=true` of a short batch-1 decode of the first
+#          shape: CUDA API and kernel summaries into $OUT/nsys.txt
+# KILN_FORMATS (default "bf16 q8 q4") picks the e2e formats of the quantized shapes; KILN_K2=0 skips
+# the extra batch-1 run with quant GEMV kernel 2; KILN_COPY_GBS sets the copy bandwidth the e2e
+# table divides by when the micro stage did not run (default 4268, H200 measured).
 # Each stage is skipped once the script has run KILN_DEADLINE_S seconds (default 500).
 # Usage (device): bash bench/gpu_bench.sh [build-dir]   Logs go to $OUT when set.
 # Data: .gpu-data/shared/{fixtures,models/demo-bf16} (copied here from /work/shared, carried).
@@ -93,7 +98,7 @@ ts.sort(); print(f"torch bf16 8192^3: {2 * 8192**3 / (ts[5] * 1e-3) / 1e12:.0f} 
 PY
 fi
 COPY=$(grep -oE "copy  D2D 2 GiB: [0-9.]+ ms  [0-9]+" "$O/bench.txt" 2>/dev/null | awk '{print $NF}')
-COPY=${COPY:-4241}
+COPY=${COPY:-${KILN_COPY_GBS:-4268}}
 
 if has e2e; then
     for s in $SHAPES; do
@@ -101,7 +106,7 @@ if has e2e; then
         stamp "model $s"
         [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" || continue
         fmts="bf16"
-        case " $QUANT_SHAPES " in *" $s "*) fmts="bf16 q8 q4" ;; esac
+        case " $QUANT_SHAPES " in *" $s "*) fmts=${KILN_FORMATS:-bf16 q8 q4} ;; esac
         for f in $fmts; do
             late "e2e $s $f" && break
             d=$M/$s
@@ -114,7 +119,7 @@ if has e2e; then
             stamp "kiln bench $s $f"
             "$K" bench --device cuda --model "$d" --prompt 512 --gen 1 --runs 3 --json --quiet 2>>"$O/e2e.err" |
                 sed "s/^/{\"shape\":\"$s\",\"fmt\":\"$f\",\"what\":\"prefill512\"} /" | tee -a "$O/e2e.jsonl"
-            if [ "$f" != bf16 ]; then
+            if [ "$f" != bf16 ] && [ "${KILN_K2:-1}" = 1 ]; then
                 KILN_CUDA_QGEMV=2 "$K" bench --device cuda --model "$d" --prompt 128 --gen 32 --batch 1 --runs 3 --json --quiet 2>>"$O/e2e.err" |
                     sed "s/^/{\"shape\":\"$s\",\"fmt\":\"$f\",\"what\":\"decode_b1_k2\"} /" | tee -a "$O/e2e.jsonl"
             fi
@@ -168,5 +173,15 @@ for shape in sys.argv[2:]:
             print(f"hf {shape} bf16 decode_b{b}: {32 * b / (t33 - t1):.1f} tok/s (context 128)")
     del model; torch.cuda.empty_cache()
 PY
+fi
+if has nsys && ! late nsys && command -v nsys >/dev/null; then
+    stamp "nsys: batch-1 decode"
+    s=${SHAPES%% *}
+    nsys profile -o "$O/decode_b1" --force-overwrite true --stats=true "$K" bench --device cuda \
+        --model "$M/$s" --prompt 128 --gen 16 --batch 1 --runs 1 --json --quiet >"$O/nsys.txt" 2>&1
+    grep -A18 -E "cuda_api_sum|cuda_gpu_kern_sum" "$O/nsys.txt" | cut -c1-170 | head -40
+    rm -f "$O"/decode_b1.nsys-rep "$O"/decode_b1.sqlite
+elif has nsys; then
+    echo "nsys: not installed or past the deadline"
 fi
 stamp done
