@@ -40,7 +40,7 @@ for spec in "${shapes[@]}"; do
     bench "$dir"
     if [ "$shape" = "$q4" ]; then
         [ -f "$dir-mlx-q4g64/config.json" ] ||
-            "$bin" convert --model "$dir" --out "$dir-mlx-q4g64" --bits 4 --group 64 >&2
+            "$bin" convert --model "$dir" --out "$dir-mlx-q4g64" --bits 4 --group 64 2>&1 | tail -1 >&2
         echo "== $shape, MLX 4-bit group 64" >&2
         bench "$dir-mlx-q4g64"
     fi
