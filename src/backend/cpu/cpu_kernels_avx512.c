@@ -157,9 +157,16 @@ static ALWAYS_INLINE __m512 load_groups16(const void *p, kiln_dtype dt, int64_t 
     }
 }
 
-/* sum_g biases[r, g] * xsum[g] over the row's groups. */
+/* sum_g biases[r, g] * xsum[g] over the row's groups (scalar for short rows: a masked load per
+ * row costs more than the few products). */
 static ALWAYS_INLINE float bias_term(const kiln_matrix *w, int64_t r, const float *xsum,
                                      int64_t groups) {
+    if (groups < 16) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < groups; g++)
+            acc += group_value(w->biases, w->scale_dtype, r * groups + g) * xsum[g];
+        return acc;
+    }
     __m512 acc = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g += 16) {
         __m512 b = load_groups16(w->biases, w->scale_dtype, r * groups + g, groups - g);
@@ -418,7 +425,10 @@ static ALWAYS_INLINE void gemv_q48_fast(const kiln_matrix *w, const kiln_gemv_x 
                     v = _mm512_maskz_loadu_epi8(((__mmask64)1 << (len * bits / 8)) - 1,
                                                 row + k * bits / 8);
                 }
-                __m512 s = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sb + ((k - c0) >> gsh)));
+                __m512 s = step > gs
+                               ? _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sb + ((k - c0) >> gsh)))
+                               : _mm512_set1_ps(group_value(w->scales, w->scale_dtype,
+                                                            r * groups + (k >> gsh)));
                 if (bits == 4) {
                     __m512i lo = _mm512_and_si512(v, low4);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
