@@ -1,0 +1,27 @@
+/* fixture_parity.h — the check every model family and backend must pass against a fixture in
+ * ../shared/fixtures: logits of one full forward and of token-by-token decoding match
+ * transformers' float32 logits (relative L2 <= tol), the 24-token greedy continuation is identical
+ * (through the cache, and by full forwards without reuse), and a batch of three sequences at
+ * different offsets gives each the logits it gets alone. */
+#ifndef KILN_TEST_FIXTURE_PARITY_H
+#define KILN_TEST_FIXTURE_PARITY_H
+
+#include "kiln.h"
+
+#include <cjson/cJSON.h>
+
+#include <stdbool.h>
+
+typedef struct fixture_parity_opts {
+    kiln_device device;
+    double tol;          /* relative L2 bound on logits */
+    bool allow_near_tie; /* greedy flips at a near-tie are reported, not failed */
+} fixture_parity_opts;
+
+/* name: folder under fixtures/, e.g. "qwen3-mlx-q4g32". Records CHECK results. */
+void fixture_parity_check(const char *name, const fixture_parity_opts *o);
+
+/* A JSON array of numbers as malloc'd int32 ids (n set to its length). */
+int32_t *fixture_json_ids(const cJSON *arr, int *n);
+
+#endif
