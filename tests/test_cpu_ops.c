@@ -374,6 +374,7 @@ int main(void) {
     kiln_threadpool *pools[2] = {NULL, NULL};
     CHECK_OK(kiln_threadpool_new(1, &pools[0]));
     CHECK_OK(kiln_threadpool_new(2, &pools[1]));
+    CHECK(kiln_cpu_matmul_mode_set("exact") == 0); /* whatever KILN_MATMUL says */
     int levels_run = 0;
     for (size_t l = 0; l < sizeof levels / sizeof *levels; l++) {
         if (kiln_cpu_simd_force(levels[l]) != 0) {
