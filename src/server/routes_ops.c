@@ -46,6 +46,10 @@ enum MHD_Result route_stats(srv *s, http_req *r) {
         kv, "use",
         st.kv_tokens_budget ? (double)st.kv_tokens_used / (double)st.kv_tokens_budget : 0);
     cJSON_AddNumberToObject(kv, "live_sequences", (double)st.live_seqs);
+    cJSON_AddNumberToObject(kv, "pool_blocks", (double)st.kv_pool_blocks); /* 0: not paged */
+    cJSON_AddNumberToObject(kv, "pool_free_blocks", (double)st.kv_pool_free_blocks);
+    cJSON_AddNumberToObject(kv, "pool_prefix_blocks", (double)st.kv_pool_prefix_blocks);
+    cJSON_AddNumberToObject(kv, "preemptions", (double)st.preemptions_total);
     cJSON *pc = cJSON_AddObjectToObject(j, "prefix_cache");
     cJSON_AddNumberToObject(pc, "kept_sequences", st.cached_seqs);
     cJSON_AddNumberToObject(pc, "prompt_tokens", (double)st.prompt_tokens_total);
