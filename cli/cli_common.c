@@ -164,6 +164,11 @@ int cli_model_opts_parse(cli_model_opts *o, int argc, char **argv, int *i) {
         kiln_set_log_level(KILN_LOG_INFO);
         return 1;
     }
+    if (strcmp(a, "--fast-math") == 0) {
+        if (kiln_set_cpu_matmul_mode("fast") != KILN_OK)
+            return cli_error("%s", kiln_last_error()), -1;
+        return 1;
+    }
     if (strcmp(a, "--quiet") == 0) {
         o->load.show_progress = false;
         return 1;

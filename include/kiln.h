@@ -63,6 +63,11 @@ typedef struct kiln_load_options {
 } kiln_load_options;
 
 void kiln_load_options_default(kiln_load_options *opts);
+
+/* CPU matmul precision for every model in the process: "exact" (default; f32 activations, logits
+ * match the reference to ~1e-6) or "fast" (int8 / bf16 activations on VNNI / AVX512-BF16 CPUs,
+ * ~1e-2 relative per matmul, like llama.cpp's quantized dot products). */
+kiln_status kiln_set_cpu_matmul_mode(const char *mode);
 kiln_status kiln_kv_options_parse(const char *text, kiln_kv_options *out);
 
 kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln_model **out);

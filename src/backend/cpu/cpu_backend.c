@@ -109,3 +109,10 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     *out = be;
     return KILN_OK;
 }
+
+kiln_status kiln_set_cpu_matmul_mode(const char *mode) {
+    if (!mode || kiln_cpu_matmul_mode_set(mode) != 0)
+        return kiln_error(KILN_ERR_INVALID_ARG, "matmul mode '%s': use exact or fast",
+                          mode ? mode : "(null)");
+    return KILN_OK;
+}
