@@ -16,28 +16,28 @@
 #include <string.h>
 
 typedef struct llama_layer {
-    float *attn_norm;     /* [hidden] */
-    float *ffn_norm;      /* [hidden] */
-    float *q_norm;        /* [head_dim] (qwen3) or NULL */
-    float *k_norm;        /* [head_dim] (qwen3) or NULL */
-    kiln_matrix wq;       /* [n_heads*head_dim, hidden] (+bias for qwen2) */
-    kiln_matrix wk;       /* [n_kv_heads*head_dim, hidden] */
-    kiln_matrix wv;       /* [n_kv_heads*head_dim, hidden] */
-    kiln_matrix wo;       /* [hidden, n_heads*head_dim] */
-    kiln_matrix w_gate;   /* [ffn, hidden] */
-    kiln_matrix w_up;     /* [ffn, hidden] */
-    kiln_matrix w_down;   /* [hidden, ffn] */
+    float *attn_norm;   /* [hidden] */
+    float *ffn_norm;    /* [hidden] */
+    float *q_norm;      /* [head_dim] (qwen3) or NULL */
+    float *k_norm;      /* [head_dim] (qwen3) or NULL */
+    kiln_matrix wq;     /* [n_heads*head_dim, hidden] (+bias for qwen2) */
+    kiln_matrix wk;     /* [n_kv_heads*head_dim, hidden] */
+    kiln_matrix wv;     /* [n_kv_heads*head_dim, hidden] */
+    kiln_matrix wo;     /* [hidden, n_heads*head_dim] */
+    kiln_matrix w_gate; /* [ffn, hidden] */
+    kiln_matrix w_up;   /* [ffn, hidden] */
+    kiln_matrix w_down; /* [hidden, ffn] */
 } llama_layer;
 
 typedef struct llama_state {
     int hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers;
     float eps;
-    kiln_matrix embed;    /* [vocab, hidden] */
-    kiln_matrix lm_head;  /* [vocab, hidden] (a copy of embed's view when tied) */
+    kiln_matrix embed;   /* [vocab, hidden] */
+    kiln_matrix lm_head; /* [vocab, hidden] (a copy of embed's view when tied) */
     bool tied;
-    float *final_norm;    /* [hidden] */
-    float *inv_freq;      /* [head_dim/2] on the backend */
-    llama_layer *layers;  /* [n_layers] */
+    float *final_norm;   /* [hidden] */
+    float *inv_freq;     /* [head_dim/2] on the backend */
+    llama_layer *layers; /* [n_layers] */
     /* scratch, grown to the largest batch seen */
     kiln_scratch act;
     kiln_scratch ids;
@@ -142,10 +142,12 @@ static kiln_status llama_load(kiln_model *m) {
     KILN_TRY(kiln_weights_vector(m, "model.norm.weight", s->hidden, false, &s->final_norm));
     for (int i = 0; i < s->n_layers; i++) {
         KILN_TRY(load_layer(m, s, i));
-        if (m->info.n_layers > 8 && (i + 1) % 4 == 0) KILN_LOG_I("loaded layer %d/%d", i + 1, s->n_layers);
+        if (m->info.n_layers > 8 && (i + 1) % 4 == 0)
+            KILN_LOG_I("loaded layer %d/%d", i + 1, s->n_layers);
     }
 
-    int rot = (int)(s->head_dim * (c->rope.partial_rotary_factor > 0 ? c->rope.partial_rotary_factor : 1.0f));
+    int rot = (int)(s->head_dim *
+                    (c->rope.partial_rotary_factor > 0 ? c->rope.partial_rotary_factor : 1.0f));
     rot -= rot % 2;
     float *inv = malloc((size_t)(rot / 2) * sizeof *inv);
     if (!inv) return kiln_error(KILN_ERR_OOM, "out of memory");
@@ -155,8 +157,10 @@ static kiln_status llama_load(kiln_model *m) {
     if (st == KILN_OK) kiln_rope_round_to_dtype(inv, rot / 2, s->embed.dtype);
     if (st == KILN_OK) {
         s->inv_freq = m->be->alloc(m->be, (size_t)(rot / 2) * sizeof(float));
-        if (!s->inv_freq) st = kiln_error(KILN_ERR_OOM, "out of memory");
-        else m->be->upload(m->be, s->inv_freq, inv, (size_t)(rot / 2) * sizeof(float));
+        if (!s->inv_freq)
+            st = kiln_error(KILN_ERR_OOM, "out of memory");
+        else
+            m->be->upload(m->be, s->inv_freq, inv, (size_t)(rot / 2) * sizeof(float));
     }
     free(inv);
     KILN_TRY(st);
@@ -175,17 +179,17 @@ static kiln_status llama_load(kiln_model *m) {
 
 /* Activation buffers for T stacked tokens, carved out of one scratch allocation. */
 typedef struct llama_acts {
-    float *x;      /* [T, hidden] residual stream */
-    float *h;      /* [T, hidden] normed input */
-    float *q;      /* [T, n_heads*head_dim] */
-    float *k;      /* [T, n_kv_heads*head_dim] */
-    float *v;      /* [T, n_kv_heads*head_dim] */
-    float *attn;   /* [T, n_heads*head_dim] */
-    float *gate;   /* [T, ffn] */
-    float *up;     /* [T, ffn] */
-    float *rows;   /* [R, hidden] rows that need logits */
-    int32_t *tok;  /* [T] token ids */
-    int32_t *pos;  /* [T] positions */
+    float *x;     /* [T, hidden] residual stream */
+    float *h;     /* [T, hidden] normed input */
+    float *q;     /* [T, n_heads*head_dim] */
+    float *k;     /* [T, n_kv_heads*head_dim] */
+    float *v;     /* [T, n_kv_heads*head_dim] */
+    float *attn;  /* [T, n_heads*head_dim] */
+    float *gate;  /* [T, ffn] */
+    float *up;    /* [T, ffn] */
+    float *rows;  /* [R, hidden] rows that need logits */
+    int32_t *tok; /* [T] token ids */
+    int32_t *pos; /* [T] positions */
 } llama_acts;
 
 static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
@@ -253,7 +257,8 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)};
     int rot = 0;
     {
-        float prf = m->cfg.rope.partial_rotary_factor > 0 ? m->cfg.rope.partial_rotary_factor : 1.0f;
+        float prf =
+            m->cfg.rope.partial_rotary_factor > 0 ? m->cfg.rope.partial_rotary_factor : 1.0f;
         rot = (int)(s->head_dim * prf);
         rot -= rot % 2;
     }
