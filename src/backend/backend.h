@@ -34,13 +34,15 @@ struct kiln_backend {
 
     /* ---- ops (semantics: cpu/cpu_ops.h) ---- */
     void (*matmul)(kiln_backend *be, float *y, const float *x, int64_t n, const kiln_matrix *w);
-    void (*embed)(kiln_backend *be, float *out, const int32_t *ids, int64_t n, const kiln_matrix *w);
+    void (*embed)(kiln_backend *be, float *out, const int32_t *ids, int64_t n,
+                  const kiln_matrix *w);
     void (*rmsnorm)(kiln_backend *be, float *y, const float *x, const float *w, int64_t n,
                     int64_t dim, float eps, bool plus_one);
     void (*rope)(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads,
                  int head_dim, int rot_dim, const float *inv_freq);
     void (*silu_mul)(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
-    void (*gelu_tanh_mul)(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
+    void (*gelu_tanh_mul)(kiln_backend *be, float *y, const float *gate, const float *up,
+                          int64_t n);
     void (*add)(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
 
     /* ---- KV caches living in this backend's memory ---- */

@@ -4,7 +4,8 @@
  * Quantized layout (mlx-lm): row r of W[rows=out, cols=in] is a little-endian bit stream of
  * cols codes of `bits` bits each (code j at bit offset j*bits of the row; for 2/4/8 bits that is
  * "element j of a word at bits j*b", for 3/5/6 bits codes straddle words exactly as MLX packs
- * them); the row occupies cols*bits/32 words. w[r][c] = scales[r][c/group] * code + biases[r][c/group].
+ * them); the row occupies cols*bits/32 words. w[r][c] = scales[r][c/group] * code +
+ * biases[r][c/group].
  */
 #ifndef KILN_BACKEND_MATRIX_H
 #define KILN_BACKEND_MATRIX_H
@@ -26,7 +27,9 @@ typedef struct kiln_matrix {
     const float *bias;      /* optional additive output bias [rows] (f32), NULL if none */
 } kiln_matrix;
 
-static inline bool kiln_matrix_is_quantized(const kiln_matrix *m) { return m->dtype == KILN_DT_U32; }
+static inline bool kiln_matrix_is_quantized(const kiln_matrix *m) {
+    return m->dtype == KILN_DT_U32;
+}
 
 /* Bytes of packed codes per row: cols*bits/8. */
 static inline int64_t kiln_matrix_row_code_bytes(const kiln_matrix *m) {

@@ -13,7 +13,9 @@ static const struct {
     [KILN_DT_F64] = {"F64", 8},
 };
 
-size_t kiln_dtype_size(kiln_dtype dt) { return (unsigned)dt < KILN_DT_COUNT ? dtype_table[dt].size : 0; }
+size_t kiln_dtype_size(kiln_dtype dt) {
+    return (unsigned)dt < KILN_DT_COUNT ? dtype_table[dt].size : 0;
+}
 
 const char *kiln_dtype_name(kiln_dtype dt) {
     return (unsigned)dt < KILN_DT_COUNT ? dtype_table[dt].name : "?";

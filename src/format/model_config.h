@@ -18,13 +18,13 @@ typedef struct kiln_quant_override {
 } kiln_quant_override;
 
 typedef struct kiln_rope_config {
-    float theta;                   /* rope_theta (default 10000) */
-    char type[32];                 /* "default", "llama3", "linear", "proportional", ... */
-    float factor;                  /* scaling factor (llama3/linear) */
-    float low_freq_factor;         /* llama3 */
-    float high_freq_factor;        /* llama3 */
-    int original_max_position;     /* llama3 original_max_position_embeddings */
-    float partial_rotary_factor;   /* fraction of head_dim rotated (1 = all) */
+    float theta;                 /* rope_theta (default 10000) */
+    char type[32];               /* "default", "llama3", "linear", "proportional", ... */
+    float factor;                /* scaling factor (llama3/linear) */
+    float low_freq_factor;       /* llama3 */
+    float high_freq_factor;      /* llama3 */
+    int original_max_position;   /* llama3 original_max_position_embeddings */
+    float partial_rotary_factor; /* fraction of head_dim rotated (1 = all) */
 } kiln_rope_config;
 
 typedef struct kiln_config {
@@ -36,14 +36,14 @@ typedef struct kiln_config {
     int n_layers;
     int n_heads;
     int n_kv_heads;
-    int head_dim;          /* head_dim, or hidden_size / n_heads */
+    int head_dim; /* head_dim, or hidden_size / n_heads */
     float rms_norm_eps;
     kiln_rope_config rope; /* from rope_parameters (new) or rope_theta/rope_scaling (old) */
     bool tie_word_embeddings;
-    bool attention_bias;   /* qkv bias (qwen2 always true) */
+    bool attention_bias; /* qkv bias (qwen2 always true) */
     bool mlp_bias;
     int max_position_embeddings;
-    int bos_token_id;      /* -1 if none */
+    int bos_token_id; /* -1 if none */
     int n_eos;
     int eos_token_ids[KILN_MAX_EOS];
     /* MLX quantization ("quantization" or "quantization_config" block) */

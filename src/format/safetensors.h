@@ -35,7 +35,8 @@ void kiln_st_close(kiln_st_archive *ar);
 
 int kiln_st_count(const kiln_st_archive *ar);
 const kiln_st_tensor *kiln_st_at(const kiln_st_archive *ar, int i);
-const kiln_st_tensor *kiln_st_find(const kiln_st_archive *ar, const char *name); /* NULL if absent */
+const kiln_st_tensor *kiln_st_find(const kiln_st_archive *ar,
+                                   const char *name); /* NULL if absent */
 const char *kiln_st_file_path(const kiln_st_archive *ar, int file_index);
 /* The "__metadata__" string map of the first file, as a cJSON object (may be NULL). */
 const void *kiln_st_metadata(const kiln_st_archive *ar);
@@ -47,7 +48,8 @@ typedef struct kiln_st_header {
     kiln_st_tensor *tensors; /* names malloc'd; data points into bytes */
     void *metadata;          /* cJSON* or NULL */
 } kiln_st_header;
-kiln_status kiln_st_parse(const uint8_t *bytes, size_t size, const char *label, kiln_st_header *out);
+kiln_status kiln_st_parse(const uint8_t *bytes, size_t size, const char *label,
+                          kiln_st_header *out);
 void kiln_st_header_free(kiln_st_header *h);
 
 /* Writer: collect tensors (data copied by reference until finish), then write one file. */
@@ -57,7 +59,8 @@ kiln_status kiln_st_writer_new(kiln_st_writer **out);
 kiln_status kiln_st_writer_add(kiln_st_writer *w, const char *name, kiln_dtype dtype, int ndim,
                                const int64_t *shape, const void *data, bool owned);
 kiln_status kiln_st_writer_set_metadata(kiln_st_writer *w, const char *key, const char *value);
-kiln_status kiln_st_writer_finish(kiln_st_writer *w, const char *path); /* writes (tensors sorted) */
+kiln_status kiln_st_writer_finish(kiln_st_writer *w,
+                                  const char *path); /* writes (tensors sorted) */
 void kiln_st_writer_free(kiln_st_writer *w);
 
 #endif

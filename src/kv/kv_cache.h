@@ -20,17 +20,17 @@ typedef struct kiln_kv kiln_kv;
 /* Geometry of one attention layer. */
 typedef struct kiln_kv_layer_desc {
     int n_kv_heads;
-    int head_dim;   /* of keys */
-    int v_head_dim; /* of values (usually == head_dim) */
-    int window;     /* sliding window in tokens (0 = full attention) */
-    bool is_attention; /* false: the layer keeps no KV (recurrent / shared) */
+    int head_dim;         /* of keys */
+    int v_head_dim;       /* of values (usually == head_dim) */
+    int window;           /* sliding window in tokens (0 = full attention) */
+    bool is_attention;    /* false: the layer keeps no KV (recurrent / shared) */
     int64_t state_floats; /* fixed per-sequence state of a non-attention layer (f32 count) */
 } kiln_kv_layer_desc;
 
 typedef struct kiln_attn_params {
-    int n_heads;       /* query heads; GQA group = n_heads / n_kv_heads */
-    float scale;       /* applied to q.k */
-    float softcap;     /* attention logit soft-capping (0 = off) */
+    int n_heads;   /* query heads; GQA group = n_heads / n_kv_heads */
+    float scale;   /* applied to q.k */
+    float softcap; /* attention logit soft-capping (0 = off) */
 } kiln_attn_params;
 
 typedef struct kiln_kv_vtable {
@@ -61,7 +61,7 @@ typedef struct kiln_kv_vtable {
 
 struct kiln_kv {
     const kiln_kv_vtable *vt;
-    int len;      /* tokens committed */
+    int len; /* tokens committed */
     int n_layers;
     kiln_kv_layer_desc *layers; /* [n_layers], owned */
 };
@@ -76,7 +76,8 @@ static inline void kiln_kv_free(kiln_kv *kv) {
 
 /* Shared CPU attention over contiguous K/V rows for one layer: used by contiguous caches and as
  * the reference for the others. k_rows/v_rows: [n_keys, n_kv_heads*hd]; queries at absolute
- * positions pos0..pos0+n-1 see keys [max(0, p-window+1) .. p] where key i has position key_pos0+i. */
+ * positions pos0..pos0+n-1 see keys [max(0, p-window+1) .. p] where key i has position key_pos0+i.
+ */
 void kiln_attention_contiguous(const float *q, int n, int pos0, const float *k_rows,
                                const float *v_rows, int n_keys, int key_pos0, int n_kv_heads,
                                int head_dim, int v_head_dim, int window, float *out,

@@ -39,13 +39,13 @@ struct kiln_model {
     kiln_kv_layer_desc *kv_layers; /* [n_layers] geometry for caches */
     int max_tokens;                /* context limit per sequence */
     kiln_model_info info;
-    char *quant_summary;           /* owned string behind info.quant_summary */
-    char *layer_pattern;           /* owned string behind info.layer_pattern */
+    char *quant_summary; /* owned string behind info.quant_summary */
+    char *layer_pattern; /* owned string behind info.layer_pattern */
     /* [n_kv_layers] or NULL: layers whose MLP is a sparse MoE (set by the family at load,
      * shown as "+M" in the layer pattern; freed with the model) */
     bool *layer_moe;
     int32_t eos_ids[KILN_MAX_EOS];
-    void *kv_shared;               /* paged KV pool of this model's sequences (kv_factory) */
+    void *kv_shared; /* paged KV pool of this model's sequences (kv_factory) */
 };
 
 /* ---- weight mapping helpers (weights.c) ---- */

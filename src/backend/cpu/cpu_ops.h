@@ -28,7 +28,8 @@ int kiln_cpu_matmul_mode_set(const char *mode);
 const char *kiln_cpu_matmul_mode(void);
 
 /* y[n, w->rows] = x[n, w->cols] @ W^T (+ w->bias). Any kiln_matrix format. */
-void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n, const kiln_matrix *w);
+void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
+                     const kiln_matrix *w);
 void kiln_cpu_matmul_ref(float *y, const float *x, int64_t n, const kiln_matrix *w);
 
 /* out[n, w->cols] = rows ids[i] of W, dequantized / converted to f32 (embedding lookup). */
@@ -37,8 +38,8 @@ void kiln_cpu_embed(float *out, const int32_t *ids, int64_t n, const kiln_matrix
 /* y[n, dim] = x * rsqrt(mean(x^2) + eps) * (w or 1+w); w f32 [dim] or NULL (no weight). */
 void kiln_cpu_rmsnorm(float *y, const float *x, const float *w, int64_t n, int64_t dim, float eps,
                       bool plus_one);
-void kiln_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int64_t n, int64_t dim, float eps,
-                          bool plus_one);
+void kiln_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int64_t n, int64_t dim,
+                          float eps, bool plus_one);
 
 /* Rotary embedding in place on x[n, n_heads, head_dim]; the first rot_dim dims of each head are
  * rotated in "half" (neox / HF rotate_half) layout: pairs (i, i + rot_dim/2) with angle
