@@ -36,6 +36,8 @@ bool kiln_cpu_matmul_fast_active(void);
 #define KILN_GEMM_KC 128
 /* n at or below this runs the GEMV (decode) path. */
 #define KILN_GEMV_MAX_N 4
+/* n up to this runs as ceil(n / KILN_GEMV_MAX_N) GEMV passes instead of the blocked GEMM. */
+#define KILN_GEMV_CHUNKED_MAX_N 16
 
 /* Code j of a packed row (little-endian bit stream, code j at bit j*bits). Reads the second byte
  * only when the code straddles into it, so it never reads past the row. */

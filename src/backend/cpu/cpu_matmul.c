@@ -117,6 +117,15 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
             for (int64_t r = 0; r < w->rows; r++) y[i * w->rows + r] = w->bias ? w->bias[r] : 0;
         return;
     }
+    if (n > KILN_GEMV_MAX_N && n <= KILN_GEMV_CHUNKED_MAX_N) {
+        /* Small batches (batched decode): a few GEMV passes beat the blocked GEMM, whose weight
+         * packing costs a full pass of decoding per call whatever n is. */
+        for (int64_t i0 = 0; i0 < n; i0 += KILN_GEMV_MAX_N) {
+            int64_t nc = n - i0 < KILN_GEMV_MAX_N ? n - i0 : KILN_GEMV_MAX_N;
+            kiln_cpu_matmul(pool, y + i0 * w->rows, x + i0 * w->cols, nc, w);
+        }
+        return;
+    }
     matmul_job job = {kiln_cpu_kernels_active(), w, x, y, n, NULL};
     if (n <= KILN_GEMV_MAX_N) {
         bool fast = kiln_cpu_matmul_fast_active();
