@@ -1,6 +1,8 @@
-/* membw.c — the machine's multi-threaded memory read bandwidth, the ceiling for memory-bound decode.
+/* membw.c — the machine's multi-threaded memory read bandwidth, the ceiling for memory-bound
+ * decode.
  *
- *   cc -O2 -march=native -pthread bench/peer/membw.c -o membw && ./membw [threads=2] [MiB=1024] [reps=7]
+ *   cc -O2 -march=native -pthread bench/peer/membw.c -o membw && ./membw [threads=2] [MiB=1024]
+ * [reps=7]
  *
  * Each thread streams its own slice of one buffer (much larger than the last-level cache) with
  * 256-bit loads into four XOR accumulators; prints the median GB/s (1e9 bytes/s) over the reps as
