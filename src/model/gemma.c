@@ -389,10 +389,6 @@ static kiln_status gemma_load(kiln_model *m) {
     return KILN_OK;
 }
 
-static void softcap(float *x, int64_t n, float cap) {
-    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
-}
-
 /* Gemma 4 expert block over T rows of the residual r: y = post_ffn_norm_2(sum_k w_k expert_k(
  * pre_ffn_norm_2(r))), routed on rmsnorm(r) * scale / sqrt(hidden). Tokens are bucketed per expert
  * so each selected expert runs one matmul over its rows. */
@@ -597,35 +593,16 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
             for (int64_t i = 0; i < T * H; i++) x[i] *= L->layer_scalar;
     }
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
-    kiln_status st = KILN_OK;
-    if (R) {
-        int64_t rr = 0;
-        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
-            int64_t nr =
-                e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
-            if (!nr) continue;
-            be->rmsnorm(be, rows + rr * H, x + (t + e[i].n_tokens - nr) * H, s->final_norm, nr, H,
-                        s->eps, s->plus_one);
-            rr += nr;
-        }
-        float *logits = malloc((size_t)(R * s->vocab) * sizeof(float));
-        if (!logits) {
-            st = kiln_error(KILN_ERR_OOM, "out of memory for logits");
-        } else {
-            be->matmul(be, logits, rows, R, &s->lm_head);
-            if (s->softcap > 0) softcap(logits, R * s->vocab, s->softcap);
-            rr = 0;
-            for (int i = 0; i < n_entries; i++) {
-                int64_t nr = e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens
-                                                            : e[i].logits == KILN_LOGITS_LAST;
-                if (nr && e[i].logits_out)
-                    memcpy(e[i].logits_out, logits + rr * s->vocab,
-                           (size_t)(nr * s->vocab) * sizeof(float));
-                rr += nr;
-            }
-            free(logits);
-        }
-    }
+    const kiln_logits_head head = {.hidden = H,
+                                   .vocab = s->vocab,
+                                   .final_norm = s->final_norm,
+                                   .eps = s->eps,
+                                   .plus_one = s->plus_one,
+                                   .lm_head = &s->lm_head,
+                                   .softcap = s->softcap};
+    kiln_scratch logits = {0};
+    kiln_status st = kiln_logits_head_run(m, &head, e, n_entries, x, rows, &logits);
+    kiln_scratch_free(be, &logits);
     free(buf);
     free(pos);
     free(tok);

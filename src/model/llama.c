@@ -294,61 +294,12 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     free(kvs);
     free(kv_n);
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
-    if (R == 0) return KILN_OK;
-
-    /* Final norm only on the rows that need logits, then the LM head. */
-    int64_t r = 0;
-    for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
-        if (e[i].logits == KILN_LOGITS_ALL) {
-            be->rmsnorm(be, a.rows + r * H, a.x + (int64_t)t * H, s->final_norm, e[i].n_tokens, H,
-                        s->eps, false);
-            r += e[i].n_tokens;
-        } else if (e[i].logits == KILN_LOGITS_LAST) {
-            be->rmsnorm(be, a.rows + r * H, a.x + (int64_t)(t + e[i].n_tokens - 1) * H,
-                        s->final_norm, 1, H, s->eps, false);
-            r += 1;
-        }
-    }
-    /* logits [R, vocab]: reuse the gate/up region if large enough, else a scratch kept across
-     * calls (a device alloc/free per decode step would synchronize the GPU each step). */
-    size_t need = (size_t)(R * s->vocab);
-    float *logits = a.gate;
-    if (need > (size_t)(2 * T * F)) {
-        KILN_TRY(kiln_scratch_reserve(be, &s->logits, need * sizeof(float)));
-        logits = s->logits.ptr;
-    }
-    be->matmul(be, logits, a.rows, R, &s->lm_head);
-    /* logits_out buffers laid end to end (a batch decoding into one array): one download, one
-     * wait, instead of one per entry */
-    bool one_copy = true;
-    float *dst0 = NULL;
-    r = 0;
-    for (int i = 0; one_copy && i < n_entries; i++) {
-        int64_t rows =
-            e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
-        if (!rows) continue;
-        if (!e[i].logits_out) {
-            one_copy = false;
-            break;
-        }
-        if (!dst0) dst0 = e[i].logits_out - r * s->vocab;
-        one_copy = e[i].logits_out == dst0 + r * s->vocab;
-        r += rows;
-    }
-    if (one_copy && dst0 && r == R) {
-        be->download(be, dst0, logits, (size_t)(R * s->vocab) * sizeof(float));
-        return KILN_OK;
-    }
-    r = 0;
-    for (int i = 0; i < n_entries; i++) {
-        int64_t rows =
-            e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
-        if (rows && e[i].logits_out)
-            be->download(be, e[i].logits_out, logits + r * s->vocab,
-                         (size_t)(rows * s->vocab) * sizeof(float));
-        r += rows;
-    }
-    return KILN_OK;
+    const kiln_logits_head head = {.hidden = H,
+                                   .vocab = s->vocab,
+                                   .final_norm = s->final_norm,
+                                   .eps = s->eps,
+                                   .lm_head = &s->lm_head};
+    return kiln_logits_head_run(m, &head, e, n_entries, a.x, a.rows, &s->logits);
 }
 
 const kiln_family kiln_family_llama = {

@@ -84,4 +84,20 @@ typedef struct kiln_scratch {
 kiln_status kiln_scratch_reserve(kiln_backend *be, kiln_scratch *s, size_t bytes);
 void kiln_scratch_free(kiln_backend *be, kiln_scratch *s);
 
+/* The end of a family's forward: final norm on the rows that want logits, LM head, soft-cap,
+ * copy into each entry's logits_out (logits_head.c). */
+typedef struct kiln_logits_head {
+    int64_t hidden, vocab;
+    const float *final_norm; /* [hidden] on the backend */
+    float eps;
+    bool plus_one; /* norm scales by 1+w */
+    const kiln_matrix *lm_head;
+    float softcap; /* final logit soft-capping (0 = off) */
+} kiln_logits_head;
+/* x: [T, hidden] residual stream of the batch (entries' tokens stacked); rows: [R, hidden]
+ * scratch for the normed rows; logits_scratch holds [R, vocab] across calls. */
+kiln_status kiln_logits_head_run(kiln_model *m, const kiln_logits_head *h, kiln_batch_entry *e,
+                                 int n_entries, const float *x, float *rows,
+                                 kiln_scratch *logits_scratch);
+
 #endif

@@ -552,33 +552,15 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
     }
     if (st == KILN_OK) {
         for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
-        int64_t rr = 0;
-        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
-            int64_t nr =
-                e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
-            if (!nr) continue;
-            be->rmsnorm(be, rows + rr * H, a.x + (t + e[i].n_tokens - nr) * H, s->final_norm, nr, H,
-                        s->eps, s->norm_plus_one);
-            rr += nr;
-        }
-        if (R) {
-            float *logits = malloc((size_t)(R * s->vocab) * sizeof(float));
-            if (!logits) {
-                st = kiln_error(KILN_ERR_OOM, "out of memory for logits");
-            } else {
-                be->matmul(be, logits, rows, R, &s->lm_head);
-                rr = 0;
-                for (int i = 0; i < n_entries; i++) {
-                    int64_t nr = e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens
-                                                                : e[i].logits == KILN_LOGITS_LAST;
-                    if (nr && e[i].logits_out)
-                        memcpy(e[i].logits_out, logits + rr * s->vocab,
-                               (size_t)(nr * s->vocab) * sizeof(float));
-                    rr += nr;
-                }
-                free(logits);
-            }
-        }
+        const kiln_logits_head head = {.hidden = H,
+                                       .vocab = s->vocab,
+                                       .final_norm = s->final_norm,
+                                       .eps = s->eps,
+                                       .plus_one = s->norm_plus_one,
+                                       .lm_head = &s->lm_head};
+        kiln_scratch logits = {0};
+        st = kiln_logits_head_run(m, &head, e, n_entries, a.x, rows, &logits);
+        kiln_scratch_free(be, &logits);
     }
     free(buf);
     free(pos);
