@@ -9,7 +9,9 @@ out="${1:-$root/src/server/web_page.c}"
   echo " * at /. Edit web/index.html, then rerun the script. */"
   echo '#include "server/server_internal.h"'
   echo
+  echo "/* clang-format off */"
   echo "const char kiln_web_page[] ="
   sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/    "/' -e 's/$/\\n"/' "$root/web/index.html"
   echo "    ;"
+  echo "/* clang-format on */"
 } >"$out"

@@ -2,6 +2,7 @@
  * at /. Edit web/index.html, then rerun the script. */
 #include "server/server_internal.h"
 
+/* clang-format off */
 const char kiln_web_page[] =
     "<!doctype html>\n"
     "<!-- index.html — kiln's chat page (served at /, embedded by scripts/embed_web.sh). Streams a\n"
@@ -130,3 +131,4 @@ const char kiln_web_page[] =
     "</body>\n"
     "</html>\n"
     ;
+/* clang-format on */

@@ -192,9 +192,10 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
     if (!same) { /* not expected within one model: fall back to the per-sequence calls */
         for (int i = 0, t = 0; i < n_kv; t += n[i], i++) {
             int64_t kw = (int64_t)d->n_kv_heads * d->head_dim;
-            int64_t qw = (int64_t)p->n_heads * d->head_dim, ow = (int64_t)p->n_heads * d->v_head_dim;
-            kvs[i]->vt->store(kvs[i], layer, k + t * kw, v + t * (int64_t)d->n_kv_heads * d->v_head_dim,
-                              n[i]);
+            int64_t qw = (int64_t)p->n_heads * d->head_dim,
+                    ow = (int64_t)p->n_heads * d->v_head_dim;
+            kvs[i]->vt->store(kvs[i], layer, k + t * kw,
+                              v + t * (int64_t)d->n_kv_heads * d->v_head_dim, n[i]);
             kvs[i]->vt->attend(kvs[i], layer, q + t * qw, n[i], out + t * ow, p, pool);
         }
         return;

@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
     gemv_finish<NT>(acc, y, n, rows, r0, bias);
 }
 
-
 /* Warp-per-rows variant: each warp owns R whole rows and walks all columns (no block reduction, no
  * __syncthreads), with 32-bit offsets inside a row; each code is turned into a float once and used
  * for all NT tokens. Selected by kcu_qgemv_variant() (env KILN_CUDA_QGEMV: 1 = the kernel above,
@@ -317,7 +316,8 @@ static void launch_quant_w(kcu_state *st, float *y, const float *x, int64_t n,
     }
     if (NT > 1 && R > 2) R = 2;
     const int Rc = NT > 1 ? (R > 1 ? 2 : 1) : R;
-    dim3 block(GEMV_WARPS * 32), grid((unsigned)((w->rows + GEMV_WARPS * Rc - 1) / (GEMV_WARPS * Rc)));
+    dim3 block(GEMV_WARPS * 32),
+        grid((unsigned)((w->rows + GEMV_WARPS * Rc - 1) / (GEMV_WARPS * Rc)));
     const uint32_t *q = (const uint32_t *)w->data;
     int sdt = (int)w->scale_dtype, g = w->group_size;
 #define KW(RR)                                                                                     \
@@ -327,8 +327,10 @@ static void launch_quant_w(kcu_state *st, float *y, const float *x, int64_t n,
         KW(1);
     } else {
         if constexpr (NT == 1) {
-            if (Rc == 4) KW(4);
-            else KW(2);
+            if (Rc == 4)
+                KW(4);
+            else
+                KW(2);
         } else {
             KW(2);
         }
@@ -413,8 +415,7 @@ static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, cons
      * rows for 4 rows per warp and >= 24 warps per SM: 29.7 vs 44.5 us for q4g32 14336x4096),
      * the column-split kernel elsewhere */
     int qv = kcu_qgemv_variant();
-    if (qv == 0)
-        qv = NT == 1 && w->rows / 4 >= (int64_t)st->n_sms * 24 ? 2 : 1;
+    if (qv == 0) qv = NT == 1 && w->rows / 4 >= (int64_t)st->n_sms * 24 ? 2 : 1;
     if (kiln_matrix_is_quantized(w) && qv == 2 && w->rows < INT32_MAX / 2 &&
         w->cols < INT32_MAX / 8) {
         switch (w->bits) {
@@ -501,11 +502,12 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
         if (!wf) return;
         for (int64_t r0 = 0; r0 < rows; r0 += slice) {
             int64_t nr = rows - r0 < slice ? rows - r0 : slice;
-            k_dequant_f32<<<kcu_blocks(nr * cols, 256, 16384), 256, 0, st->stream>>>(wf, *w, r0, nr);
+            k_dequant_f32<<<kcu_blocks(nr * cols, 256, 16384), 256, 0, st->stream>>>(wf, *w, r0,
+                                                                                     nr);
             KCU_LAUNCHED(st);
-            KCU_CUBLAS(st, cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n,
-                                       (int)cols, &one, wf, (int)cols, x, (int)cols, &zero, y + r0,
-                                       (int)rows));
+            KCU_CUBLAS(st,
+                       cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)cols,
+                                   &one, wf, (int)cols, x, (int)cols, &zero, y + r0, (int)rows));
         }
     } else if (w->dtype == KILN_DT_F32) {
         KCU_CUBLAS(st, cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
@@ -551,11 +553,11 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
                                             CUDA_R_16BF, (int)cols, &zero, y + r0, CUDA_R_32F,
                                             (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                 if (split)
-                    KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr,
-                                                (int)n, (int)cols, &one, wh, CUDA_R_16BF, (int)cols,
-                                                xl, CUDA_R_16BF, (int)cols, &one, y + r0,
-                                                CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
-                                                CUBLAS_GEMM_DEFAULT));
+                    KCU_CUBLAS(st,
+                               cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n,
+                                            (int)cols, &one, wh, CUDA_R_16BF, (int)cols, xl,
+                                            CUDA_R_16BF, (int)cols, &one, y + r0, CUDA_R_32F,
+                                            (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             }
         }
     }
