@@ -463,11 +463,8 @@ done:
 static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
     gemma_state *s = m->family_state;
     kiln_backend *be = m->be;
-    int64_t T = 0, R = 0;
-    for (int i = 0; i < n_entries; i++) {
-        T += e[i].n_tokens;
-        R += e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
-    }
+    int64_t T, R;
+    kiln_batch_sizes(e, n_entries, &T, &R);
     if (T == 0) return KILN_OK;
     for (int i = 0; i < n_entries; i++)
         KILN_TRY(e[i].seq->kv->vt->reserve(e[i].seq->kv, e[i].n_tokens));

@@ -195,11 +195,8 @@ typedef struct llama_acts {
 static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
     llama_state *s = m->family_state;
     kiln_backend *be = m->be;
-    int64_t T = 0, R = 0;
-    for (int i = 0; i < n_entries; i++) {
-        T += e[i].n_tokens;
-        R += e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
-    }
+    int64_t T, R;
+    kiln_batch_sizes(e, n_entries, &T, &R);
     if (T == 0) return KILN_OK;
     const int64_t H = s->hidden, QD = (int64_t)s->n_heads * s->head_dim,
                   KVD = (int64_t)s->n_kv_heads * s->head_dim, F = s->ffn;

@@ -12,6 +12,14 @@ static int64_t entry_rows(const kiln_batch_entry *e) {
     return e->logits == KILN_LOGITS_ALL ? e->n_tokens : e->logits == KILN_LOGITS_LAST;
 }
 
+void kiln_batch_sizes(const kiln_batch_entry *e, int n_entries, int64_t *tokens, int64_t *rows) {
+    *tokens = *rows = 0;
+    for (int i = 0; i < n_entries; i++) {
+        *tokens += e[i].n_tokens;
+        *rows += entry_rows(&e[i]);
+    }
+}
+
 static void softcap_rows(float *x, int64_t n, float cap) {
     for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }

@@ -94,6 +94,8 @@ typedef struct kiln_logits_head {
     const kiln_matrix *lm_head;
     float softcap; /* final logit soft-capping (0 = off) */
 } kiln_logits_head;
+/* Total new tokens T of a batch and the rows R that want logits. */
+void kiln_batch_sizes(const kiln_batch_entry *e, int n_entries, int64_t *tokens, int64_t *rows);
 /* x: [T, hidden] residual stream of the batch (entries' tokens stacked); rows: [R, hidden]
  * scratch for the normed rows; logits_scratch holds [R, vocab] across calls. */
 kiln_status kiln_logits_head_run(kiln_model *m, const kiln_logits_head *h, kiln_batch_entry *e,

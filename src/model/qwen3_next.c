@@ -440,11 +440,8 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
 static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
     qn_state *s = m->family_state;
     kiln_backend *be = m->be;
-    int64_t T = 0, R = 0;
-    for (int i = 0; i < n_entries; i++) {
-        T += e[i].n_tokens;
-        R += e[i].logits == KILN_LOGITS_ALL ? e[i].n_tokens : e[i].logits == KILN_LOGITS_LAST;
-    }
+    int64_t T, R;
+    kiln_batch_sizes(e, n_entries, &T, &R);
     if (T == 0) return KILN_OK;
     const kiln_gdn_dims *d = &s->gdn;
     const int64_t H = s->hidden, QD = (int64_t)s->n_heads * s->head_dim,
