@@ -8,6 +8,9 @@
 #   e2e    random-weight models (bench/make_random_model.py, bf16, then `kiln convert --bits 8/4`)
 #          for each shape in KILN_SHAPES; `kiln bench --device cuda --json`: prefill 512, decode
 #          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
+#   graph  batch-1 and batch-64 decode with the decode-step CUDA graph off (KILN_CUDA_GRAPH=0) and
+#          on, for each shape in KILN_SHAPES (bf16; q4 too for KILN_QUANT_SHAPES)
+#   profile KILN_CUDA_PROFILE=1 decode of each shape (bf16) at the batches in KILN_PROFILE_BATCHES
 #   hf     transformers generate (bf16, sdpa, static cache) on the same shapes
 #   nsys   (if nsys is installed) `nsys profile --stats=true` of a short batch-1 decode of the first
 #          shape: CUDA API and kernel summaries into $OUT/nsys.txt
@@ -23,7 +26,8 @@ B=${1:-/tmp/b}
 O=${OUT:-/tmp/kiln_gpu_out}
 STAGES=${KILN_STAGES:-tests micro e2e hf}
 SHAPES=${KILN_SHAPES:-qwen3-0.6b llama-3.2-1b}
-QUANT_SHAPES=${KILN_QUANT_SHAPES:-qwen3-0.6b llama-3.2-1b}
+QUANT_SHAPES=${KILN_QUANT_SHAPES-qwen3-0.6b llama-3.2-1b}
+HF_BATCHES=${KILN_HF_BATCHES:-1 8 64}
 DEADLINE=${KILN_DEADLINE_S:-500}
 M=${KILN_MODELS:-/dev/shm/kiln_models}
 mkdir -p "$O" "$M"
@@ -145,10 +149,46 @@ for line in open(sys.argv[1]):
 PY
 fi
 
+if has graph; then
+    for s in $SHAPES; do
+        late "graph $s" && break
+        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
+        fmts="bf16"
+        case " $QUANT_SHAPES " in *" $s "*) fmts="bf16 q4" ;; esac
+        for f in $fmts; do
+            d=$M/$s
+            if [ "$f" = q4 ]; then
+                d=$M/$s-q4
+                [ -f "$d/config.json" ] || "$K" convert --model "$M/$s" --out "$d" --bits 4 --group 32 --quiet >/dev/null 2>&1 || continue
+            fi
+            for b in 1 64; do
+                for g in 0 1; do
+                    KILN_CUDA_GRAPH=$g "$K" bench --device cuda --model "$d" --prompt 128 --gen 32 --batch $b --runs 3 --json --quiet 2>>"$O/graph.err" |
+                        python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'graph=$g $s $f b$b: {r[\"decode_tok_s\"]:.1f} tok/s, {r[\"decode_weight_gb_s\"]:.0f} GB/s ({100*r[\"decode_weight_gb_s\"]/$COPY:.0f}% of copy)')" |
+                        tee -a "$O/graph.txt"
+                done
+            done
+        done
+    done
+    tail -3 "$O/graph.err" 2>/dev/null
+fi
+
+if has profile; then
+    # KILN_CUDA_PROFILE=1: every op timed by events (graphs off); totals per op and shape
+    for s in $SHAPES; do
+        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
+        for b in ${KILN_PROFILE_BATCHES:-1}; do
+            stamp "profile $s bf16 b$b"
+            KILN_CUDA_PROFILE=1 "$K" bench --device cuda --model "$M/$s" --prompt 128 --gen 16 --batch $b --runs 1 --json --quiet 2>&1 |
+                grep -E "cuda profile|decode_tok_s" | cut -c1-150 | head -24 | tee -a "$O/profile.txt"
+        done
+    done
+fi
+
 if has hf && ! late hf; then
     stamp "transformers generate"
-    PYTHONUNBUFFERED=1 python3 - "$M" $SHAPES <<'PY' 2>&1 | grep -v Warning | tee "$O/hf.txt"
-import json, sys, time, torch, transformers
+    PYTHONUNBUFFERED=1 KILN_HF_BATCHES="$HF_BATCHES" timeout "${KILN_HF_TIMEOUT:-240}" python3 - "$M" $SHAPES <<'PY' 2>&1 | grep --line-buffered -v Warning | tee "$O/hf.txt"
+import json, os, sys, time, torch, transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 print("transformers", transformers.__version__, "torch", torch.__version__)
 root = sys.argv[1]
@@ -168,7 +208,7 @@ for shape in sys.argv[2:]:
         run(1, 16, 2)
         pre = min(run(1, 512, 1) for _ in range(2))
         print(f"hf {shape} bf16 prefill512: {512 / pre:.0f} tok/s ({pre * 1e3:.1f} ms incl. 1 token)")
-        for b in (1, 8, 64):
+        for b in [int(v) for v in os.environ["KILN_HF_BATCHES"].split()]:
             t1 = run(b, 128, 1); t33 = run(b, 128, 33)
             print(f"hf {shape} bf16 decode_b{b}: {32 * b / (t33 - t1):.1f} tok/s (context 128)")
     del model; torch.cuda.empty_cache()

@@ -31,6 +31,12 @@ struct kiln_backend {
     kiln_status (*upload_matrix)(kiln_backend *be, const kiln_matrix *host, kiln_matrix *out);
     void (*free_matrix)(kiln_backend *be, kiln_matrix *m);
     kiln_status (*synchronize)(kiln_backend *be);
+    /* Optional (NULL: not offered). Bracket a run of ops that the backend may record and replay
+     * as one unit (CUDA: a graph of the decode step). Between them, only ops may be called; a
+     * call that must wait (download, synchronize, alloc) ends the recording early, and the ops
+     * run in order either way. */
+    void (*graph_begin)(kiln_backend *be);
+    void (*graph_end)(kiln_backend *be);
 
     /* ---- ops (semantics: cpu/cpu_ops.h) ---- */
     void (*matmul)(kiln_backend *be, float *y, const float *x, int64_t n, const kiln_matrix *w);

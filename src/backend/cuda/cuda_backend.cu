@@ -19,6 +19,10 @@ bool kcu_report(kcu_state *st, const char *what, const char *err, const char *fi
 
 void *kcu_scratch(kcu_state *st, size_t bytes) {
     if (bytes <= st->scratch_bytes) return st->scratch;
+    if (st->capturing) {
+        kcu_graph_flush(st); /* the rest of this step runs eagerly */
+        st->graph_flushes_early++;
+    }
     size_t want = bytes + bytes / 4 + (1 << 20);
     if (st->scratch) {
         KCU_CHECK(st, cudaStreamSynchronize(st->stream)); /* in-flight ops may still read it */
@@ -29,6 +33,135 @@ void *kcu_scratch(kcu_state *st, size_t bytes) {
     if (!KCU_CHECK(st, cudaMalloc(&st->scratch, want))) return NULL;
     st->scratch_bytes = want;
     return st->scratch;
+}
+
+/* ---- decode-step graphs ----
+ * A decode step of a small model is hundreds of short kernels; launched one by one, the GPU waits
+ * on the host between them. The forward pass brackets its layers with graph_begin / graph_end:
+ * the launches are captured instead of run, and the step runs as one graph launch. Parameters
+ * (positions, cache lengths, buffers) change every step, so every step is captured again and
+ * applied to the executable graph with cudaGraphExecUpdate, which is cheap when the topology is
+ * unchanged (same batch size); a changed topology instantiates anew. */
+void kcu_graph_flush(kcu_state *st) {
+    if (!st->capturing) return;
+    st->capturing = false;
+    cudaGraph_t g = NULL;
+    if (!KCU_CHECK(st, cudaStreamEndCapture(st->stream, &g)) || !g) return;
+    bool updated = false;
+    if (st->graph_exec) {
+        cudaGraphExecUpdateResultInfo info;
+        updated = cudaGraphExecUpdate(st->graph_exec, g, &info) == cudaSuccess;
+        if (!updated) {
+            cudaGetLastError(); /* a topology change is not an error: instantiate anew */
+            cudaGraphExecDestroy(st->graph_exec);
+            st->graph_exec = NULL;
+        }
+    }
+    if (!updated) {
+        if (KCU_CHECK(st, cudaGraphInstantiate(&st->graph_exec, g, 0)))
+            st->graph_instantiations++;
+        else
+            st->graph_exec = NULL;
+    }
+    if (st->graph_exec && KCU_CHECK(st, cudaGraphLaunch(st->graph_exec, st->stream)))
+        st->graph_launches++;
+    cudaGraphDestroy(g);
+}
+
+/* ---- per-op profile (KILN_CUDA_PROFILE=1) ---- */
+void kcu_prof_begin(kcu_state *st) {
+    if (st->prof_on) cudaEventRecord(st->prof_ev[0], st->stream);
+}
+
+void kcu_prof_end(kcu_state *st, const char *name) {
+    if (!st->prof_on) return;
+    float ms = 0;
+    cudaEventRecord(st->prof_ev[1], st->stream);
+    cudaEventSynchronize(st->prof_ev[1]);
+    cudaEventElapsedTime(&ms, st->prof_ev[0], st->prof_ev[1]);
+    int i = 0;
+    while (i < st->n_prof && strcmp(st->prof[i].name, name) != 0) i++;
+    if (i == st->n_prof) {
+        if (i == 64) return;
+        snprintf(st->prof[i].name, sizeof st->prof[i].name, "%s", name);
+        st->n_prof++;
+    }
+    st->prof[i].ms += ms;
+    st->prof[i].calls++;
+}
+
+static void prof_report(kcu_state *st) {
+    double total = 0;
+    for (int i = 0; i < st->n_prof; i++) total += st->prof[i].ms;
+    for (int done = 0; done < st->n_prof; done++) { /* largest first */
+        int best = done;
+        for (int i = done + 1; i < st->n_prof; i++)
+            if (st->prof[i].ms > st->prof[best].ms) best = i;
+        kcu_prof_entry t = st->prof[done];
+        st->prof[done] = st->prof[best];
+        st->prof[best] = t;
+        const kcu_prof_entry *e = &st->prof[done];
+        fprintf(stderr, "cuda profile: %-44s %8lld calls %10.2f ms %5.1f%% %8.2f us/call\n",
+                e->name, e->calls, e->ms, 100 * e->ms / (total > 0 ? total : 1),
+                1e3 * e->ms / (double)e->calls);
+    }
+}
+
+static void prof_matmul(kiln_backend *be, float *y, const float *x, int64_t n,
+                        const kiln_matrix *w) {
+    kcu_state *st = kcu_st(be);
+    char name[72];
+    snprintf(name, sizeof name, "matmul n=%s %lldx%lld %s%d",
+             n == 1   ? "1"
+             : n <= 8 ? "2-8"
+                      : ">8",
+             (long long)w->rows, (long long)w->cols, kiln_matrix_is_quantized(w) ? "q" : "dt",
+             kiln_matrix_is_quantized(w) ? w->bits : (int)w->dtype);
+    kcu_prof_begin(st);
+    kcu_matmul(be, y, x, n, w);
+    kcu_prof_end(st, name);
+}
+static void prof_rmsnorm(kiln_backend *be, float *y, const float *x, const float *w, int64_t n,
+                         int64_t dim, float eps, bool plus_one) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_rmsnorm(be, y, x, w, n, dim, eps, plus_one);
+    kcu_prof_end(kcu_st(be), dim < 512 ? "rmsnorm (per head)" : "rmsnorm");
+}
+static void prof_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads,
+                      int head_dim, int rot_dim, const float *inv_freq) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_rope(be, x, pos, n, n_heads, head_dim, rot_dim, inv_freq);
+    kcu_prof_end(kcu_st(be), "rope");
+}
+static void prof_silu_mul(kiln_backend *be, float *y, const float *g, const float *u, int64_t n) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_silu_mul(be, y, g, u, n);
+    kcu_prof_end(kcu_st(be), "silu_mul");
+}
+static void prof_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_add(be, y, a, b, n);
+    kcu_prof_end(kcu_st(be), "add");
+}
+static void prof_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t n,
+                       const kiln_matrix *w) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_embed(be, out, ids, n, w);
+    kcu_prof_end(kcu_st(be), "embed");
+}
+
+static void cu_graph_begin(kiln_backend *be) {
+    kcu_state *st = kcu_st(be);
+    if (!st->graph_on || st->capturing || st->sticky != KILN_OK) return;
+    if (cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError(); /* capture unavailable: run eagerly */
+        return;
+    }
+    st->capturing = true;
+}
+
+static void cu_graph_end(kiln_backend *be) {
+    kcu_graph_flush(kcu_st(be));
 }
 
 int kiln_cuda_device_count(char *why, size_t why_len) {
@@ -50,13 +183,23 @@ void *kiln_cuda_stream(kiln_backend *be) {
 static void cu_destroy(kiln_backend *be) {
     kcu_state *st = kcu_st(be);
     if (st) {
+        kcu_graph_flush(st);
         if (st->stream) cudaStreamSynchronize(st->stream);
+        if (st->graph_exec) cudaGraphExecDestroy(st->graph_exec);
+        if (st->prof_on) prof_report(st);
+        for (int i = 0; i < 2; i++)
+            if (st->prof_ev[i]) cudaEventDestroy(st->prof_ev[i]);
+        if (st->graph_launches)
+            KILN_LOG_I("cuda: %lld decode steps ran as graphs (%lld instantiations, %lld ended "
+                       "early by a scratch growth)",
+                       st->graph_launches, st->graph_instantiations, st->graph_flushes_early);
         if (st->scratch) cudaFree(st->scratch);
         for (int i = 0; i < KCU_STAGE_SLOTS; i++) {
             if (st->stage[i]) cudaFreeHost(st->stage[i]);
             if (st->stage_ev[i]) cudaEventDestroy(st->stage_ev[i]);
         }
         if (st->cublas) cublasDestroy(st->cublas);
+        if (st->cublas_workspace) cudaFree(st->cublas_workspace);
         if (st->stream) cudaStreamDestroy(st->stream);
         free(st);
     }
@@ -66,12 +209,14 @@ static void cu_destroy(kiln_backend *be) {
 
 static void *cu_alloc(kiln_backend *be, size_t bytes) {
     void *p = NULL;
+    kcu_graph_flush(kcu_st(be));
     if (!KCU_CHECK(kcu_st(be), cudaMalloc(&p, bytes ? bytes : 256))) return NULL;
     return p;
 }
 
 static void cu_free(kiln_backend *be, void *p) {
     if (!p) return;
+    kcu_graph_flush(kcu_st(be));
     KCU_CHECK(kcu_st(be), cudaFree(p)); /* cudaFree waits for work using p */
 }
 
@@ -98,6 +243,7 @@ static void *stage_slot(kcu_state *st) {
 static void cu_upload(kiln_backend *be, void *dst, const void *src, size_t bytes) {
     kcu_state *st = kcu_st(be);
     if (!bytes) return;
+    kcu_graph_flush(st);
     void *slot = bytes <= KCU_STAGE_BYTES ? stage_slot(st) : NULL;
     if (slot) {
         int i = st->stage_next;
@@ -115,6 +261,7 @@ static void cu_upload(kiln_backend *be, void *dst, const void *src, size_t bytes
 static void cu_download(kiln_backend *be, void *dst, const void *src, size_t bytes) {
     kcu_state *st = kcu_st(be);
     if (!bytes) return;
+    kcu_graph_flush(st);
     KCU_CHECK(st, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
     KCU_CHECK(st, cudaStreamSynchronize(st->stream));
 }
@@ -169,6 +316,7 @@ static kiln_status cu_upload_matrix(kiln_backend *be, const kiln_matrix *host, k
 
 static kiln_status cu_synchronize(kiln_backend *be) {
     kcu_state *st = kcu_st(be);
+    kcu_graph_flush(st);
     KCU_CHECK(st, cudaStreamSynchronize(st->stream));
     if (st->sticky != KILN_OK) return kiln_error(st->sticky, "cuda: %s", st->sticky_msg);
     return KILN_OK;
@@ -194,17 +342,26 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
         return s;
     }
     cudaDeviceProp prop;
-    bool ok = KCU_CHECK(st, cudaGetDevice(&st->device)) &&
-              KCU_CHECK(st, cudaGetDeviceProperties(&prop, st->device)) &&
-              KCU_CHECK(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking)) &&
-              KCU_CUBLAS(st, cublasCreate(&st->cublas)) &&
-              KCU_CUBLAS(st, cublasSetStream(st->cublas, st->stream));
+    bool ok =
+        KCU_CHECK(st, cudaGetDevice(&st->device)) &&
+        KCU_CHECK(st, cudaGetDeviceProperties(&prop, st->device)) &&
+        KCU_CHECK(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking)) &&
+        KCU_CUBLAS(st, cublasCreate(&st->cublas)) &&
+        KCU_CUBLAS(st, cublasSetStream(st->cublas, st->stream)) &&
+        KCU_CHECK(st, cudaMalloc(&st->cublas_workspace, KCU_CUBLAS_WORKSPACE)) &&
+        KCU_CUBLAS(st, cublasSetWorkspace(st->cublas, st->cublas_workspace, KCU_CUBLAS_WORKSPACE));
     if (!ok) {
         kiln_status e = kiln_error(KILN_ERR_DEVICE, "cuda: %s", st->sticky_msg);
         cu_destroy(be);
         return e;
     }
     st->n_sms = prop.multiProcessorCount;
+    const char *ge = getenv("KILN_CUDA_GRAPH");
+    st->graph_on = !(ge && strcmp(ge, "0") == 0);
+    const char *pe = getenv("KILN_CUDA_PROFILE");
+    st->prof_on = pe && strcmp(pe, "1") == 0 && cudaEventCreate(&st->prof_ev[0]) == cudaSuccess &&
+                  cudaEventCreate(&st->prof_ev[1]) == cudaSuccess;
+    if (st->prof_on) st->graph_on = false;
     KILN_LOG_I("cuda: %s, %d SMs, %.1f GiB", prop.name, st->n_sms,
                prop.totalGlobalMem / 1073741824.0);
     be->name = "cuda";
@@ -217,6 +374,8 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->upload_matrix = cu_upload_matrix;
     be->free_matrix = cu_free_matrix;
     be->synchronize = cu_synchronize;
+    be->graph_begin = cu_graph_begin;
+    be->graph_end = cu_graph_end;
     be->matmul = kcu_matmul;
     be->embed = kcu_embed;
     be->rmsnorm = kcu_rmsnorm;
@@ -225,6 +384,14 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->gelu_tanh_mul = kcu_gelu_tanh_mul;
     be->add = kcu_add;
     be->kv_new = kcu_kv_new;
+    if (st->prof_on) {
+        be->matmul = prof_matmul;
+        be->rmsnorm = prof_rmsnorm;
+        be->rope = prof_rope;
+        be->silu_mul = prof_silu_mul;
+        be->add = prof_add;
+        be->embed = prof_embed;
+    }
     *out = be;
     return KILN_OK;
 }

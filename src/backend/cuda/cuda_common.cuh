@@ -16,8 +16,16 @@ extern "C" {
 #include "util/status.h"
 }
 
-#define KCU_STAGE_SLOTS 4
-#define KCU_STAGE_BYTES (256 << 10)
+#define KCU_STAGE_SLOTS      4
+#define KCU_STAGE_BYTES      (256 << 10)
+#define KCU_CUBLAS_WORKSPACE (32 << 20)
+
+/* One line of the KILN_CUDA_PROFILE report. */
+typedef struct kcu_prof_entry {
+    char name[72];
+    double ms;
+    long long calls;
+} kcu_prof_entry;
 
 /* The backend's private state (kiln_backend.impl). One stream: every op and copy is ordered on it,
  * so scratch buffers can be reused from op to op without further synchronization. */
@@ -26,6 +34,7 @@ typedef struct kcu_state {
     int n_sms;
     cudaStream_t stream;
     cublasHandle_t cublas;
+    void *cublas_workspace; /* given to cuBLAS so it never allocates (graph capture) */
     void *scratch; /* growable device scratch (bf16 copies of x / W tiles, attention partials) */
     size_t scratch_bytes;
     /* pinned staging ring for small uploads (ids, positions): the host copy goes into a slot and
@@ -34,6 +43,19 @@ typedef struct kcu_state {
     cudaEvent_t stage_ev[KCU_STAGE_SLOTS];
     bool stage_used[KCU_STAGE_SLOTS];
     int stage_next;
+    /* decode-step CUDA graph: graph_begin() starts capturing the stream, graph_end() (or the first
+     * call that must wait or allocate: kcu_graph_flush) ends it, updates the one executable graph
+     * in place (re-instantiating when the topology changed) and launches it */
+    bool graph_on; /* KILN_CUDA_GRAPH != 0 */
+    bool capturing;
+    cudaGraphExec_t graph_exec;
+    long long graph_launches, graph_instantiations, graph_flushes_early;
+    /* KILN_CUDA_PROFILE=1: every op is timed between two events (and waited for), totals per op
+     * and shape are logged when the backend is destroyed; graphs are off then */
+    bool prof_on;
+    cudaEvent_t prof_ev[2];
+    kcu_prof_entry prof[64];
+    int n_prof;
     kiln_status sticky; /* first failure seen by an op (ops return void); reported by synchronize */
     char sticky_msg[256];
 } kcu_state;
@@ -59,6 +81,15 @@ static inline bool kcu_cublas_(kcu_state *st, cublasStatus_t s, const char *what
 #define KCU_CUBLAS(st, call) kcu_cublas_((st), (call), #call, __FILE__, __LINE__)
 /* After every kernel launch: catches bad launch configurations at the launch site. */
 #define KCU_LAUNCHED(st) KCU_CHECK(st, cudaGetLastError())
+
+/* Ends a capture in progress (if any) and launches what was captured, so the caller may wait,
+ * allocate or free. Every host-synchronizing entry point calls it first. */
+void kcu_graph_flush(kcu_state *st);
+
+/* KILN_CUDA_PROFILE timing: begin records the start event, end waits for the op and adds its
+ * time to the entry `name`. No-ops unless profiling. */
+void kcu_prof_begin(kcu_state *st);
+void kcu_prof_end(kcu_state *st, const char *name);
 
 /* Device scratch of at least `bytes` (grows; contents not kept). NULL (and sticky error) on OOM. */
 void *kcu_scratch(kcu_state *st, size_t bytes);

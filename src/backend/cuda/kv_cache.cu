@@ -226,8 +226,13 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
             seqs[i].t0 = t;
             t += n[i0 + i];
         }
+        kcu_state *st = kcu_st(kv0->be);
+        kcu_prof_begin(st);
         store_chunk(ch, n + i0, t0, c, layer, k, v);
-        kcu_attention_batch(kcu_st(kv0->be), &a, seqs, c);
+        kcu_prof_end(st, "kv store");
+        kcu_prof_begin(st);
+        kcu_attention_batch(st, &a, seqs, c);
+        kcu_prof_end(st, "attention");
     }
 }
 

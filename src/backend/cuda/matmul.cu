@@ -360,8 +360,9 @@ __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-/* x = hi + lo with both halves bf16 (hi = bf16(x), lo = bf16(x - hi)): two GEMMs against them
- * carry x to ~2^-17 relative instead of bf16's 2^-9. */
+/* x = hi + lo with both halves bf16 (hi = bf16(x), lo = bf16(x - hi)): one GEMM against the
+ * stacked [hi; lo] and a sum of the two result halves carry x to ~2^-17 relative instead of
+ * bf16's 2^-9, reading W once. */
 __global__ void k_to_bf16_split(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -369,6 +370,13 @@ __global__ void k_to_bf16_split(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const floa
         hi[i] = h;
         lo[i] = __float2bfloat16_rn(src[i] - __bfloat162float(h));
     }
+}
+
+/* y[i] = y2[i] + y2[half + i]: the hi and lo halves of a split GEMM's result */
+__global__ void k_sum_halves(float *y, const float *y2, int64_t half) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < half;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = y2[i] + y2[half + i];
 }
 
 static int g_gemm_split = -1;
@@ -514,51 +522,49 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
                                    (int)cols, &one, (const float *)w->data, (int)cols, x, (int)cols,
                                    &zero, y, (int)rows));
     } else {
-        /* scratch: x as bf16, then (unless W is bf16) a slice of W rows as bf16 */
+        /* scratch: x as bf16 [n, cols] (split: hi rows then lo rows, one [2n, cols] operand, so
+         * W is read once for both), the split's [2n, rows] f32 result, then (unless W is bf16) a
+         * slice of W rows as bf16 */
         const bool split = kcu_gemm_split();
-        size_t xb1 = ((size_t)(n * cols) * 2 + 255) & ~(size_t)255, xb = split ? 2 * xb1 : xb1;
+        const int64_t nx = split ? 2 * n : n;
+        size_t xb = ((size_t)(nx * cols) * 2 + 255) & ~(size_t)255;
+        size_t yb = split ? ((size_t)(nx * rows) * 4 + 255) & ~(size_t)255 : 0;
         int64_t slice = w->dtype == KILN_DT_BF16 ? 0 : rows;
         const int64_t max_slice_elems = (int64_t)64 << 20; /* 128 MiB of bf16 */
         if (slice * cols > max_slice_elems) slice = max_slice_elems / cols;
         if (slice > 256) slice &= ~(int64_t)255;
         if (slice < 1 && w->dtype != KILN_DT_BF16) slice = 1;
-        char *scr = (char *)kcu_scratch(st, xb + (size_t)(slice * cols) * 2);
+        char *scr = (char *)kcu_scratch(st, xb + yb + (size_t)(slice * cols) * 2);
         if (!scr) return;
-        __nv_bfloat16 *xh = (__nv_bfloat16 *)scr, *wh = (__nv_bfloat16 *)(scr + xb);
-        __nv_bfloat16 *xl = (__nv_bfloat16 *)(scr + xb1);
+        __nv_bfloat16 *xh = (__nv_bfloat16 *)scr, *wh = (__nv_bfloat16 *)(scr + xb + yb);
+        float *yout = split ? (float *)(scr + xb) : y; /* [nx, rows] */
         if (split)
-            k_to_bf16_split<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(xh, xl, x,
-                                                                                     n * cols);
+            k_to_bf16_split<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(
+                xh, xh + n * cols, x, n * cols);
         else
             k_to_bf16<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(xh, x, n * cols);
         KCU_LAUNCHED(st);
         if (w->dtype == KILN_DT_BF16) {
-            KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
+            KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)nx,
                                         (int)cols, &one, w->data, CUDA_R_16BF, (int)cols, xh,
-                                        CUDA_R_16BF, (int)cols, &zero, y, CUDA_R_32F, (int)rows,
+                                        CUDA_R_16BF, (int)cols, &zero, yout, CUDA_R_32F, (int)rows,
                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            if (split)
-                KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
-                                            (int)cols, &one, w->data, CUDA_R_16BF, (int)cols, xl,
-                                            CUDA_R_16BF, (int)cols, &one, y, CUDA_R_32F, (int)rows,
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         } else {
             for (int64_t r0 = 0; r0 < rows; r0 += slice) {
                 int64_t nr = rows - r0 < slice ? rows - r0 : slice;
                 k_dequant_bf16<<<kcu_blocks(nr * cols, 256, 16384), 256, 0, st->stream>>>(wh, *w,
                                                                                           r0, nr);
                 KCU_LAUNCHED(st);
-                KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n,
+                KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)nx,
                                             (int)cols, &one, wh, CUDA_R_16BF, (int)cols, xh,
-                                            CUDA_R_16BF, (int)cols, &zero, y + r0, CUDA_R_32F,
-                                            (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-                if (split)
-                    KCU_CUBLAS(st,
-                               cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n,
-                                            (int)cols, &one, wh, CUDA_R_16BF, (int)cols, xl,
-                                            CUDA_R_16BF, (int)cols, &one, y + r0, CUDA_R_32F,
+                                            CUDA_R_16BF, (int)cols, &zero, yout + r0, CUDA_R_32F,
                                             (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             }
+        }
+        if (split) {
+            k_sum_halves<<<kcu_blocks(n * rows, 256, 8192), 256, 0, st->stream>>>(y, yout,
+                                                                                  n * rows);
+            KCU_LAUNCHED(st);
         }
     }
     if (w->bias) {
