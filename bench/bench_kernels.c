@@ -1,12 +1,14 @@
 /* bench_kernels.c — throughput of the CPU matmul kernels against the machine's memory bandwidth.
- * GEMV (decode, n=1): weight GB/s for bf16, q8g64 and q4g32 at 4096x4096 and 1024x3072, in the
+ * GEMV (decode, n=1): weight GB/s for bf16, q8g64, q4g64 and q4g32 at 4096x4096 and 1024x3072
+ * (or, with the shape set "q06b", the Qwen3-0.6B projections and its 151936x1024 LM head), in the
  * exact matmul mode and the fast one (int8 / bf16 activations on VNNI / BF16; "=" when the CPU or
  * level lacks it); GEMM (prefill, n=128): GFLOP/s; memory read bandwidth measured with the same
  * thread pool summing a 1 GiB buffer. Medians of several runs. Build (after building
  * build-kernels):
  *   gcc -O2 -std=c17 -D_GNU_SOURCE -Iinclude -Isrc bench/bench_kernels.c build-kernels/libkiln.a \
  *       -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lpthread -lm -o build-kernels/bench_kernels
- * Run: build-kernels/bench_kernels [threads=2] [simd level] */
+ * Run: build-kernels/bench_kernels [threads=2] [simd level|auto] [shape set: big|q06b|lm]
+ *     [formats, e.g. "bf16 q4g64"] */
 #include "backend/cpu/cpu_ops.h"
 #include "util/half.h"
 
@@ -88,7 +90,7 @@ static kiln_matrix make(int64_t rows, int64_t cols, int bits, int group) {
 }
 
 static void bench_matrix(kiln_threadpool *pool, const char *name, int64_t rows, int64_t cols,
-                         int bits, int group, double mem_gbs) {
+                         int bits, int group, double mem_gbs, bool gemm_too) {
     kiln_matrix w = make(rows, cols, bits, group);
     int64_t n_gemm = 128;
     float *x = malloc(sizeof(float) * (size_t)(n_gemm * cols));
@@ -110,8 +112,8 @@ static void bench_matrix(kiln_threadpool *pool, const char *name, int64_t rows, 
     }
     bool fast = !strcmp(kiln_cpu_matmul_mode(), "fast");
     kiln_cpu_matmul_mode_set("exact");
-    double gemm[5];
-    for (int r = 0; r < 5; r++) {
+    double gemm[5] = {0};
+    for (int r = 0; r < (gemm_too ? 5 : 0); r++) {
         double t0 = now_s();
         kiln_cpu_matmul(pool, y, x, n_gemm, &w);
         gemm[r] = 2.0 * (double)n_gemm * rows * cols / (now_s() - t0) / 1e9;
@@ -128,7 +130,7 @@ static void bench_matrix(kiln_threadpool *pool, const char *name, int64_t rows, 
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
-    if (argc > 2 && kiln_cpu_simd_force(argv[2]) != 0) {
+    if (argc > 2 && strcmp(argv[2], "auto") && kiln_cpu_simd_force(argv[2]) != 0) {
         fprintf(stderr, "SIMD level %s not available\n", argv[2]);
         return 1;
     }
@@ -137,11 +139,23 @@ int main(int argc, char **argv) {
     double bw = read_bandwidth(pool);
     printf("simd %s, %d threads, memory read bandwidth %.1f GB/s\n", kiln_cpu_simd_name(), threads,
            bw);
-    static const int64_t shapes[][2] = {{4096, 4096}, {1024, 3072}};
-    for (int s = 0; s < 2; s++) {
-        bench_matrix(pool, "bf16", shapes[s][0], shapes[s][1], 0, 0, bw);
-        bench_matrix(pool, "q8g64", shapes[s][0], shapes[s][1], 8, 64, bw);
-        bench_matrix(pool, "q4g32", shapes[s][0], shapes[s][1], 4, 32, bw);
+    static const int64_t big[][2] = {{4096, 4096}, {1024, 3072}, {0, 0}};
+    static const int64_t q06b[][2] = {
+        {1024, 1024}, {3072, 1024}, {1024, 3072}, {151936, 1024}, {0, 0}};
+    const int64_t(*shapes)[2] = big;
+    if (argc > 3 && !strcmp(argv[3], "q06b")) shapes = q06b;
+    if (argc > 3 && !strcmp(argv[3], "lm")) shapes = q06b + 3; /* the LM head alone */
+    for (int s = 0; shapes[s][0]; s++) {
+        bool gemm = shapes[s][0] < 100000; /* prefill never runs the LM head on every row */
+        static const struct {
+            const char *name;
+            int bits, group;
+        } fmts[] = {
+            {"bf16", 0, 0}, {"q8g64", 8, 64}, {"q8g32", 8, 32}, {"q4g64", 4, 64}, {"q4g32", 4, 32}};
+        for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+            if (argc > 4 ? strstr(argv[4], fmts[f].name) != NULL : strcmp(fmts[f].name, "q8g32"))
+                bench_matrix(pool, fmts[f].name, shapes[s][0], shapes[s][1], fmts[f].bits,
+                             fmts[f].group, bw, gemm);
     }
     kiln_threadpool_free(pool);
     return 0;

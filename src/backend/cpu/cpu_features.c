@@ -114,6 +114,17 @@ static bool cpu_has_vnni_bf16(void) { /* cached: CPUID traps (slowly) under a hy
     return v;
 }
 
+bool kiln_cpu_has_vnni(void) {
+    static atomic_int has = -1;
+    int v = atomic_load_explicit(&has, memory_order_relaxed);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+        atomic_store(&has, v);
+    }
+    return v;
+}
+
 static int mode_from_name(const char *name) {
     if (!strcmp(name, "exact")) return 0;
     if (!strcmp(name, "fast")) return 1;

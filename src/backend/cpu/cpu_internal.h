@@ -29,6 +29,10 @@ kiln_simd_level kiln_cpu_simd_level(void);
  * kiln_cpu_matmul_mode_set), the AVX-512 level active and the CPU has AVX512-VNNI and -BF16. */
 bool kiln_cpu_matmul_fast_active(void);
 
+/* True when the CPU has AVX512-VNNI (cached): the exact 4/8-bit GEMV then runs on x split into
+ * three int8 parts (vpdpbusd); without it, on the f32 dequantizing kernel. */
+bool kiln_cpu_has_vnni(void);
+
 /* GEMM blocking shared by every level: MR rows of x by NR weight rows, KC deep. KC is a multiple
  * of every group size so a quantized block never splits a group. */
 #define KILN_GEMM_MR 8
@@ -108,10 +112,12 @@ typedef struct kiln_gemv_x {
     const float *xp;    /* [n, cols] x permuted to the level's code order (exact 4-bit, bf16) */
     const float *xsum;  /* [n, groups] sum of x over each weight group (quantized) */
     bool fast;          /* the VNNI / BF16 kernels below are in use */
-    const int8_t *xq;   /* fast quantized: [n, cols + pad] round(x / dx) in the code order */
-    const float *xdl;   /* fast quantized: [n, lanes + pad] dx of each 32-bit lane's group */
+    const int8_t *xq;   /* int8 x: [n][parts][cols + pad] in the code order (see xq_parts) */
+    const float *xdl;   /* int8 x: [n, lanes + pad] scale of each 32-bit lane's x block */
     const uint16_t *xb; /* fast bf16: [n, cols] x rounded to bf16 */
-    int64_t xq_stride;  /* elements per row of xq */
+    int xq_parts;       /* 1: fast, x ~ dx*q0; 3: exact split, x ~ dx*(q0*2^14 + q1*2^7 + q2) */
+    int64_t xq_part;    /* elements from one part of a row of xq to the next */
+    int64_t xq_stride;  /* elements per row of xq (xq_parts * xq_part) */
     int64_t xdl_stride; /* elements per row of xdl */
 } kiln_gemv_x;
 

@@ -114,17 +114,23 @@ void kiln_decode_avx512(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len
 }
 
 /* ---- GEMV (decode) ------------------------------------------------------------------------
- * Exact path (f32 x): sum_j (s*q_j + b)*x_j = s*sum_j q_j*x_j + b*sum_j x_j per group, with the
- * group sums of x computed once per call. 8-bit codes zero-extend straight to 16 lanes; 4-bit
- * codes come 32 per 16 bytes: byte t holds codes 2t (low nibble) and 2t+1 (high nibble), so the
- * low nibbles of a 16-byte load are the even codes of a 32-block and the high ones the odd codes,
- * and x is read in that order from a copy permuted once per call (xp). bf16 weights use the same
- * split: a 32-bit lane holds elements 2t (low half) and 2t+1 (high half), so shifting left by 16
- * or masking the low half yields f32 without a widening shuffle. Other bit widths and f16/f32
- * weights use the generic decoder / loads above with natural x.
- * Fast path (int8 / bf16 x, VNNI / BF16 units): x is quantized to int8 in blocks of 16 with
- * scale dx = max|x|/127 (in the code order), codes are u8 operands of vpdpbusd, each 32-bit lane's
- * integer sum times s*dx of its group and block is accumulated in f32; b*sum(x) stays exact. */
+ * Every kernel reads R rows per pass (4 for one x row): the x loads are shared by the R rows, R*n
+ * accumulator chains run side by side, and the R rows are R far-apart sequential streams (see
+ * GEMV_STREAMS) so the hardware prefetcher keeps up.
+ * 4/8-bit weights (AVX512-VNNI, group size a power of two >= 16): sum_j (s*q_j + b)*x_j =
+ * s*sum_j q_j*x_j + b*sum_j x_j per group, with the group sums of x computed once per call. x is
+ * quantized once per call to int8 in blocks of 16 with scale dx = max|x|/127 (in the code order:
+ * natural for 8-bit; for 4-bit each 64-byte step's low nibbles are its even codes and the high
+ * nibbles the odd ones, so x is stored evens then odds per 128-block), codes are the u8 operands of
+ * vpdpbusd, and each 32-bit lane's integer sum times s*dx of its group and block is accumulated in
+ * f32; b*sum(x) stays f32. The fast mode uses one int8 x (x rounded to 8 bits); the exact mode
+ * splits x into three int8 parts (21 bits relative to the block's max|x|, see quantize_x_int8),
+ * which is as accurate as the f32 dot products (~1e-7) and still far fewer instructions than
+ * dequantizing to f32.
+ * bf16 weights: a 32-bit lane holds elements 2t (low half) and 2t+1 (high half), so shifting left
+ * by 16 or masking the low half yields f32 without a widening shuffle, against x permuted once per
+ * call (even then odd elements of each 32-block, xp). The fast mode uses vdpbf16ps on bf16 x.
+ * Other bit widths and f16/f32 weights use the generic decoder / loads above with natural x. */
 
 #define FAST_XQ_PAD  128 /* bytes past each xq row that a full-width step may read */
 #define FAST_XDL_PAD 16  /* lanes past each xdl row */
@@ -195,105 +201,8 @@ static void permute_even_odd(const float *x, int n, int64_t cols, int64_t block,
     }
 }
 
-/* The per-lane sums of one 8-bit group of gs codes at p against x (natural order). */
-static ALWAYS_INLINE void q8_group_dot(const uint8_t *p, const float *x, int64_t cols, int64_t k0,
-                                       int64_t gs, const int n, __m512 *out) {
-    __m512 pa[KILN_GEMV_MAX_N], pb[KILN_GEMV_MAX_N];
-    __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-    __m512 c1 =
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
-    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-        pa[i] = _mm512_mul_ps(c0, _mm512_loadu_ps(x + i * cols + k0));
-        pb[i] = _mm512_mul_ps(c1, _mm512_loadu_ps(x + i * cols + k0 + 16));
-    }
-    for (int64_t k = 32; k < gs; k += 32) {
-        c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k))));
-        c1 = _mm512_cvtepi32_ps(
-            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k + 16))));
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-            pa[i] = _mm512_fmadd_ps(c0, _mm512_loadu_ps(x + i * cols + k0 + k), pa[i]);
-            pb[i] = _mm512_fmadd_ps(c1, _mm512_loadu_ps(x + i * cols + k0 + k + 16), pb[i]);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) out[i] = _mm512_add_ps(pa[i], pb[i]);
-}
-
-/* The same for a 4-bit group (gs/2 bytes at p) against xp (even/odd permuted 32-blocks). */
-static ALWAYS_INLINE void q4_group_dot(const uint8_t *p, const float *xp, int64_t cols, int64_t k0,
-                                       int64_t gs, const int n, __m512 *out) {
-    const __m512i low4 = _mm512_set1_epi32(15);
-    __m512 pa[KILN_GEMV_MAX_N], pb[KILN_GEMV_MAX_N];
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    __m512 ce = _mm512_cvtepi32_ps(_mm512_and_si512(v, low4));
-    __m512 co = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-        pa[i] = _mm512_mul_ps(ce, _mm512_loadu_ps(xp + i * cols + k0));
-        pb[i] = _mm512_mul_ps(co, _mm512_loadu_ps(xp + i * cols + k0 + 16));
-    }
-    for (int64_t k = 32; k < gs; k += 32) {
-        v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k / 2)));
-        ce = _mm512_cvtepi32_ps(_mm512_and_si512(v, low4));
-        co = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-            pa[i] = _mm512_fmadd_ps(ce, _mm512_loadu_ps(xp + i * cols + k0 + k), pa[i]);
-            pb[i] = _mm512_fmadd_ps(co, _mm512_loadu_ps(xp + i * cols + k0 + k + 16), pb[i]);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) out[i] = _mm512_add_ps(pa[i], pb[i]);
-}
-
-/* Exact 4/8-bit GEMV for a constant n: groups in pairs into two accumulators per x row, the
- * row's scales converted 16 at a time. */
-static ALWAYS_INLINE void gemv_q48(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                   const int bits, float *y, int64_t ldy, int64_t r0, int64_t r1) {
-    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
-    const int64_t group_bytes = gs * bits / 8;
-    const float *xv = bits == 4 ? px->xp : px->x;
-    _Alignas(64) float sbuf[16];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + r * (cols * bits / 8);
-        __m512 acc[KILN_GEMV_MAX_N][2];
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
-            _mm512_setzero_ps();
-        for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-            int64_t cnt = groups - g0 < 16 ? groups - g0 : 16;
-            _mm512_store_ps(sbuf, load_groups16(w->scales, w->scale_dtype, r * groups + g0, cnt));
-            int64_t j = 0;
-            for (; j + 2 <= cnt; j += 2) {
-                int64_t g = g0 + j;
-                __m512 d0[KILN_GEMV_MAX_N], d1[KILN_GEMV_MAX_N];
-                if (bits == 4) {
-                    q4_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
-                    q4_group_dot(row + (g + 1) * group_bytes, xv, cols, (g + 1) * gs, gs, n, d1);
-                } else {
-                    q8_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
-                    q8_group_dot(row + (g + 1) * group_bytes, xv, cols, (g + 1) * gs, gs, n, d1);
-                }
-                __m512 s0 = _mm512_set1_ps(sbuf[j]), s1 = _mm512_set1_ps(sbuf[j + 1]);
-                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                    acc[i][0] = _mm512_fmadd_ps(d0[i], s0, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(d1[i], s1, acc[i][1]);
-                }
-            }
-            if (j < cnt) {
-                int64_t g = g0 + j;
-                __m512 d0[KILN_GEMV_MAX_N];
-                if (bits == 4)
-                    q4_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
-                else
-                    q8_group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, d0);
-                __m512 s0 = _mm512_set1_ps(sbuf[j]);
-                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] =
-                    _mm512_fmadd_ps(d0[i], s0, acc[i][0]);
-            }
-        }
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1])) +
-            bias_term(w, r, px->xsum + i * groups, groups);
-    }
-}
-
-/* Generic-width quantized GEMV (2/3/5/6 bits) for a constant n: decode, s*q+b, f32 dot. */
+/* Generic-width quantized GEMV (2/3/5/6 bits, and 4/8 bits with a group size the int8 kernels
+ * do not take) for a constant n: decode, s*q+b, f32 dot. */
 static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const int n, float *y,
                                      int64_t ldy, int64_t r0, int64_t r1) {
     code_decoder d = make_decoder(w);
@@ -324,36 +233,107 @@ static ALWAYS_INLINE void gemv_quant(const kiln_matrix *w, const float *x, const
     }
 }
 
-/* bf16 GEMV for a constant n against xp (even/odd permuted 32-blocks); the last cols % 32
- * elements against natural x. */
-static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                    float *y, int64_t ldy, int64_t r0, int64_t r1) {
+/* The four horizontal sums of a, b, c, d as one vector {sum a, sum b, sum c, sum d}: a transpose
+ * tree (two unpack rounds, then the 128-bit lanes folded) instead of four separate reductions. */
+static ALWAYS_INLINE __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512 abcd = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd), _mm512_extractf32x8_ps(abcd, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* y[rr[q]] = t[q], q < 4. */
+static ALWAYS_INLINE void store4(float *y, const int64_t *rr, __m128 t) {
+    _mm_store_ss(y + rr[0], t);
+    y[rr[1]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
+    y[rr[2]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 2));
+    y[rr[3]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 3));
+}
+
+/* The GEMV kernels work on R rows at once (x loads shared, R*n accumulator chains). Adjacent rows
+ * side by side would make R strided streams inside a page, which the hardware stream prefetcher
+ * does not follow; so a thread's rows [r0, r1) are cut into R equal runs read in parallel, R
+ * long sequential streams (rr[q] = the current row of run q); the rows left over run singly.
+ * GEMV_PREFETCH: bytes ahead in each stream to prefetch in software (0: none). */
+#define GEMV_PREFETCH 1024
+#define GEMV_STREAMS(R, BODY_R, BODY_1)                                                            \
+    do {                                                                                           \
+        int64_t len_ = (r1 - r0) / (R), rr[4];                                                     \
+        for (int64_t t_ = 0; t_ < len_; t_++) {                                                    \
+            for (int q_ = 0; q_ < (R); q_++) rr[q_] = r0 + q_ * len_ + t_;                         \
+            BODY_R;                                                                                \
+        }                                                                                          \
+        for (int64_t r_ = r0 + (R)*len_; r_ < r1; r_++) {                                          \
+            rr[0] = r_;                                                                            \
+            BODY_1;                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* bf16 GEMV for a constant n on R consecutive rows at once (the x loads shared by the R rows,
+ * R*2 independent accumulator chains per x row, R streams in flight), against xp (even/odd
+ * permuted 32-blocks); the last cols % 32 elements against natural x. */
+static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                         const int R, float *y, int64_t ldy, const int64_t *rr) {
     const int64_t cols = w->cols, full = cols / 32 * 32;
     const float *xp = px->xp, *x = px->x;
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *row = (const uint16_t *)w->data + r * cols;
-        __m512 acc[KILN_GEMV_MAX_N][2];
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+    const uint16_t *rows[4];
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) rows[q] =
+        (const uint16_t *)w->data + rr[q] * cols;
+    __m512 acc[KILN_GEMV_MAX_N][4][2];
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++)
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc[i][q][0] = acc[i][q][1] =
             _mm512_setzero_ps();
-        for (int64_t k = 0; k < full; k += 32) {
-            __m512i v = _mm512_loadu_si512(row + k);
-            __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-            __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                acc[i][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xp + i * cols + k), acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xp + i * cols + k + 16), acc[i][1]);
+    for (int64_t k = 0; k < full; k += 32) {
+        __m512 we[4], wo[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            if (GEMV_PREFETCH)
+                _mm_prefetch((const char *)(rows[q] + k) + GEMV_PREFETCH, _MM_HINT_T0);
+            __m512i v = _mm512_loadu_si512(rows[q] + k);
+            we[q] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            wo[q] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+            __m512 xe = _mm512_loadu_ps(xp + i * cols + k);
+            __m512 xo = _mm512_loadu_ps(xp + i * cols + k + 16);
+            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+                acc[i][q][0] = _mm512_fmadd_ps(we[q], xe, acc[i][q][0]);
+                acc[i][q][1] = _mm512_fmadd_ps(wo[q], xo, acc[i][q][1]);
             }
         }
-        for (int64_t k = full; k < cols; k += 16) {
-            __mmask16 m = tail_mask(cols - k);
-            __m512 w0 = load_dense16(row, KILN_DT_BF16, k, m);
-            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] =
-                _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + i * cols + k), acc[i][0]);
-        }
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
     }
+    for (int64_t k = full; k < cols; k += 16) {
+        __mmask16 m = tail_mask(cols - k);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            __m512 w0 = load_dense16(rows[q], KILN_DT_BF16, k, m);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][q][0] =
+                _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + i * cols + k), acc[i][q][0]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+        if (R == 4) {
+            __m128 t = sum4(_mm512_add_ps(acc[i][0][0], acc[i][0][1]),
+                            _mm512_add_ps(acc[i][1][0], acc[i][1][1]),
+                            _mm512_add_ps(acc[i][2][0], acc[i][2][1]),
+                            _mm512_add_ps(acc[i][3][0], acc[i][3][1]));
+            store4(y + i * ldy, rr, t);
+        } else {
+            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) y[i * ldy + rr[q]] =
+                _mm512_reduce_add_ps(_mm512_add_ps(acc[i][q][0], acc[i][q][1]));
+        }
+    }
+}
+
+/* bf16 GEMV for a constant n: 4 rows per pass for n <= 2, 2 for n = 3, 4 (register budget), single
+ * rows for the remainder. */
+static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                    float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    const int R = n <= 2 ? 4 : 2;
+    GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, y, ldy, rr),
+                 gemv_bf16_rows(w, px, n, 1, y, ldy, rr));
 }
 
 /* Dense (f16 / f32) GEMV for a constant n (1..4). */
@@ -386,76 +366,136 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
 
 /* ---- fast path: VNNI (int8 x) and BF16 (bf16 x) ---- */
 
-/* 4/8-bit fast GEMV for a constant n. A step is 64 bytes of codes (128 4-bit / 64 8-bit codes;
- * the last step of a row may be shorter and is masked). 32-bit lane j of the vpdpbusd sum covers
- * codes [step + j*cpl, +cpl), cpl = 32/bits, so its group is known: the row's scales are
- * converted to f32 once (a chunk of FAST_SCALE_CHUNK groups at a time), a permute spreads them
- * over the lanes, and dx comes per lane from xdl. */
-#define FAST_SCALE_CHUNK 512
-static ALWAYS_INLINE void gemv_q48_fast(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                        const int bits, float *y, int64_t ldy, int64_t r0,
-                                        int64_t r1) {
-    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
-    const int64_t step = 512 / bits, cpl = 32 / bits, row_bytes = cols * bits / 8;
-    const int gsh = __builtin_ctzll((unsigned long long)gs); /* gs is a power of two */
-    const int64_t chunk_cols = FAST_SCALE_CHUNK * gs;        /* a multiple of step */
-    uint32_t idx_a[16];
-    for (int j = 0; j < 16; j++) idx_a[j] = step > gs ? (uint32_t)(j * cpl / gs) : 0;
-    const __m512i idx = _mm512_loadu_si512(idx_a);
+/* 4/8-bit GEMV on int8 x for a constant n, number of x parts (1: fast, 3: exact split) and R
+ * consecutive rows per pass (x loads shared by the R rows, R streams in flight). A step is 64
+ * bytes of codes (128 4-bit / 64 8-bit codes; the last step of a row may be shorter and is
+ * masked). 32-bit lane j of the vpdpbusd sum covers codes [step + j*cpl, +cpl), cpl = 32/bits,
+ * so its group is known: a row's scales stay in a register 16 groups at a time and a permute
+ * spreads them over the lanes (no store/reload of converted scales), dx comes per lane from xdl,
+ * and the bias term b*sum(x) of the same 16 groups is accumulated in a second vector. With three
+ * parts a lane's sums are combined in int32 as ((d0 << 7) + d1) << 7 + d2. */
+static ALWAYS_INLINE __m512i q_dot_part(__m512i lo, __m512i hi, const int8_t *xp, int64_t half,
+                                        __mmask64 m, const bool masked, const int bits) {
+    __m512i d;
+    if (!masked) {
+        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp));
+        if (bits == 4) d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xp + half));
+    } else { /* short last step */
+        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_maskz_loadu_epi8(m, xp));
+        if (bits == 4) d = _mm512_dpbusd_epi32(d, hi, _mm512_maskz_loadu_epi8(m, xp + half));
+    }
+    return d;
+}
+
+/* The lane sums of one step against all parts of x (independent chains, combined at the end). */
+static ALWAYS_INLINE __m512i q_dot_parts(__m512i lo, __m512i hi, const int8_t *xq, int64_t part,
+                                         int64_t half, __mmask64 m, const bool masked,
+                                         const int parts, const int bits) {
+    __m512i d = q_dot_part(lo, hi, xq, half, m, masked, bits);
+    if (parts == 3) {
+        __m512i d1 = q_dot_part(lo, hi, xq + part, half, m, masked, bits);
+        __m512i d2 = q_dot_part(lo, hi, xq + 2 * part, half, m, masked, bits);
+        d = _mm512_add_epi32(_mm512_slli_epi32(d, 14),
+                             _mm512_add_epi32(_mm512_slli_epi32(d1, 7), d2));
+    }
+    return d;
+}
+
+/* One step (64 bytes of codes at column k, len codes, masked when short) of R rows. */
+static ALWAYS_INLINE void q48_step(const uint8_t *const *rows, const kiln_gemv_x *px, const int n,
+                                   const int bits, const int parts, const int R, int64_t k,
+                                   int64_t len, const bool masked, __m512i sidx, const __m512 *sv,
+                                   __m512 (*acc)[4]) {
+    const int64_t cpl = 32 / bits;
     const __m512i low4 = _mm512_set1_epi8(15);
-    _Alignas(64) float sb[FAST_SCALE_CHUNK + 16];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + r * row_bytes;
-        __m512 acc[KILN_GEMV_MAX_N];
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
-        for (int64_t c0 = 0; c0 < cols; c0 += chunk_cols) {
-            int64_t c1 = cols - c0 < chunk_cols ? cols : c0 + chunk_cols;
-            int64_t g0 = c0 >> gsh, ng = (c1 - c0) >> gsh;
-            for (int64_t g = 0; g < ng; g += 16)
-                _mm512_store_ps(
-                    sb + g, load_groups16(w->scales, w->scale_dtype, r * groups + g0 + g, ng - g));
-            _mm512_store_ps(sb + ((ng + 15) & ~(int64_t)15), _mm512_setzero_ps());
-            for (int64_t k = c0; k < c1; k += step) {
-                __m512i v;
-                int64_t len = step;
-                if (k + step <= c1) { /* plain load: masked ones stall in a stream here */
-                    v = _mm512_loadu_si512(row + k * bits / 8);
-                } else {
-                    len = c1 - k;
-                    v = _mm512_maskz_loadu_epi8(((__mmask64)1 << (len * bits / 8)) - 1,
-                                                row + k * bits / 8);
-                }
-                __m512 s = step > gs
-                               ? _mm512_permutexvar_ps(idx, _mm512_loadu_ps(sb + ((k - c0) >> gsh)))
-                               : _mm512_set1_ps(group_value(w->scales, w->scale_dtype,
-                                                            r * groups + (k >> gsh)));
-                if (bits == 4) {
-                    __m512i lo = _mm512_and_si512(v, low4);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                        const int8_t *xq = px->xq + i * px->xq_stride + k;
-                        __m512i d =
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
-                        d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xq + len / 2));
-                        __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
-                        acc[i] =
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
-                    }
-                } else {
-                    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                        const int8_t *xq = px->xq + i * px->xq_stride + k;
-                        __m512i d =
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_loadu_si512(xq));
-                        __m512 dx = _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
-                        acc[i] =
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx), acc[i]);
-                    }
-                }
+    const __mmask64 m = masked ? ((__mmask64)1 << (len * bits / 8)) - 1 : ~(__mmask64)0;
+    __m512 dx[KILN_GEMV_MAX_N];
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) dx[i] =
+        _mm512_loadu_ps(px->xdl + i * px->xdl_stride + k / cpl);
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+        const uint8_t *p = rows[q] + k * bits / 8;
+        __m512i v;
+        if (!masked) { /* plain load: masked ones stall in a stream here */
+            if (GEMV_PREFETCH) _mm_prefetch((const char *)p + GEMV_PREFETCH, _MM_HINT_T0);
+            v = _mm512_loadu_si512(p);
+        } else {
+            v = _mm512_maskz_loadu_epi8(m, p);
+        }
+        __m512i lo = v, hi = v;
+        if (bits == 4) {
+            lo = _mm512_and_si512(v, low4);
+            hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+        __m512 s = _mm512_permutexvar_ps(sidx, sv[q]);
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+            __m512i d = q_dot_parts(lo, hi, px->xq + i * px->xq_stride + k, px->xq_part, len / 2, m,
+                                    masked, parts, bits);
+            acc[i][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, dx[i]), acc[i][q]);
+        }
+    }
+}
+
+static ALWAYS_INLINE void gemv_q48_int8_rows(const kiln_matrix *w, const kiln_gemv_x *px,
+                                             const int n, const int bits, const int parts,
+                                             const int R, __m512i idx_base, float *y, int64_t ldy,
+                                             const int64_t *rr) {
+    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int64_t step = 512 / bits, row_bytes = cols * bits / 8;
+    const int gsh = __builtin_ctzll((unsigned long long)gs); /* gs is a power of two */
+    const uint8_t *rows[4];
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) rows[q] =
+        (const uint8_t *)w->data + rr[q] * row_bytes;
+    __m512 acc[KILN_GEMV_MAX_N][4], bacc[KILN_GEMV_MAX_N][4];
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++)
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc[i][q] = bacc[i][q] =
+            _mm512_setzero_ps();
+    for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+        const int64_t cnt = groups - g0 < 16 ? groups - g0 : 16;
+        __m512 sv[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            sv[q] = load_groups16(w->scales, w->scale_dtype, rr[q] * groups + g0, cnt);
+            __m512 bv = load_groups16(w->biases, w->scale_dtype, rr[q] * groups + g0, cnt);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                const float *xs = px->xsum + i * groups + g0;
+                __m512 xsv =
+                    cnt == 16 ? _mm512_loadu_ps(xs) : _mm512_maskz_loadu_ps(tail_mask(cnt), xs);
+                bacc[i][q] = _mm512_fmadd_ps(bv, xsv, bacc[i][q]);
             }
         }
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
-            _mm512_reduce_add_ps(acc[i]) + bias_term(w, r, px->xsum + i * groups, groups);
+        const int64_t kb = g0 << gsh, ke = (g0 + cnt) << gsh;
+        int64_t k = kb;
+        for (; k + step <= ke; k += step) {
+            __m512i sidx = _mm512_add_epi32(idx_base, _mm512_set1_epi32((int)((k - kb) >> gsh)));
+            q48_step(rows, px, n, bits, parts, R, k, step, false, sidx, sv, acc);
+        }
+        if (k < ke) {
+            __m512i sidx = _mm512_add_epi32(idx_base, _mm512_set1_epi32((int)((k - kb) >> gsh)));
+            q48_step(rows, px, n, bits, parts, R, k, ke - k, true, sidx, sv, acc);
+        }
     }
+    _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+        if (R == 4) {
+            __m128 t =
+                sum4(_mm512_add_ps(acc[i][0], bacc[i][0]), _mm512_add_ps(acc[i][1], bacc[i][1]),
+                     _mm512_add_ps(acc[i][2], bacc[i][2]), _mm512_add_ps(acc[i][3], bacc[i][3]));
+            store4(y + i * ldy, rr, t);
+        } else {
+            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) y[i * ldy + rr[q]] =
+                _mm512_reduce_add_ps(_mm512_add_ps(acc[i][q], bacc[i][q]));
+        }
+    }
+}
+
+static ALWAYS_INLINE void gemv_q48_int8(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                        const int bits, const int parts, float *y, int64_t ldy,
+                                        int64_t r0, int64_t r1) {
+    const int64_t gs = w->group_size, step = 512 / bits, cpl = 32 / bits;
+    uint32_t idx_a[16]; /* the group of each 32-bit lane of a step, relative to its first */
+    for (int j = 0; j < 16; j++) idx_a[j] = step > gs ? (uint32_t)(j * cpl / gs) : 0;
+    const __m512i idx_base = _mm512_loadu_si512(idx_a);
+    const int R = n == 1 ? 4 : 2;
+    GEMV_STREAMS(R, gemv_q48_int8_rows(w, px, n, bits, parts, R, idx_base, y, ldy, rr),
+                 gemv_q48_int8_rows(w, px, n, bits, parts, 1, idx_base, y, ldy, rr));
 }
 
 /* bf16 fast GEMV for a constant n: vdpbf16ps on bf16 weights and bf16-rounded x. */
@@ -492,33 +532,47 @@ static ALWAYS_INLINE void gemv_bf16_fast(const kiln_matrix *w, const kiln_gemv_x
 /* x quantized to int8 in blocks of 16 (finer than any weight group and a whole number of 32-bit
  * lanes, so a lane's integer sum has one x scale): dx = max|x|/127, xq = round(x/dx), in the
  * natural order (8-bit) or with each 128-block (a shorter last block likewise) holding its even
- * elements then its odd ones (4-bit); xdl[lane] = dx of every 32-bit lane (cpl codes) of a row. */
-static void quantize_x_fast(const float *x, int n, int64_t cols, int bits, int8_t *xq,
-                            int64_t xq_stride, float *xdl, int64_t xdl_stride) {
+ * elements then its odd ones (4-bit); xdl[lane] = dx of every 32-bit lane (cpl codes) of a row.
+ * With parts = 3 (the exact mode) the remainder is quantized twice more at 1/128 of the step:
+ * t = x/dx = q0 + q1/2^7 + q2/2^14 + e, |q0| <= 127, |q1|, |q2| <= 64, |e| <= 2^-15, and xdl holds
+ * dx/2^14 so that a lane's ((d0*2^7 + d1)*2^7 + d2) (which fits in int32: |d0| <= 4*255*127) times
+ * xdl is its dot product with x to within 2^-15*dx per element (~2.4e-7 of the block's max|x|),
+ * well inside f32 round-off of a long dot product. */
+static void quantize_x_int8(const float *x, int n, int64_t cols, int bits, int parts, int8_t *xq,
+                            int64_t xq_part, float *xdl, int64_t xdl_stride) {
     const int64_t cpl = 32 / bits, step = 512 / bits;
+    const __m512 c128 = _mm512_set1_ps(128.0f);
     for (int i = 0; i < n; i++) {
         const float *xi = x + i * cols;
-        int8_t *qi = xq + i * xq_stride;
         float *di = xdl + i * xdl_stride;
+        int8_t *q0 = xq + (int64_t)i * parts * xq_part;
         for (int64_t k = 0; k < cols; k += 16) {
             __m512 v = _mm512_loadu_ps(xi + k);
             float amax = _mm512_reduce_max_ps(_mm512_abs_ps(v));
             float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            for (int64_t l = k / cpl; l < (k + 16) / cpl; l++) di[l] = dx;
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(inv)));
-            _mm_storeu_si128((__m128i *)(qi + k), _mm512_cvtsepi32_epi8(q));
+            float dl = parts == 3 ? dx * (1.0f / 16384.0f) : dx;
+            for (int64_t l = k / cpl; l < (k + 16) / cpl; l++) di[l] = dl;
+            __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(inv));
+            for (int p = 0; p < parts; p++) {
+                __m512i q = _mm512_cvtps_epi32(t); /* round to nearest even */
+                _mm_storeu_si128((__m128i *)(q0 + p * xq_part + k), _mm512_cvtsepi32_epi8(q));
+                t = _mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(q)), c128); /* exact */
+            }
         }
         memset(di + cols / cpl, 0, FAST_XDL_PAD * sizeof *di);
-        memset(qi + cols, 0, FAST_XQ_PAD);
-        if (bits == 4) {
-            int8_t tmp[128];
-            for (int64_t k = 0; k < cols; k += step) {
-                int64_t len = cols - k < step ? cols - k : step;
-                for (int64_t t = 0; t < len / 2; t++) {
-                    tmp[t] = qi[k + 2 * t];
-                    tmp[len / 2 + t] = qi[k + 2 * t + 1];
+        for (int p = 0; p < parts; p++) {
+            int8_t *qi = q0 + p * xq_part;
+            memset(qi + cols, 0, FAST_XQ_PAD);
+            if (bits == 4) {
+                int8_t tmp[128];
+                for (int64_t k = 0; k < cols; k += step) {
+                    int64_t len = cols - k < step ? cols - k : step;
+                    for (int64_t t = 0; t < len / 2; t++) {
+                        tmp[t] = qi[k + 2 * t];
+                        tmp[len / 2 + t] = qi[k + 2 * t + 1];
+                    }
+                    memcpy(qi + k, tmp, (size_t)len);
                 }
-                memcpy(qi + k, tmp, (size_t)len);
             }
         }
     }
@@ -534,7 +588,8 @@ static bool fast_kind(const kiln_matrix *w) {
 size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, bool fast,
                                 kiln_gemv_x *px, void *scratch) {
     const int64_t cols = w->cols;
-    fast = fast && fast_kind(w);
+    fast = fast && fast_kind(w); /* the caller checked VNNI / BF16 */
+    bool int8_kind = kiln_matrix_is_quantized(w) && fast_kind(w) && (fast || kiln_cpu_has_vnni());
     size_t off = 0;
     kiln_gemv_x p = {.x = x, .n = n, .fast = fast};
     if (kiln_matrix_is_quantized(w)) {
@@ -542,18 +597,17 @@ size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, boo
         float *xsum = kiln_scratch_take(scratch, &off, (size_t)(n * groups) * sizeof(float));
         if (scratch) kiln_group_sums(x, n, cols, w->group_size, xsum);
         p.xsum = xsum;
-        if (fast) {
-            p.xq_stride = (cols + FAST_XQ_PAD + 63) / 64 * 64;
+        if (int8_kind) { /* 4/8-bit: int8 x, one part (fast) or three (exact split) */
+            p.xq_parts = fast ? 1 : 3;
+            p.xq_part = (cols + FAST_XQ_PAD + 63) / 64 * 64;
+            p.xq_stride = p.xq_parts * p.xq_part;
             p.xdl_stride = (cols * w->bits / 32 + FAST_XDL_PAD + 15) / 16 * 16;
             int8_t *xq = kiln_scratch_take(scratch, &off, (size_t)(n * p.xq_stride));
             float *xdl =
                 kiln_scratch_take(scratch, &off, (size_t)(n * p.xdl_stride) * sizeof(float));
-            if (scratch) quantize_x_fast(x, n, cols, w->bits, xq, p.xq_stride, xdl, p.xdl_stride);
+            if (scratch)
+                quantize_x_int8(x, n, cols, w->bits, p.xq_parts, xq, p.xq_part, xdl, p.xdl_stride);
             p.xq = xq, p.xdl = xdl;
-        } else if (w->bits == 4) {
-            float *xp = kiln_scratch_take(scratch, &off, (size_t)(n * cols) * sizeof(float));
-            if (scratch) permute_even_odd(x, n, cols, 32, xp);
-            p.xp = xp;
         }
     } else if (w->dtype == KILN_DT_BF16) {
         if (fast) {
@@ -587,8 +641,8 @@ size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, boo
         KERNEL(4, ARG);                                                                            \
         break;                                                                                     \
     }
-#define Q48(N, B)   gemv_q48(w, px, N, B, y, ldy, r0, r1)
-#define Q48F(N, B)  gemv_q48_fast(w, px, N, B, y, ldy, r0, r1)
+#define Q48F(N, B)  gemv_q48_int8(w, px, N, B, 1, y, ldy, r0, r1)
+#define Q48S(N, B)  gemv_q48_int8(w, px, N, B, 3, y, ldy, r0, r1)
 #define QGEN(N, _)  gemv_quant(w, px->x, N, y, ldy, r0, r1)
 #define BF(N, _)    gemv_bf16(w, px, N, y, ldy, r0, r1)
 #define BFF(N, _)   gemv_bf16_fast(w, px, N, y, ldy, r0, r1)
@@ -597,14 +651,14 @@ size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, boo
 void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1) {
     if (kiln_matrix_is_quantized(w)) {
-        if (w->bits == 4 && px->fast) {
+        if (w->bits == 4 && px->xq_parts == 1) {
             EACH_N(Q48F, 4)
-        } else if (w->bits == 8 && px->fast) {
+        } else if (w->bits == 8 && px->xq_parts == 1) {
             EACH_N(Q48F, 8)
-        } else if (w->bits == 4) {
-            EACH_N(Q48, 4)
-        } else if (w->bits == 8) {
-            EACH_N(Q48, 8)
+        } else if (w->bits == 4 && px->xq_parts == 3) {
+            EACH_N(Q48S, 4)
+        } else if (w->bits == 8 && px->xq_parts == 3) {
+            EACH_N(Q48S, 8)
         } else {
             EACH_N(QGEN, 0)
         }
