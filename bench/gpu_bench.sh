@@ -11,7 +11,9 @@
 #   graph  batch-1 and batch-64 decode with the decode-step CUDA graph off (KILN_CUDA_GRAPH=0) and
 #          on, for each shape in KILN_SHAPES (bf16; q4 too for KILN_QUANT_SHAPES)
 #   profile KILN_CUDA_PROFILE=1 decode of each shape (bf16) at the batches in KILN_PROFILE_BATCHES
-#   hf     transformers generate (bf16, sdpa, static cache) on the same shapes
+#   hf     transformers generate (bf16, sdpa, static cache) on the same shapes; generate's automatic
+#          torch.compile of static-cache decoding is off (its compile time swamps a short run)
+#          unless KILN_HF_COMPILE=1
 #   nsys   (if nsys is installed) `nsys profile --stats=true` of a short batch-1 decode of the first
 #          shape: CUDA API and kernel summaries into $OUT/nsys.txt
 # KILN_FORMATS (default "bf16 q8 q4") picks the e2e formats of the quantized shapes; KILN_K2=0 skips
@@ -202,7 +204,8 @@ for shape in sys.argv[2:]:
         ids = torch.randint(0, V, (batch, prompt), device="cuda")
         torch.cuda.synchronize(); t = time.time()
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                       do_sample=False, cache_implementation="static", pad_token_id=0)
+                       do_sample=False, cache_implementation="static", pad_token_id=0,
+                       disable_compile=os.environ.get("KILN_HF_COMPILE", "0") != "1")
         torch.cuda.synchronize(); return time.time() - t
     with torch.inference_mode():
         run(1, 16, 2)
