@@ -10,6 +10,8 @@
 #          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
 #   graph  batch-1 and batch-64 decode with the decode-step CUDA graph off (KILN_CUDA_GRAPH=0) and
 #          on, for each shape in KILN_SHAPES (bf16; q4 too for KILN_QUANT_SHAPES)
+#   ctx    decode at context KILN_CTX (default 8192; cache filled by `kiln bench --context`, kv bf16)
+#          for each shape, batches KILN_CTX_BATCHES (default "1 8")
 #   profile KILN_CUDA_PROFILE=1 decode of each shape (bf16) at the batches in KILN_PROFILE_BATCHES
 #   hf     transformers generate (bf16, sdpa, static cache) on the same shapes; generate's automatic
 #          torch.compile of static-cache decoding is off (its compile time swamps a short run)
@@ -173,6 +175,20 @@ if has graph; then
         done
     done
     tail -3 "$O/graph.err" 2>/dev/null
+fi
+
+if has ctx; then
+    # decode at a long context: the cache is filled with synthetic K/V (kiln bench --context)
+    for s in $SHAPES; do
+        late "ctx $s" && break
+        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
+        for b in ${KILN_CTX_BATCHES:-1 8}; do
+            "$K" bench --device cuda --model "$M/$s" --kv bf16 --context "${KILN_CTX:-8192}" --prompt 16 --gen 32 --batch $b --runs 3 --json --quiet 2>>"$O/ctx.err" |
+                python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'ctx=${KILN_CTX:-8192} kv=bf16 $s bf16 b$b: {r[\"decode_tok_s\"]:.1f} tok/s, weights {r[\"decode_weight_gb_s\"]:.0f} GB/s')" |
+                tee -a "$O/ctx.txt"
+        done
+    done
+    tail -3 "$O/ctx.err" 2>/dev/null
 fi
 
 if has profile; then

@@ -25,20 +25,25 @@ static double median(double *v, int n) {
 
 static void help(FILE *f) {
     fprintf(
-        f,
-        "usage: kiln bench [--model DIR] [--prompt N] [--gen N] [--batch B] [--runs R] [--json]\n\n"
-        "  --prompt N   prompt tokens for the prefill measurement (default 128)\n"
-        "  --gen N      decode steps (default 64)\n"
-        "  --batch B    sequences decoded together (default 1)\n"
-        "  --runs R     repetitions; medians are reported (default 5)\n"
-        "  --json       one JSON line instead of the table\n\n");
+        f, "usage: kiln bench [--model DIR] [--prompt N] [--gen N] [--batch B] [--context N] "
+           "[--runs R]\n"
+           "                  [--json]\n\n"
+           "  --prompt N   prompt tokens for the prefill measurement (default 128)\n"
+           "  --gen N      decode steps (default 64)\n"
+           "  --batch B    sequences decoded together (default 1)\n"
+           "  --context N  before the prompt, fill each sequence's cache with N positions of "
+           "synthetic\n"
+           "               keys/values (kiln_seq_fill_synthetic; default 0): decode speed at long\n"
+           "               context without a long prefill. Speed only, not quality.\n"
+           "  --runs R     repetitions; medians are reported (default 5)\n"
+           "  --json       one JSON line instead of the table\n\n");
     cli_model_opts_help(f);
 }
 
 int cmd_bench(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_init(&mo);
-    long long P = 128, G = 64, B = 1, R = 5;
+    long long P = 128, G = 64, B = 1, R = 5, C = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opts_parse(&mo, argc, argv, &i);
@@ -56,6 +61,8 @@ int cmd_bench(int argc, char **argv) {
             dst = &P;
         else if (strcmp(a, "--gen") == 0)
             dst = &G;
+        else if (strcmp(a, "--context") == 0)
+            dst = &C, lo = 0;
         else if (strcmp(a, "--batch") == 0)
             dst = &B, hi = 1024;
         else if (strcmp(a, "--runs") == 0)
@@ -89,7 +96,15 @@ int cmd_bench(int argc, char **argv) {
             goto done;
         }
     for (int run = -1; run < R; run++) { /* run -1 warms up */
-        for (int b = 0; b < nb; b++) kiln_seq_truncate(seqs[b], 0);
+        for (int b = 0; b < nb; b++) {
+            kiln_seq_truncate(seqs[b], 0);
+            kiln_status st =
+                C > 0 ? kiln_seq_fill_synthetic(seqs[b], (int)C, (uint64_t)b + 1) : KILN_OK;
+            if (st != KILN_OK) {
+                cli_fail_status(st, "context fill");
+                goto done;
+            }
+        }
         double t0 = now_s();
         for (int b = 0; b < nb; b++) {
             kiln_batch_entry pe = {seqs[b], prompt, (int)P, KILN_LOGITS_LAST,
@@ -125,15 +140,17 @@ int cmd_bench(int argc, char **argv) {
     double ttft_ms = 1e3 * P / p50;
     double gbps = (double)in->weight_bytes * (d50 / nb) / 1e9;
     if (json) {
-        printf("{\"model\":\"%s\",\"arch\":\"%s\",\"prompt\":%lld,\"gen\":%lld,\"batch\":%lld,"
+        printf("{\"model\":\"%s\",\"arch\":\"%s\",\"context\":%lld,\"prompt\":%lld,\"gen\":%lld,"
+               "\"batch\":%lld,"
                "\"runs\":%lld,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"ttft_ms\":%.2f,"
                "\"decode_weight_gb_s\":%.2f,\"peak_rss_mb\":%.1f,\"weight_bytes\":%lld}\n",
-               mo.model_dir ? mo.model_dir : cli_default_model_dir(), in->architecture, P, G, B, R,
-               p50, d50, ttft_ms, gbps, ru.ru_maxrss / 1024.0, (long long)in->weight_bytes);
+               mo.model_dir ? mo.model_dir : cli_default_model_dir(), in->architecture, C, P, G, B,
+               R, p50, d50, ttft_ms, gbps, ru.ru_maxrss / 1024.0, (long long)in->weight_bytes);
     } else {
         printf("model        %s (%s, %.1fM params, %.1f MB weights)\n",
                mo.model_dir ? mo.model_dir : cli_default_model_dir(), in->architecture,
                in->n_params / 1e6, in->weight_bytes / 1e6);
+        if (C > 0) printf("context      %lld synthetic positions per sequence\n", C);
         printf("prefill      %lld tokens x %lld seq: %.1f tok/s (median of %lld), TTFT %.1f ms\n",
                P, B, p50, R, ttft_ms);
         printf("decode       %lld steps x %lld seq: %.1f tok/s (median of %lld), weights read at "

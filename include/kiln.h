@@ -102,6 +102,12 @@ kiln_status kiln_seq_new(kiln_model *model, kiln_seq **out);
 void kiln_seq_free(kiln_seq *seq);
 int kiln_seq_len(const kiln_seq *seq);                 /* tokens held in the cache */
 kiln_status kiln_seq_truncate(kiln_seq *seq, int len); /* roll back to the first len tokens */
+/* For benchmarks of long-context decoding: appends n_tokens positions of synthetic keys and values
+ * (seeded random rows of unit variance) to every attention layer of the sequence's cache through
+ * the cache's own store, so quantized kinds encode them as usual, without running the model.
+ * Recurrent layers' state is left as is. The positions hold no real tokens: measure speed with
+ * them, never quality. Fails like kiln_forward when the cache is full. */
+kiln_status kiln_seq_fill_synthetic(kiln_seq *seq, int n_tokens, uint64_t seed);
 /* Prefix sharing (paged KV kinds: --kv other than f32, or --kv-block/--kv-budget). On an empty
  * sequence, attaches the longest run of cached full blocks matching tokens[0..n_tokens) (blocks
  * become cached when a sequence of the same model commits them) and sets *n_reused to the tokens

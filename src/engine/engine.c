@@ -226,6 +226,59 @@ kiln_status kiln_seq_truncate(kiln_seq *s, int len) {
     return s->kv->vt->truncate(s->kv, len);
 }
 
+kiln_status kiln_seq_fill_synthetic(kiln_seq *s, int n_tokens, uint64_t seed) {
+    if (!s) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_fill_synthetic: NULL sequence");
+    if (n_tokens < 0)
+        return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_fill_synthetic: negative token count");
+    kiln_model *m = s->model;
+    kiln_kv *kv = s->kv;
+    if (n_tokens > m->max_tokens - kv->len)
+        return kiln_error(KILN_ERR_CACHE_FULL,
+                          "kiln_seq_fill_synthetic: %d + %d tokens exceed the context limit %d",
+                          kv->len, n_tokens, m->max_tokens);
+    int64_t width = 1; /* widest K or V row over the layers */
+    for (int l = 0; l < kv->n_layers; l++) {
+        const kiln_kv_layer_desc *d = &kv->layers[l];
+        int64_t kw = (int64_t)d->n_kv_heads * d->head_dim,
+                vw = (int64_t)d->n_kv_heads * d->v_head_dim;
+        if (kw > width) width = kw;
+        if (vw > width) width = vw;
+    }
+    enum { CHUNK = 256 };
+    const size_t bytes = (size_t)CHUNK * (size_t)width * sizeof(float);
+    float *host = malloc(2 * bytes);
+    float *dk = m->be->alloc(m->be, bytes), *dv = m->be->alloc(m->be, bytes); /* backend memory */
+    kiln_status st = host && dk && dv ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory");
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int done = 0; st == KILN_OK && done < n_tokens;) {
+        const int c = n_tokens - done < CHUNK ? n_tokens - done : CHUNK;
+        st = kv->vt->reserve(kv, c);
+        for (int l = 0; st == KILN_OK && l < kv->n_layers; l++) {
+            const kiln_kv_layer_desc *d = &kv->layers[l];
+            if (!d->is_attention) continue;
+            const int64_t kw = (int64_t)d->n_kv_heads * d->head_dim,
+                          vw = (int64_t)d->n_kv_heads * d->v_head_dim;
+            for (int64_t i = 0; i < (int64_t)c * (kw + vw); i++) { /* uniform, variance 1 */
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                host[i] = (float)((double)(x >> 11) * 0x1.0p-53 * 3.4641016151377544 -
+                                  1.7320508075688772);
+            }
+            m->be->upload(m->be, dk, host, (size_t)(c * kw) * sizeof(float));
+            m->be->upload(m->be, dv, host + c * kw, (size_t)(c * vw) * sizeof(float));
+            kv->vt->store(kv, l, dk, dv, c);
+        }
+        if (st == KILN_OK) {
+            kv->vt->commit(kv, c);
+            done += c;
+        }
+    }
+    if (st == KILN_OK && m->be->synchronize) st = m->be->synchronize(m->be);
+    free(host);
+    if (dk) m->be->free(m->be, dk);
+    if (dv) m->be->free(m->be, dv);
+    return st;
+}
+
 kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
     if (!m || (n > 0 && !e)) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward: NULL argument");
     if (n < 0) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward: negative entry count");
