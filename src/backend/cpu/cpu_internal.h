@@ -38,6 +38,12 @@ bool kiln_cpu_has_vnni(void);
 #define KILN_GEMM_MR 8
 #define KILN_GEMM_NR 32
 #define KILN_GEMM_KC 128
+/* The panel GEMM (levels with a tile_t kernel): x is transposed once per call into panels of
+ * XP rows ([cols][XP] f32, zero rows past n), each weight row is decoded to f32 once per call, and
+ * a WR x XP tile c[j][i] = W[r0 + j, :] . x[p*XP + i, :] runs over the full depth (WR broadcasts of
+ * weights against XP/16 vectors of x per k: 2*WR FMAs for WR + 2 loads). */
+#define KILN_GEMM_XP 32
+#define KILN_GEMM_WR 12
 /* n at or below this runs the GEMV (decode) path. */
 #define KILN_GEMV_MAX_N 4
 /* n up to this runs as ceil(n / KILN_GEMV_MAX_N) GEMV passes instead of the blocked GEMM. */
@@ -131,6 +137,9 @@ typedef void (*kiln_gemv_fn)(const kiln_matrix *w, const kiln_gemv_x *px, float 
                              int64_t r0, int64_t r1);
 /* c[MR][NR] = sum_k xrows[i][k] * wp[k*NR + j], k < kc (overwrites c). */
 typedef void (*kiln_tile_fn)(int64_t kc, const float *const *xrows, const float *wp, float *c);
+/* c[j*XP + i] = sum_k wd[j*ldw + k] * xt[k*XP + i], j < WR, i < XP, k < cols (overwrites c). */
+typedef void (*kiln_tile_t_fn)(int64_t cols, const float *xt, const float *wd, int64_t ldw,
+                               float *c);
 
 typedef struct kiln_cpu_kernels {
     kiln_decode_fn decode;
@@ -139,6 +148,7 @@ typedef struct kiln_cpu_kernels {
     kiln_tile_fn tile;
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n);
+    kiln_tile_t_fn tile_t; /* NULL: the packed-block GEMM with tile */
 } kiln_cpu_kernels;
 
 /* The kernels of the active level. */
@@ -151,6 +161,7 @@ size_t kiln_gemv_prepare_scalar(const kiln_matrix *w, const float *x, int n, boo
 void kiln_gemv_scalar(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1);
 void kiln_tile_scalar(int64_t kc, const float *const *xrows, const float *wp, float *c);
+void kiln_tile_t_scalar(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
 float kiln_dot_scalar(const float *a, const float *b, int64_t n);
 void kiln_axpy_scalar(float *y, float a, const float *x, int64_t n);
 
@@ -169,6 +180,7 @@ size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, boo
 void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1);
 void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, float *c);
+void kiln_tile_t_avx512(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
 float kiln_dot_avx512(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx512(float *y, float a, const float *x, int64_t n);
 

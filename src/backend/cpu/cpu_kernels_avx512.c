@@ -692,6 +692,28 @@ void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, fl
     }
 }
 
+/* WR x XP panel tile: WR*XP/16 accumulators; per k XP/16 x vectors and WR weight broadcasts. */
+void kiln_tile_t_avx512(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c) {
+    enum { WR = KILN_GEMM_WR, XV = KILN_GEMM_XP / 16 };
+    _Static_assert(WR * XV <= 26, "panel tile registers");
+    __m512 acc[WR][XV];
+    _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < cols; k++) {
+        __m512 xv[XV];
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) xv[v] =
+            _mm512_load_ps(xt + k * KILN_GEMM_XP + 16 * v);
+        _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++) {
+            __m512 wv = _mm512_set1_ps(wd[j * ldw + k]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] =
+                _mm512_fmadd_ps(wv, xv[v], acc[j][v]);
+        }
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++)
+            _mm512_storeu_ps(c + j * KILN_GEMM_XP + 16 * v, acc[j][v]);
+}
+
 float kiln_dot_avx512(const float *a, const float *b, int64_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t i = 0;

@@ -61,6 +61,18 @@ void kiln_tile_scalar(int64_t kc, const float *const *xrows, const float *wp, fl
     }
 }
 
+void kiln_tile_t_scalar(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c) {
+    for (int i = 0; i < KILN_GEMM_WR * KILN_GEMM_XP; i++) c[i] = 0.0f;
+    for (int64_t k = 0; k < cols; k++) {
+        const float *xk = xt + k * KILN_GEMM_XP;
+        for (int j = 0; j < KILN_GEMM_WR; j++) {
+            float wv = wd[j * ldw + k];
+            float *cj = c + j * KILN_GEMM_XP;
+            for (int i = 0; i < KILN_GEMM_XP; i++) cj[i] += wv * xk[i];
+        }
+    }
+}
+
 float kiln_dot_scalar(const float *a, const float *b, int64_t n) {
     float acc[4] = {0, 0, 0, 0};
     int64_t i = 0;

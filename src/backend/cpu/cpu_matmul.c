@@ -109,6 +109,106 @@ static void gemm_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
     }
 }
 
+/* ---- panel GEMM (prefill, levels with tile_t) ------------------------------------------------ */
+
+typedef struct {
+    const kiln_cpu_kernels *kernels;
+    const kiln_matrix *w;
+    const float *x; /* [n, cols] */
+    float *y;       /* [n, rows] */
+    int64_t n;
+    float *xt;   /* [panels][cols][XP] */
+    bool failed; /* a slice had no memory for its decoded rows */
+} panel_job;
+
+/* Panels [p0, p1): xt[p][k][i] = x[p*XP + i, k] (0 past n). */
+static void pack_x_slice(void *ctx, int64_t p0, int64_t p1, int thread) {
+    (void)thread;
+    const panel_job *job = ctx;
+    const int64_t cols = job->w->cols;
+    for (int64_t p = p0; p < p1; p++) {
+        float *xt = job->xt + p * cols * KILN_GEMM_XP;
+        for (int i = 0; i < KILN_GEMM_XP; i++) {
+            int64_t row = p * KILN_GEMM_XP + i;
+            if (row < job->n) {
+                const float *xi = job->x + row * cols;
+                for (int64_t k = 0; k < cols; k++) xt[k * KILN_GEMM_XP + i] = xi[k];
+            } else {
+                for (int64_t k = 0; k < cols; k++) xt[k * KILN_GEMM_XP + i] = 0.0f;
+            }
+        }
+    }
+}
+
+/* Stored bytes of rows [r0, r0 + nr) of W (codes or dense values; scales and biases are small). */
+static void weight_rows_span(const kiln_matrix *w, int64_t r0, int64_t nr, const char **p,
+                             int64_t *bytes) {
+    int64_t row_bytes = kiln_matrix_is_quantized(w) ? kiln_matrix_row_code_bytes(w)
+                                                    : w->cols * (int64_t)kiln_dtype_size(w->dtype);
+    *p = (const char *)w->data + r0 * row_bytes;
+    *bytes = nr * row_bytes;
+}
+
+/* Blocks [b0, b1) of WR weight rows: decode the block's rows once, then one tile per x panel.
+ * While the tiles of one block run, the next block's weights are prefetched a slice per panel
+ * (decoding reads them straight from memory otherwise: one stream, no compute to hide it). */
+static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    panel_job *job = ctx;
+    const kiln_matrix *w = job->w;
+    const int64_t cols = w->cols, ldw = (cols + 15) & ~(int64_t)15;
+    const int64_t panels = (job->n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
+    float *wd = aligned_alloc(64, (size_t)(KILN_GEMM_WR * ldw) * sizeof(float));
+    if (!wd) {
+        job->failed = true;
+        return;
+    }
+    _Alignas(64) float c[KILN_GEMM_WR * KILN_GEMM_XP];
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t r0 = b * KILN_GEMM_WR;
+        int64_t nr = w->rows - r0 < KILN_GEMM_WR ? w->rows - r0 : KILN_GEMM_WR;
+        for (int64_t j = 0; j < KILN_GEMM_WR; j++) {
+            if (j < nr)
+                job->kernels->decode(w, r0 + j, 0, cols, wd + j * ldw);
+            else
+                memset(wd + j * ldw, 0, (size_t)cols * sizeof *wd);
+        }
+        const char *next = NULL;
+        int64_t next_bytes = 0;
+        if (b + 1 < b1) {
+            int64_t r1 = r0 + KILN_GEMM_WR;
+            weight_rows_span(w, r1, w->rows - r1 < KILN_GEMM_WR ? w->rows - r1 : KILN_GEMM_WR,
+                             &next, &next_bytes);
+        }
+        for (int64_t p = 0; p < panels; p++) {
+            for (int64_t o = next_bytes * p / panels; o < next_bytes * (p + 1) / panels; o += 64)
+                __builtin_prefetch(next + o);
+            job->kernels->tile_t(cols, job->xt + p * cols * KILN_GEMM_XP, wd, ldw, c);
+            int64_t np =
+                job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+            for (int64_t i = 0; i < np; i++) {
+                float *yi = job->y + (p * KILN_GEMM_XP + i) * w->rows + r0;
+                for (int64_t j = 0; j < nr; j++)
+                    yi[j] = c[j * KILN_GEMM_XP + i] + (w->bias ? w->bias[r0 + j] : 0.0f);
+            }
+        }
+    }
+    free(wd);
+}
+
+/* Returns false (nothing written) when out of memory. */
+static bool gemm_panels(kiln_threadpool *pool, const kiln_cpu_kernels *kernels, float *y,
+                        const float *x, int64_t n, const kiln_matrix *w) {
+    int64_t panels = (n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
+    float *xt = aligned_alloc(64, (size_t)(panels * w->cols * KILN_GEMM_XP) * sizeof(float));
+    if (!xt) return false;
+    panel_job job = {kernels, w, x, y, n, xt, false};
+    kiln_parallel_for(pool, panels, 1, pack_x_slice, &job);
+    kiln_parallel_for(pool, (w->rows + KILN_GEMM_WR - 1) / KILN_GEMM_WR, 1, panel_slice, &job);
+    free(xt);
+    return !job.failed;
+}
+
 void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
                      const kiln_matrix *w) {
     if (n <= 0 || w->rows <= 0) return;
@@ -148,6 +248,7 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
         kiln_parallel_for(pool, w->rows, 16, gemv_slice, &job);
         if (scratch != stack) free(scratch);
     } else {
+        if (job.kernels->tile_t && gemm_panels(pool, job.kernels, y, x, n, w)) return;
         int64_t blocks = (w->rows + KILN_GEMM_NR - 1) / KILN_GEMM_NR;
         kiln_parallel_for(pool, blocks, 1, gemm_slice, &job);
     }
