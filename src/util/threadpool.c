@@ -4,8 +4,8 @@
  * claims slices with a compare-and-swap on the slice's flag, starting from its own index, so a
  * worker that is slow to wake (a busy machine) never holds the caller up: the caller simply runs
  * that slice itself. The caller then waits only for slices that others are executing. Workers
- * spin briefly on a generation counter before sleeping on a condition variable, so back-to-back
- * decode kernels rarely pay a futex wake.
+ * spin briefly (pause, an occasional sched_yield) on a generation counter before sleeping on a
+ * condition variable, so back-to-back decode kernels rarely pay a futex wake.
  *
  * A worker that wakes late may claim a slice of the *next* job; that is safe because the caller
  * writes the job's fields before it resets the slice flags (release) and a claim is an acquire. */
@@ -20,6 +20,21 @@
 #include <unistd.h>
 
 #define KILN_MAX_THREADS 256
+
+/* Waiting: a pause-spin that calls sched_yield every SPIN_YIELD_MASK + 1 turns (a yield is a
+ * system call, costly under a hypervisor, and a busy waiter on an idle core gains nothing from
+ * it; yielding now and then still lets a descheduled worker run on a busy machine). Workers go
+ * to sleep on the condition variable after SPIN_LIMIT turns (~0.1-0.5 ms). */
+#define SPIN_YIELD_MASK 255
+#define SPIN_LIMIT      8192
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
 
 struct kiln_threadpool {
     int n_threads;
@@ -74,9 +89,12 @@ static void *worker_main(void *arg) {
     for (;;) {
         int spins = 0;
         while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
-               !atomic_load(&p->stop) && spins < 4000) {
+               !atomic_load(&p->stop) && spins < SPIN_LIMIT) {
             spins++;
-            if ((spins & 15) == 0) sched_yield();
+            if ((spins & SPIN_YIELD_MASK) == 0)
+                sched_yield();
+            else
+                cpu_relax();
         }
         if (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
             !atomic_load(&p->stop)) {
@@ -164,6 +182,10 @@ void kiln_parallel_for(kiln_threadpool *p, int64_t n, int64_t grain, kiln_range_
     pthread_mutex_unlock(&p->mu);
     claim_slices(p, 0, 0);
     int spins = 0;
-    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n_threads)
-        if (++spins > 64) sched_yield(); /* a slice is running elsewhere */
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n_threads) {
+        if ((++spins & SPIN_YIELD_MASK) == 0)
+            sched_yield(); /* a slice is running elsewhere (or its thread is descheduled) */
+        else
+            cpu_relax();
+    }
 }

@@ -128,14 +128,15 @@ static void pack_x_slice(void *ctx, int64_t p0, int64_t p1, int thread) {
     const int64_t cols = job->w->cols;
     for (int64_t p = p0; p < p1; p++) {
         float *xt = job->xt + p * cols * KILN_GEMM_XP;
-        for (int i = 0; i < KILN_GEMM_XP; i++) {
-            int64_t row = p * KILN_GEMM_XP + i;
-            if (row < job->n) {
-                const float *xi = job->x + row * cols;
-                for (int64_t k = 0; k < cols; k++) xt[k * KILN_GEMM_XP + i] = xi[k];
-            } else {
-                for (int64_t k = 0; k < cols; k++) xt[k * KILN_GEMM_XP + i] = 0.0f;
-            }
+        int64_t np =
+            job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+        const float *xp = job->x + p * KILN_GEMM_XP * cols;
+        /* k outer: each xt line is written whole; the np source rows stay in L1 across 16 k */
+        for (int64_t k = 0; k < cols; k++) {
+            float *dst = xt + k * KILN_GEMM_XP;
+            int64_t i = 0;
+            for (; i < np; i++) dst[i] = xp[i * cols + k];
+            for (; i < KILN_GEMM_XP; i++) dst[i] = 0.0f;
         }
     }
 }
