@@ -260,8 +260,8 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         rot -= rot % 2;
     }
     /* small decode steps (one token per sequence, up to 8 sequences, batched K/V calls) run as
-     * one recorded unit where the backend offers it: on CUDA a graph instead of ~17 launches per
-     * layer. Larger batches are GEMM-bound and measured slower when captured again every step. */
+     * one recorded unit where the backend offers it: on CUDA (KILN_CUDA_GRAPH=1) a graph instead
+     * of ~17 launches per layer. Larger batches are GEMM-bound and measured slower captured. */
     const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= 8;
     if (graph) be->graph_begin(be);
     for (int l = 0; l < s->n_layers; l++) {

@@ -357,7 +357,9 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     }
     st->n_sms = prop.multiProcessorCount;
     const char *ge = getenv("KILN_CUDA_GRAPH");
-    st->graph_on = !(ge && strcmp(ge, "0") == 0);
+    /* opt-in: re-capturing every step costs the host about what it saves the GPU (H200:
+     * Qwen3-0.6B batch 1 434 -> 409 tok/s, Llama-3-8B 168 -> 175; docs/gpu.md) */
+    st->graph_on = ge && strcmp(ge, "1") == 0;
     const char *pe = getenv("KILN_CUDA_PROFILE");
     st->prof_on = pe && strcmp(pe, "1") == 0 && cudaEventCreate(&st->prof_ev[0]) == cudaSuccess &&
                   cudaEventCreate(&st->prof_ev[1]) == cudaSuccess;

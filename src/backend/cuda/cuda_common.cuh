@@ -46,7 +46,7 @@ typedef struct kcu_state {
     /* decode-step CUDA graph: graph_begin() starts capturing the stream, graph_end() (or the first
      * call that must wait or allocate: kcu_graph_flush) ends it, updates the one executable graph
      * in place (re-instantiating when the topology changed) and launches it */
-    bool graph_on; /* KILN_CUDA_GRAPH != 0 */
+    bool graph_on; /* KILN_CUDA_GRAPH=1 */
     bool capturing;
     cudaGraphExec_t graph_exec;
     long long graph_launches, graph_instantiations, graph_flushes_early;
