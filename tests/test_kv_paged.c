@@ -2,7 +2,9 @@
  * 1, 16 and 7 tokens) give logits bit-identical to the contiguous cache, token by token and for a
  * whole prompt; prefix sharing gives each sequence the logits it gets alone; and, on the cache
  * interface directly, copy-on-write, sliding windows, pool exhaustion (KILN_ERR_CACHE_FULL with
- * nothing changed, then room after a free) and LRU eviction of cached prefix blocks. */
+ * nothing changed, then room after a free) and LRU eviction of cached prefix blocks; the kind
+ * strings' group suffixes and their byte costs; kiln_seq_fill_synthetic (benchmarks' long
+ * contexts) writes the same rows into paged and contiguous caches. */
 #include "kiln.h"
 #include "kv/kv_factory.h"
 #include "kv/kv_pool.h"
@@ -349,7 +351,74 @@ static void test_pressure_and_eviction(void) {
     free(vr);
 }
 
+/* :gN sets both groups, :kgN / :vgN one of them; bytes per token follow (demo-like layer: 2 KV
+ * heads x 64 dims; affine row = groups x 4 B + codes, Lloyd-Max row = groups x 2 B + codes). */
+static void test_kind_groups(void) {
+    kv_kind_spec k;
+    CHECK_OK(kv_kind_parse("turbo:k4v4", &k));
+    CHECK(k.k_group == 32 && k.v_group == 32 && !k.rotk);
+    CHECK_OK(kv_kind_parse("turbo:k4v4:rotk:kg64", &k));
+    CHECK(k.k_group == 64 && k.v_group == 32 && k.rotk && k.k_bits == 4 && k.v_bits == 4);
+    CHECK_OK(kv_kind_parse("turbo:k4v4:kg64:vg64", &k));
+    CHECK(k.k_group == 64 && k.v_group == 64);
+    CHECK_OK(kv_kind_parse("q4:vg32", &k));
+    CHECK(k.k_group == 64 && k.v_group == 32);
+    CHECK_OK(kv_kind_parse("q8:g32", &k));
+    CHECK(k.k_group == 32 && k.v_group == 32);
+    static const char *bad[] = {"turbo:k4v4:kg", "turbo:k4v4:kg48",  "turbo:k4v4:xg64",
+                                "q4:kg512",      "turbo:k4v4:kg64:", "q4:rotk"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_ERR(kv_kind_parse(bad[i], &k), KILN_ERR_UNSUPPORTED, bad[i]);
+    CHECK(kv_affine_row_bytes(64, 4, 64) == 36 && kv_affine_row_bytes(64, 4, 32) == 40);
+    CHECK(kv_lloyd_row_bytes(64, 4, 32) == 36 && kv_lloyd_row_bytes(64, 4, 64) == 34);
+}
+
+/* The synthetic fill stores the same seeded rows whatever the cache, so a paged f32 cache (blocks
+ * of 7) and the contiguous one give bit-identical logits for tokens that follow; the fill keeps
+ * the context limit and its argument checks. */
+static void test_fill_synthetic(void) {
+    const char *dir = test_shared("fixtures/qwen3");
+    int n = 0;
+    int32_t *tok = load_prompt(dir, &n);
+    kiln_model *mc = load(dir, NULL, 0), *mp = load(dir, NULL, 7);
+    if (!tok || !mc || !mp) {
+        CHECK_MSG(false, "qwen3 fixture: %s", kiln_last_error());
+        goto done;
+    }
+    kiln_seq *sc = NULL, *sp = NULL;
+    CHECK_OK(kiln_seq_new(mc, &sc));
+    CHECK_OK(kiln_seq_new(mp, &sp));
+    CHECK_OK(kiln_seq_fill_synthetic(sc, 300, 5));
+    CHECK_OK(kiln_seq_fill_synthetic(sp, 300, 5));
+    CHECK(kiln_seq_len(sc) == 300 && kiln_seq_len(sp) == 300);
+    int V = kiln_model_get_info(mc)->vocab_size, T = n < 8 ? n : 8;
+    float *lc = run(mc, sc, tok, T, 3, 0), *lp = run(mp, sp, tok, T, 3, 0);
+    CHECK(memcmp(lc, lp, (size_t)T * V * sizeof(float)) == 0);
+    /* and the context matters: without the fill the logits differ */
+    kiln_seq *fresh = NULL;
+    CHECK_OK(kiln_seq_new(mc, &fresh));
+    float *l0 = run(mc, fresh, tok, T, 3, 0);
+    CHECK(memcmp(lc, l0, (size_t)T * V * sizeof(float)) != 0);
+    /* limits: the fixture's context is 512 tokens */
+    int before = kiln_seq_len(sc);
+    CHECK_ERR(kiln_seq_fill_synthetic(sc, 512, 1), KILN_ERR_CACHE_FULL, "context limit");
+    CHECK(kiln_seq_len(sc) == before);
+    CHECK_ERR(kiln_seq_fill_synthetic(sc, -1, 1), KILN_ERR_INVALID_ARG, "negative");
+    CHECK_ERR(kiln_seq_fill_synthetic(NULL, 1, 1), KILN_ERR_INVALID_ARG, "NULL");
+    free(lc);
+    free(lp);
+    free(l0);
+    kiln_seq_free(fresh);
+    kiln_seq_free(sc);
+    kiln_seq_free(sp);
+done:
+    kiln_model_free(mc);
+    kiln_model_free(mp);
+    free(tok);
+}
+
 int main(void) {
+    test_kind_groups();
     test_cow();
     test_sliding();
     test_pressure_and_eviction();
@@ -362,5 +431,6 @@ int main(void) {
         test_fixture_parity(rel);
     }
     test_prefix_sharing();
+    test_fill_synthetic();
     return test_finish();
 }

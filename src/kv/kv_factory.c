@@ -21,12 +21,12 @@ void kiln_load_options_default(kiln_load_options *o) {
 static kiln_status bad_kind(const char *text) {
     return kiln_error(KILN_ERR_UNSUPPORTED,
                       "KV cache kind '%s' is not supported (supported: f32, "
-                      "f16, bf16, q8, q4 with optional :g32/:g64, turbo:kXvY with X in 4..8, Y in "
-                      "1..4, optional :rotk and :g32/:g64)",
+                      "f16, bf16, q8, q4 with optional :gN, turbo:kXvY with X in 4..8, Y in "
+                      "1..4, optional :rotk, :gN, :kgN, :vgN)",
                       text);
 }
 
-/* Parses ":gN" / ":rotk" suffixes starting at s. */
+/* Parses ":gN" / ":kgN" / ":vgN" / ":rotk" suffixes starting at s. */
 static bool parse_suffixes(const char *s, kv_kind_spec *o, bool allow_rotk) {
     while (*s) {
         if (*s != ':') return false;
@@ -34,11 +34,15 @@ static bool parse_suffixes(const char *s, kv_kind_spec *o, bool allow_rotk) {
         if (strncmp(s, "rotk", 4) == 0 && allow_rotk) {
             o->rotk = true;
             s += 4;
-        } else if (*s == 'g') {
+        } else if (*s == 'g' || ((s[0] == 'k' || s[0] == 'v') && s[1] == 'g')) {
+            /* :gN sets both groups; :kgN / :vgN only the keys' / values' group */
+            const char which = *s == 'g' ? 'g' : s[0];
+            const char *num = which == 'g' ? s + 1 : s + 2;
             char *end;
-            long g = strtol(s + 1, &end, 10);
-            if (end == s + 1 || g < 8 || g > 256 || !kiln_is_pow2((int)g)) return false;
-            o->k_group = o->v_group = (int)g;
+            long g = strtol(num, &end, 10);
+            if (end == num || g < 8 || g > 256 || !kiln_is_pow2((int)g)) return false;
+            if (which != 'v') o->k_group = (int)g;
+            if (which != 'k') o->v_group = (int)g;
             s = end;
         } else {
             return false;
