@@ -145,6 +145,28 @@ static void test_matmul_quant(kiln_threadpool *pool) {
         }
 }
 
+/* A row's GEMV result must not depend on the batch (n = 1..4) or the thread count: the server
+ * samples the same tokens for the same seed whether or not a request shares its decode step. */
+static void test_gemv_batch_invariant(kiln_threadpool *pool) {
+    static const int bits_list[] = {0, 4, 8, 3};
+    for (size_t b = 0; b < sizeof bits_list / sizeof *bits_list; b++) {
+        int bits = bits_list[b];
+        kiln_matrix w = make_matrix(203, 256, KILN_DT_BF16, bits, 64, KILN_DT_F16, false);
+        float *x = rand_vec(4 * w.cols, 1.0f);
+        float *y1 = malloc(sizeof(float) * (size_t)w.rows);
+        float *yn = malloc(sizeof(float) * (size_t)(4 * w.rows));
+        kiln_cpu_matmul(NULL, y1, x, 1, &w);
+        for (int n = 1; n <= 4; n++) {
+            kiln_cpu_matmul(pool, yn, x, n, &w);
+            CHECK_MSG(!memcmp(y1, yn, sizeof(float) * (size_t)w.rows),
+                      "[%s %s] bits=%d: row results differ between n=1 (1 thread) and n=%d",
+                      kiln_cpu_simd_name(), kiln_cpu_matmul_mode(), bits, n);
+        }
+        free(x), free(y1), free(yn);
+        free_matrix(&w);
+    }
+}
+
 /* The fast GEMV's model of the arithmetic: x rounded to int8 in blocks of 16 (dx = max|x|/127),
  * y = sum_g s_g * sum_j q_j * xhat_j + b_g * sum_j x_j in double, for row i = 0 of x. */
 static void fast_model(const kiln_matrix *w, const float *x, double *out) {
@@ -394,6 +416,7 @@ int main(void) {
             test_matmul_quant(pools[p]);
         }
         test_matmul_quant(NULL);
+        test_gemv_batch_invariant(pools[1]);
         printf("level %s: exact quantized matmul worst rel err %.2e\n", kiln_cpu_simd_name(),
                quant_worst);
         test_matmul_fast(pools[1]);

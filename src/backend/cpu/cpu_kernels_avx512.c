@@ -245,12 +245,15 @@ static ALWAYS_INLINE __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* y[rr[q]] = t[q], q < 4. */
-static ALWAYS_INLINE void store4(float *y, const int64_t *rr, __m128 t) {
+/* y[rr[q]] = the horizontal sum of v[q], q < R, always through the same sum4 tree (so a row's
+ * result does not depend on R, i.e. on the batch size n or where a thread's rows end). */
+static ALWAYS_INLINE void store_sums(float *y, const int64_t *rr, const int R, const __m512 *v) {
+    const __m512 z = _mm512_setzero_ps();
+    __m128 t = sum4(v[0], R > 1 ? v[1] : z, R > 2 ? v[2] : z, R > 3 ? v[3] : z);
     _mm_store_ss(y + rr[0], t);
-    y[rr[1]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
-    y[rr[2]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 2));
-    y[rr[3]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 3));
+    if (R > 1) y[rr[1]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
+    if (R > 2) y[rr[2]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 2));
+    if (R > 3) y[rr[3]] = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 3));
 }
 
 /* The GEMV kernels work on R rows at once (x loads shared, R*n accumulator chains). Adjacent rows
@@ -314,16 +317,10 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
         }
     }
     _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-        if (R == 4) {
-            __m128 t = sum4(_mm512_add_ps(acc[i][0][0], acc[i][0][1]),
-                            _mm512_add_ps(acc[i][1][0], acc[i][1][1]),
-                            _mm512_add_ps(acc[i][2][0], acc[i][2][1]),
-                            _mm512_add_ps(acc[i][3][0], acc[i][3][1]));
-            store4(y + i * ldy, rr, t);
-        } else {
-            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) y[i * ldy + rr[q]] =
-                _mm512_reduce_add_ps(_mm512_add_ps(acc[i][q][0], acc[i][q][1]));
-        }
+        __m512 v[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) v[q] =
+            _mm512_add_ps(acc[i][q][0], acc[i][q][1]);
+        store_sums(y + i * ldy, rr, R, v);
     }
 }
 
@@ -474,15 +471,10 @@ static ALWAYS_INLINE void gemv_q48_int8_rows(const kiln_matrix *w, const kiln_ge
         }
     }
     _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-        if (R == 4) {
-            __m128 t =
-                sum4(_mm512_add_ps(acc[i][0], bacc[i][0]), _mm512_add_ps(acc[i][1], bacc[i][1]),
-                     _mm512_add_ps(acc[i][2], bacc[i][2]), _mm512_add_ps(acc[i][3], bacc[i][3]));
-            store4(y + i * ldy, rr, t);
-        } else {
-            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) y[i * ldy + rr[q]] =
-                _mm512_reduce_add_ps(_mm512_add_ps(acc[i][q], bacc[i][q]));
-        }
+        __m512 v[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) v[q] =
+            _mm512_add_ps(acc[i][q], bacc[i][q]);
+        store_sums(y + i * ldy, rr, R, v);
     }
 }
 
