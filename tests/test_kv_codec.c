@@ -4,6 +4,7 @@
 #include "kv/hadamard.h"
 #include "kv/kv_codec.h"
 #include "kv/lloyd_max.h"
+#include "util/half.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -144,8 +145,38 @@ static void test_rows(void) {
     }
 }
 
+/* Every bit width's Lloyd-Max decode (4 bits has its own nibble path) equals the record read
+ * the long way: f16 scale per group times the centroid of each unpacked code. */
+static void test_lloyd_decode_layout(void) {
+    uint64_t rng = 29;
+    for (int bits = 1; bits <= 4; bits++) {
+        kiln_lloyd_max lm;
+        kiln_lloyd_max_gaussian(bits, &lm);
+        enum { DIM = 128, GROUP = 32, NG = DIM / GROUP };
+        float x[DIM], got[DIM];
+        for (int i = 0; i < DIM; i++)
+            x[i] = (float)((double)(test_rand_u64(&rng) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
+        uint8_t rec[512];
+        CHECK(kv_lloyd_row_bytes(DIM, bits, GROUP) <= sizeof rec);
+        kv_lloyd_encode(&lm, x, DIM, GROUP, rec);
+        kv_lloyd_decode(&lm, rec, DIM, GROUP, got);
+        const int gbytes = (GROUP * bits + 7) / 8;
+        bool same = true;
+        for (int g = 0; g < NG; g++) {
+            uint16_t r16;
+            memcpy(&r16, rec + 2 * g, 2);
+            uint8_t codes[GROUP];
+            kiln_unpack_bits(rec + 2 * NG + g * gbytes, GROUP, bits, codes);
+            for (int i = 0; i < GROUP; i++)
+                same = same && got[g * GROUP + i] == kiln_f16_to_f32(r16) * lm.centroid[codes[i]];
+        }
+        CHECK_MSG(same, "bits=%d", bits);
+    }
+}
+
 int main(void) {
     test_hadamard();
+    test_lloyd_decode_layout();
     test_pack();
     test_lloyd_max();
     test_rows();

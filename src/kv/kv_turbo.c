@@ -46,7 +46,18 @@ void kv_lloyd_decode(const kiln_lloyd_max *lm, const uint8_t *in, int dim, int g
         uint16_t r16;
         memcpy(&r16, in + 2 * g, 2);
         float r = kiln_f16_to_f32(r16);
+        float *o = out + g * group;
+        if (lm->bits == 4) { /* two codes per byte, low nibble first (kiln_pack_bits' layout) */
+            float tab[16];   /* r * centroid, the same products as below */
+            for (int q = 0; q < 16; q++) tab[q] = r * lm->centroid[q];
+            const uint8_t *c = packed + g * gbytes;
+            for (int i = 0; i < group / 2; i++) {
+                o[2 * i] = tab[c[i] & 15];
+                o[2 * i + 1] = tab[c[i] >> 4];
+            }
+            continue;
+        }
         kiln_unpack_bits(packed + g * gbytes, group, lm->bits, codes);
-        for (int i = 0; i < group; i++) out[g * group + i] = r * lm->centroid[codes[i]];
+        for (int i = 0; i < group; i++) o[i] = r * lm->centroid[codes[i]];
     }
 }

@@ -51,13 +51,21 @@ int kiln_lloyd_max_encode(const kiln_lloyd_max *q, float x) {
 }
 
 void kiln_pack_bits(const uint8_t *codes, int n, int bits, uint8_t *out) {
-    memset(out, 0, (size_t)(n * bits + 7) / 8);
+    /* an LSB-first bit stream: code j at bits [j*bits, (j+1)*bits) */
+    const uint32_t mask = (1u << bits) - 1u;
+    uint32_t acc = 0;
+    int have = 0;
+    size_t o = 0;
     for (int j = 0; j < n; j++) {
-        int bit = j * bits;
-        unsigned v = codes[j] & ((1u << bits) - 1u);
-        for (int k = 0; k < bits; k++, bit++)
-            if (v >> k & 1u) out[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+        acc |= (codes[j] & mask) << have;
+        have += bits;
+        while (have >= 8) {
+            out[o++] = (uint8_t)acc;
+            acc >>= 8;
+            have -= 8;
+        }
     }
+    if (have > 0) out[o] = (uint8_t)acc;
 }
 
 void kiln_unpack_bits(const uint8_t *in, int n, int bits, uint8_t *codes) {
