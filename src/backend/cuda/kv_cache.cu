@@ -289,8 +289,9 @@ extern "C" kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *la
     /* --kv f16/bf16 select a paged pool on the CPU; on the GPU they are contiguous device caches
      * unless blocks were asked for explicitly (--kv-block / --kv-budget) */
     if (opts && opts->paged && (opts->block_tokens > 0 || opts->budget_bytes > 0))
-        return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "cuda kv: paged caches (--kv-block, --kv-budget) are not implemented yet");
+        return kiln_error(
+            KILN_ERR_UNSUPPORTED,
+            "cuda kv: paged caches (--kv-block, --kv-budget) are not implemented yet");
     if (n_layers <= 0 || max_tokens <= 0)
         return kiln_error(KILN_ERR_INVALID_ARG, "cuda kv: %d layers, %d tokens", n_layers,
                           max_tokens);
