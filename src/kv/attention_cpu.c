@@ -1,6 +1,7 @@
 /* attention_cpu.c — causal multi-head attention (GQA, optional sliding window and logit
  * soft-capping) of new queries against K/V rows held contiguously. This is the CPU reference
- * every cache kind's attention is compared with. Work is split over (query, head) pairs. */
+ * every cache kind's attention is compared with. Work is split over (query, kv head) pairs, each
+ * with the query heads of its GQA group. */
 #include "backend/cpu/cpu_ops.h"
 #include "kv/kv_cache.h"
 
@@ -16,47 +17,64 @@ typedef struct attn_job {
     const kiln_attn_params *p;
 } attn_job;
 
+/* One work item: query t and kv head g with the `group` query heads that share it, so each K and
+ * V row is read once for all of them (GQA). Per query head the operations and their order are
+ * those of a loop over that head alone: scores in key order, softmax, weighted sum in key order. */
 static void attn_slice(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const attn_job *j = ctx;
     const int n_heads = j->p->n_heads, group = n_heads / j->n_kv_heads;
     const int64_t kstride = (int64_t)j->n_kv_heads * j->head_dim;
     const int64_t vstride = (int64_t)j->n_kv_heads * j->v_head_dim;
-    float *scores = malloc((size_t)(j->n_keys > 0 ? j->n_keys : 1) * sizeof(float));
-    if (!scores) return; /* cannot happen in practice; leaves out untouched */
+    const size_t keys = (size_t)(j->n_keys > 0 ? j->n_keys : 1);
+    float *scores = malloc((size_t)group * keys * sizeof(float)); /* [group, n_keys] */
+    float *mx = malloc((size_t)group * 2 * sizeof(float));        /* max, then 1/sum, per head */
+    if (!scores || !mx) { /* cannot happen in practice; leaves out untouched */
+        free(scores);
+        free(mx);
+        return;
+    }
     for (int64_t w = begin; w < end; w++) {
-        int t = (int)(w / n_heads), h = (int)(w % n_heads), g = h / group;
-        int pos = j->pos0 + t;
+        const int t = (int)(w / j->n_kv_heads), g = (int)(w % j->n_kv_heads), h0 = g * group;
+        const int pos = j->pos0 + t;
         int first = j->window > 0 ? pos - j->window + 1 : 0;
         if (first < j->key_pos0) first = j->key_pos0;
-        int last = pos < j->key_pos0 + j->n_keys - 1 ? pos : j->key_pos0 + j->n_keys - 1;
-        const float *qv = j->q + (int64_t)t * n_heads * j->head_dim + (int64_t)h * j->head_dim;
-        float *o = j->out + (int64_t)t * n_heads * j->v_head_dim + (int64_t)h * j->v_head_dim;
-        for (int d = 0; d < j->v_head_dim; d++) o[d] = 0.0f;
+        const int last = pos < j->key_pos0 + j->n_keys - 1 ? pos : j->key_pos0 + j->n_keys - 1;
+        const float *q0 = j->q + (int64_t)t * n_heads * j->head_dim + (int64_t)h0 * j->head_dim;
+        float *o0 = j->out + (int64_t)t * n_heads * j->v_head_dim + (int64_t)h0 * j->v_head_dim;
+        for (int64_t d = 0; d < (int64_t)group * j->v_head_dim; d++) o0[d] = 0.0f;
         if (last < first) continue;
-        int cnt = last - first + 1;
-        float mx = -INFINITY;
+        const int cnt = last - first + 1;
+        for (int r = 0; r < group; r++) mx[r] = -INFINITY;
         for (int i = 0; i < cnt; i++) {
             const float *kv =
                 j->k_rows + (int64_t)(first - j->key_pos0 + i) * kstride + (int64_t)g * j->head_dim;
-            float s = kiln_cpu_dot(qv, kv, j->head_dim) * j->p->scale;
-            if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
-            scores[i] = s;
-            if (s > mx) mx = s;
+            for (int r = 0; r < group; r++) {
+                float s =
+                    kiln_cpu_dot(q0 + (int64_t)r * j->head_dim, kv, j->head_dim) * j->p->scale;
+                if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
+                scores[(size_t)r * keys + i] = s;
+                if (s > mx[r]) mx[r] = s;
+            }
         }
-        float sum = 0.0f;
-        for (int i = 0; i < cnt; i++) {
-            scores[i] = expf(scores[i] - mx);
-            sum += scores[i];
+        for (int r = 0; r < group; r++) {
+            float *sc = scores + (size_t)r * keys, sum = 0.0f;
+            for (int i = 0; i < cnt; i++) {
+                sc[i] = expf(sc[i] - mx[r]);
+                sum += sc[i];
+            }
+            mx[group + r] = 1.0f / sum;
         }
-        float inv = 1.0f / sum;
         for (int i = 0; i < cnt; i++) {
             const float *vv = j->v_rows + (int64_t)(first - j->key_pos0 + i) * vstride +
                               (int64_t)g * j->v_head_dim;
-            kiln_cpu_axpy(o, scores[i] * inv, vv, j->v_head_dim);
+            for (int r = 0; r < group; r++)
+                kiln_cpu_axpy(o0 + (int64_t)r * j->v_head_dim,
+                              scores[(size_t)r * keys + i] * mx[group + r], vv, j->v_head_dim);
         }
     }
     free(scores);
+    free(mx);
 }
 
 void kiln_attention_contiguous(const float *q, int n, int pos0, const float *k_rows,
@@ -76,6 +94,6 @@ void kiln_attention_contiguous(const float *q, int n, int pos0, const float *k_r
                   .v_head_dim = v_head_dim,
                   .window = window,
                   .p = p};
-    int64_t work = (int64_t)n * p->n_heads;
+    int64_t work = (int64_t)n * n_kv_heads;
     kiln_parallel_for(pool, work, 1, attn_slice, &j);
 }
