@@ -279,13 +279,30 @@ static ALWAYS_INLINE void store_sums(float *y, const int64_t *rr, const int R, c
  * R*2 independent accumulator chains per x row, R streams in flight), against xp (even/odd
  * permuted 32-blocks); the last cols % 32 elements against natural x. */
 static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                         const int R, float *y, int64_t ldy, const int64_t *rr) {
+                                         const int R, const bool shifted, float *y, int64_t ldy,
+                                         const int64_t *rr) {
     const int64_t cols = w->cols, full = cols / 32 * 32;
     const float *xp = px->xp, *x = px->x;
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     const uint16_t *rows[4];
     _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) rows[q] =
         (const uint16_t *)w->data + rr[q] * cols;
+    /* shifted: the rows start m = 4..60 bytes past a 64-byte boundary (a safetensors file puts
+     * tensors at any 8-byte offset); a 64-byte load across two cache lines halves the streaming
+     * rate, so the row is read as aligned blocks and each step is put together from two of them
+     * (the block after the last step holds the row's last bytes: never past a page). */
+    const int m = (int)((uintptr_t)w->data & 63);
+    __m512i sh_idx = _mm512_setzero_si512(), lo[4];
+    const uint8_t *ab[4];
+    if (shifted) {
+        sh_idx =
+            _mm512_add_epi32(_mm512_set1_epi32(m / 4), _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9,
+                                                                        8, 7, 6, 5, 4, 3, 2, 1, 0));
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            ab[q] = (const uint8_t *)rows[q] - m;
+            lo[q] = _mm512_load_si512(ab[q]);
+        }
+    }
     __m512 acc[KILN_GEMV_MAX_N][4][2];
     _Pragma("GCC unroll 4") for (int i = 0; i < n; i++)
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc[i][q][0] = acc[i][q][1] =
@@ -295,7 +312,14 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
             if (GEMV_PREFETCH)
                 _mm_prefetch((const char *)(rows[q] + k) + GEMV_PREFETCH, _MM_HINT_T0);
-            __m512i v = _mm512_loadu_si512(rows[q] + k);
+            __m512i v;
+            if (shifted) {
+                __m512i hi = _mm512_load_si512(ab[q] + 2 * k + 64);
+                v = _mm512_permutex2var_epi32(lo[q], sh_idx, hi);
+                lo[q] = hi;
+            } else {
+                v = _mm512_loadu_si512(rows[q] + k);
+            }
             we[q] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
             wo[q] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         }
@@ -329,8 +353,23 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
 static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
                                     float *y, int64_t ldy, int64_t r0, int64_t r1) {
     const int R = n <= 2 ? 4 : 2;
-    GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, y, ldy, rr),
-                 gemv_bf16_rows(w, px, n, 1, y, ldy, rr));
+    int64_t m = (int64_t)((uintptr_t)w->data & 63);
+    if (m == 0 || m % 4 || w->cols % 32) {
+        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, false, y, ldy, rr),
+                     gemv_bf16_rows(w, px, n, 1, false, y, ldy, rr));
+        return;
+    }
+    /* misaligned rows: aligned block reads, except the matrix's last row (its last block may
+     * end past the allocation) */
+    int64_t r1s = r1 == w->rows ? r1 - 1 : r1;
+    {
+        int64_t r1_ = r1;
+        r1 = r1s;
+        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, true, y, ldy, rr),
+                     gemv_bf16_rows(w, px, n, 1, true, y, ldy, rr));
+        r1 = r1_;
+    }
+    for (int64_t r = r1s; r < r1; r++) gemv_bf16_rows(w, px, n, 1, false, y, ldy, &r);
 }
 
 /* Dense (f16 / f32) GEMV for a constant n (1..4). */
