@@ -162,6 +162,20 @@ static void test_gemv_batch_invariant(kiln_threadpool *pool) {
                       "[%s %s] bits=%d: row results differ between n=1 (1 thread) and n=%d",
                       kiln_cpu_simd_name(), kiln_cpu_matmul_mode(), bits, n);
         }
+        /* the same weights 8 and 24 bytes past a cache line (safetensors offsets): same result */
+        size_t bytes = (size_t)kiln_matrix_bytes(&w);
+        if (bits) bytes = (size_t)(w.rows * kiln_matrix_row_code_bytes(&w));
+        for (int off = 8; off <= 24; off += 16) {
+            char *buf = aligned_alloc(64, (bytes + off + 63) / 64 * 64);
+            memcpy(buf + off, w.data, bytes);
+            kiln_matrix ws = w;
+            ws.data = buf + off;
+            kiln_cpu_matmul(pool, yn, x, 1, &ws);
+            CHECK_MSG(!memcmp(y1, yn, sizeof(float) * (size_t)w.rows),
+                      "[%s] bits=%d: weights at offset %d give different results",
+                      kiln_cpu_simd_name(), bits, off);
+            free(buf);
+        }
         free(x), free(y1), free(yn);
         free_matrix(&w);
     }
