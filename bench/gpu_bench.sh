@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # gpu_bench.sh — on the GPU machine, in one call: builds kiln (CUDA on, carried .deps), then runs
 # the stages named in KILN_STAGES (default: all, in this order):
-#   tests  test_cuda_ops (both quant GEMV kernels), test_parity_cuda (cuBLAS x as bf16 and as a
-#          bf16 hi+lo pair), and `kiln generate --device cuda` on the demo model vs the CPU's ids
+#   tests  test_cuda_ops (both quant GEMV kernels), test_parity_cuda (KILN_PARITY_GEMMS: cuBLAS
+#          x as a bf16 hi+lo pair "split" by default, "bf16" too on request), and `kiln generate
+#          --device cuda` on the demo model vs the CPU's ids
 #   micro  bench/gpu/kiln_gpu_bench.c: copy bandwidth, matmul GEMV/GEMM at Llama-3-8B layer
 #          shapes, big bf16 GEMM, decode attention; torch's copy/GEMM ceilings
 #   e2e    random-weight models (bench/make_random_model.py, bf16, then `kiln convert --bits 8/4`)
 #          for each shape in KILN_SHAPES; `kiln bench --device cuda --json`: prefill 512, decode
 #          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
-#   graph  batch-1 and batch-64 decode with the decode-step CUDA graph off (KILN_CUDA_GRAPH=0) and
-#          on, for each shape in KILN_SHAPES (bf16; q4 too for KILN_QUANT_SHAPES)
+#   graph  decode at batches KILN_GRAPH_BATCHES (default "1 8") with the decode-step CUDA graphs
+#          off (KILN_CUDA_GRAPH=0) and on, for each shape in KILN_SHAPES (bf16; q4 too for
+#          KILN_QUANT_SHAPES)
 #   ctx    decode at context KILN_CTX (default 8192; cache filled by `kiln bench --context`, kv bf16)
 #          for each shape, batches KILN_CTX_BATCHES (default "1 8")
 #   profile KILN_CUDA_PROFILE=1 decode of each shape (bf16) at the batches in KILN_PROFILE_BATCHES
@@ -23,7 +25,8 @@
 # table divides by when the micro stage did not run (default 4268, H200 measured).
 # Each stage is skipped once the script has run KILN_DEADLINE_S seconds (default 500).
 # Usage (device): bash bench/gpu_bench.sh [build-dir]   Logs go to $OUT when set.
-# Data: .gpu-data/shared/{fixtures,models/demo-bf16} (copied here from /work/shared, carried).
+# Data: .gpu-data/shared/fixtures (copied here from /work/shared, carried); the smoke test uses
+# .gpu-data/shared/models/demo-bf16 when it was copied too, else the bundled models/demo-q8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-/tmp/b}
@@ -60,14 +63,15 @@ if has tests; then
         echo "test_cuda_ops (qgemv $v) rc=$?"
         grep -E "CHECK failed|checks" "$O/test_cuda_ops_v$v.log" | head -20
     done
-    for g in bf16 split; do
+    for g in ${KILN_PARITY_GEMMS:-split}; do
         stamp "test_parity_cuda KILN_CUDA_GEMM=$g"
         KILN_CUDA_GEMM=$g "$B/test_parity_cuda" >"$O/test_parity_cuda_$g.log" 2>&1
         echo "test_parity_cuda ($g) rc=$?"
         cat "$O/test_parity_cuda_$g.log" | head -80
     done
-    stamp "smoke: kiln generate --device cuda (demo-bf16)"
     D=$KILN_SHARED/models/demo-bf16
+    [ -d "$D" ] || D=models/demo-q8
+    stamp "smoke: kiln generate --device cuda ($D)"
     for dev in cpu cuda; do
         "$K" generate --device $dev --model "$D" --prompt "The quick brown fox" -n 48 --temperature 0 \
             --print-ids >"$O/smoke_$dev.txt" 2>"$O/smoke_$dev.err"
@@ -165,7 +169,7 @@ if has graph; then
                 d=$M/$s-q4
                 [ -f "$d/config.json" ] || "$K" convert --model "$M/$s" --out "$d" --bits 4 --group 32 --quiet >/dev/null 2>&1 || continue
             fi
-            for b in 1 64; do
+            for b in ${KILN_GRAPH_BATCHES:-1 8}; do
                 for g in 0 1; do
                     KILN_CUDA_GRAPH=$g "$K" bench --device cuda --model "$d" --prompt 128 --gen 32 --batch $b --runs 3 --json --quiet 2>>"$O/graph.err" |
                         python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'graph=$g $s $f b$b: {r[\"decode_tok_s\"]:.1f} tok/s, {r[\"decode_weight_gb_s\"]:.0f} GB/s ({100*r[\"decode_weight_gb_s\"]/$COPY:.0f}% of copy)')" |
@@ -205,6 +209,9 @@ fi
 
 if has hf && ! late hf; then
     stamp "transformers generate"
+    for s in $SHAPES; do  # only config.json is read: transformers makes its own random weights
+        [ -f "$M/$s/config.json" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null
+    done
     PYTHONUNBUFFERED=1 KILN_HF_BATCHES="$HF_BATCHES" timeout "${KILN_HF_TIMEOUT:-240}" python3 - "$M" $SHAPES <<'PY' 2>&1 | grep --line-buffered -v Warning | tee "$O/hf.txt"
 import json, os, sys, time, torch, transformers
 from transformers import AutoConfig, AutoModelForCausalLM

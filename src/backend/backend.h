@@ -34,8 +34,11 @@ struct kiln_backend {
     /* Optional (NULL: not offered). Bracket a run of ops that the backend may record and replay
      * as one unit (CUDA: a graph of the decode step). Between them, only ops may be called; a
      * call that must wait (download, synchronize, alloc) ends the recording early, and the ops
-     * run in order either way. */
-    void (*graph_begin)(kiln_backend *be);
+     * run in order either way. `key` names the run: the same non-zero key promises the same ops
+     * with the same arguments (values in backend memory, such as positions, may differ). When
+     * graph_begin returns true, the backend has already replayed the run recorded under `key`:
+     * the caller skips the ops and does not call graph_end. Key 0 records without keeping. */
+    bool (*graph_begin)(kiln_backend *be, uint64_t key);
     void (*graph_end)(kiln_backend *be);
 
     /* ---- ops (semantics: cpu/cpu_ops.h) ---- */

@@ -31,6 +31,10 @@ typedef struct kiln_attn_params {
     int n_heads;   /* query heads; GQA group = n_heads / n_kv_heads */
     float scale;   /* applied to q.k */
     float softcap; /* attention logit soft-capping (0 = off) */
+    /* Optional: [T] positions of the stacked tokens in the cache's memory (the backend's). A
+     * device cache given them reads each sequence's position from there instead of from its
+     * host-side length, so a recorded decode step can be replayed at later positions. */
+    const int32_t *positions;
 } kiln_attn_params;
 
 typedef struct kiln_kv_vtable {
@@ -57,6 +61,11 @@ typedef struct kiln_kv_vtable {
     void (*store_attend_batch)(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
                                const float *k, const float *v, const float *q, float *out,
                                const kiln_attn_params *p, kiln_threadpool *pool);
+    /* Optional: a key for the launches that store_attend_batch would make for n_new tokens at
+     * the cache's current length, apart from values read through kiln_attn_params.positions.
+     * Equal keys promise identical launches (buffers, split geometry), so a recorded step may
+     * be replayed. 0 = not replayable. */
+    uint64_t (*graph_key)(const kiln_kv *kv, int n_new);
 } kiln_kv_vtable;
 
 struct kiln_kv {

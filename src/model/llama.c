@@ -7,6 +7,7 @@
  * entry, each against its own cache. */
 #include "model/model.h"
 
+#include "util/hash.h"
 #include "util/log.h"
 #include "util/status.h"
 
@@ -192,6 +193,23 @@ typedef struct llama_acts {
     int32_t *pos; /* [T] positions */
 } llama_acts;
 
+/* Key of a decode step's layer loop for graph replay: everything the launches depend on apart
+ * from the positions and ids in backend memory — this model, the activation buffers, and each
+ * cache's buffers and attention geometry. 0 (record without keeping) when a cache has no key. */
+static uint64_t decode_step_key(const llama_state *s, const llama_acts *a, kiln_kv *const *kvs,
+                                const int *kv_n, int n_entries) {
+    uint64_t key = kiln_hash_mix(kiln_hash_mix(0, (uintptr_t)s), (uintptr_t)a->x);
+    key = kiln_hash_mix(key, (uintptr_t)a->tok);
+    key = kiln_hash_mix(key, (uint64_t)n_entries);
+    for (int i = 0; i < n_entries; i++) {
+        if (!kvs[i]->vt->graph_key) return 0;
+        uint64_t k = kvs[i]->vt->graph_key(kvs[i], kv_n[i]);
+        if (!k) return 0;
+        key = kiln_hash_mix(key, k);
+    }
+    return key;
+}
+
 static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
     llama_state *s = m->family_state;
     kiln_backend *be = m->be;
@@ -251,7 +269,8 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     free(host_ids);
 
     be->embed(be, a.x, a.tok, T, &s->embed);
-    kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)};
+    kiln_attn_params ap = {
+        .n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim), .positions = a.pos};
     int rot = 0;
     {
         float prf =
@@ -260,11 +279,13 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         rot -= rot % 2;
     }
     /* small decode steps (one token per sequence, up to 8 sequences, batched K/V calls) run as
-     * one recorded unit where the backend offers it: on CUDA (KILN_CUDA_GRAPH=1) a graph instead
-     * of ~17 launches per layer. Larger batches are GEMM-bound and measured slower captured. */
+     * one recorded unit where the backend offers it: on CUDA a graph instead of ~17 launches per
+     * layer, recorded once per key and replayed while the key holds. Larger batches are
+     * GEMM-bound and measured slower captured. */
     const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= 8;
-    if (graph) be->graph_begin(be);
-    for (int l = 0; l < s->n_layers; l++) {
+    bool replayed = false;
+    if (graph) replayed = be->graph_begin(be, decode_step_key(s, &a, kvs, kv_n, n_entries));
+    for (int l = 0; !replayed && l < s->n_layers; l++) {
         llama_layer *L = &s->layers[l];
         be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, false);
         be->matmul(be, a.q, a.h, T, &L->wq);
@@ -293,7 +314,7 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         be->matmul(be, a.h, a.gate, T, &L->w_down);
         be->add(be, a.x, a.x, a.h, T * H);
     }
-    if (graph) be->graph_end(be);
+    if (graph && !replayed) be->graph_end(be);
     free(kvs);
     free(kv_n);
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);

@@ -67,7 +67,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
     a.out += (int64_t)S.t0 * a.p.n_heads * a.v_head_dim;
     a.k = S.k;
     a.v = S.v;
-    a.pos0 = S.pos0;
+    /* positions in device memory (a recorded decode step): this step's, not the recording's */
+    a.pos0 = a.p.positions ? a.p.positions[S.t0] : S.pos0;
+    const int kbeg = a.p.positions ? (a.window > 0 ? max(0, a.pos0 - a.window + 1) : 0) : S.kbeg;
     const int hd = a.head_dim, vhd = a.v_head_dim;
     extern __shared__ float sm[];
     float *Qs = sm;                     /* [ROWS][hd] */
@@ -103,7 +105,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
     int last_row = min(row0 + ROWS, rows_total) - 1;
     int blk_lo = a.window > 0 ? max(0, a.pos0 + row0 / G - a.window + 1) : 0;
     int blk_hi = a.pos0 + last_row / G + 1;
-    int s_lo = S.kbeg + z * L.kps, s_hi = s_lo + L.kps;
+    int s_lo = kbeg + z * L.kps, s_hi = s_lo + L.kps;
     int k0 = max(blk_lo, s_lo), k1 = min(blk_hi, s_hi);
 
     float m[RPW], l[RPW], acc[RPW][DPL];
@@ -292,6 +294,7 @@ static void attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_att
         aligned = aligned && ((uintptr_t)q->k & 15) == 0 && ((uintptr_t)q->v & 15) == 0;
     }
     if (max_n <= 0) return;
+    if (a->p.positions && max_n == 1) keys = kcu_attn_keys_bucket(keys);
     L.rows_max = max_n * L.group;
     int rpw = L.rows_max <= 2 * ATT_WARPS ? 1 : 4;
     int rows_per_block = ATT_WARPS * rpw;

@@ -28,6 +28,13 @@ typedef struct kcu_attn_seq {
 /* The same attention for n_seq sequences in one launch (chunks of KCU_ATT_MAX_SEQ): common holds
  * the shared geometry and the stacked q / out (its n, pos0, k, v are ignored). */
 #define KCU_ATT_MAX_SEQ 64
+
+/* Decode launches whose positions come from device memory (kiln_attn_params.positions) size their
+ * key splits for a bucket of key counts, not the exact count, so a recorded step stays valid for
+ * every length in the bucket (splits past the real keys are empty and merge to nothing). */
+static inline int kcu_attn_keys_bucket(int keys) {
+    return keys <= 4096 ? (keys + 127) / 128 * 128 : (keys + 1023) / 1024 * 1024;
+}
 void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
                          int n_seq);
 

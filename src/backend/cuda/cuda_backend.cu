@@ -3,6 +3,7 @@
  * error that synchronize() reports. The kernels live one family per file beside this one. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "util/hash.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@ void *kcu_scratch(kcu_state *st, size_t bytes) {
         st->scratch = NULL;
         st->scratch_bytes = 0;
     }
+    st->scratch_epoch++; /* graphs recorded with the old pointer must not be replayed */
     if (!KCU_CHECK(st, cudaMalloc(&st->scratch, want))) return NULL;
     st->scratch_bytes = want;
     return st->scratch;
@@ -37,34 +39,69 @@ void *kcu_scratch(kcu_state *st, size_t bytes) {
 
 /* ---- decode-step graphs ----
  * A decode step of a small model is hundreds of short kernels; launched one by one, the GPU waits
- * on the host between them. The forward pass brackets its layers with graph_begin / graph_end:
- * the launches are captured instead of run, and the step runs as one graph launch. Parameters
- * (positions, cache lengths, buffers) change every step, so every step is captured again and
- * applied to the executable graph with cudaGraphExecUpdate, which is cheap when the topology is
- * unchanged (same batch size); a changed topology instantiates anew. */
+ * on the host between them. The forward pass brackets its layers with graph_begin(key) /
+ * graph_end: the first time a key is seen the launches are captured, instantiated once and kept
+ * under the key; later steps with the same key replay the kept graph with one launch and no
+ * capture. Kernels that must see the step's positions read them from device memory (the forward
+ * uploads them before the graph), so one graph serves every position until a cache grows or the
+ * attention split geometry moves to its next bucket, which changes the key. Key 0 is captured
+ * every time and applied to one executable with cudaGraphExecUpdate (cheap when the topology is
+ * unchanged). */
+static void graph_slot_store(kcu_state *st, uint64_t key, cudaGraphExec_t exec) {
+    int victim = 0;
+    for (int i = 1; i < KCU_GRAPH_SLOTS; i++)
+        if (st->graphs[i].last_use < st->graphs[victim].last_use) victim = i;
+    /* destroying an executable graph in flight is allowed: it is freed when it completes */
+    if (st->graphs[victim].exec) cudaGraphExecDestroy(st->graphs[victim].exec);
+    st->graphs[victim].key = key;
+    st->graphs[victim].exec = exec;
+    st->graphs[victim].last_use = ++st->graph_clock;
+}
+
+static void graphs_clear(kcu_state *st) {
+    for (int i = 0; i < KCU_GRAPH_SLOTS; i++) {
+        if (st->graphs[i].exec) cudaGraphExecDestroy(st->graphs[i].exec);
+        st->graphs[i].exec = NULL;
+        st->graphs[i].key = 0;
+    }
+    if (st->graph_exec) cudaGraphExecDestroy(st->graph_exec);
+    st->graph_exec = NULL;
+}
+
 void kcu_graph_flush(kcu_state *st) {
     if (!st->capturing) return;
     st->capturing = false;
+    /* an early end (a call had to wait or allocate) holds only part of the step: never keep it */
+    uint64_t key = st->capture_complete ? st->capture_key : 0;
+    st->capture_complete = false;
     cudaGraph_t g = NULL;
     if (!KCU_CHECK(st, cudaStreamEndCapture(st->stream, &g)) || !g) return;
-    bool updated = false;
-    if (st->graph_exec) {
-        cudaGraphExecUpdateResultInfo info;
-        updated = cudaGraphExecUpdate(st->graph_exec, g, &info) == cudaSuccess;
-        if (!updated) {
-            cudaGetLastError(); /* a topology change is not an error: instantiate anew */
-            cudaGraphExecDestroy(st->graph_exec);
-            st->graph_exec = NULL;
-        }
-    }
-    if (!updated) {
-        if (KCU_CHECK(st, cudaGraphInstantiate(&st->graph_exec, g, 0)))
+    cudaGraphExec_t exec = NULL;
+    if (key) {
+        if (KCU_CHECK(st, cudaGraphInstantiate(&exec, g, 0))) {
             st->graph_instantiations++;
-        else
-            st->graph_exec = NULL;
+            graph_slot_store(st, key, exec);
+        }
+    } else {
+        bool updated = false;
+        if (st->graph_exec) {
+            cudaGraphExecUpdateResultInfo info;
+            updated = cudaGraphExecUpdate(st->graph_exec, g, &info) == cudaSuccess;
+            if (!updated) {
+                cudaGetLastError(); /* a topology change is not an error: instantiate anew */
+                cudaGraphExecDestroy(st->graph_exec);
+                st->graph_exec = NULL;
+            }
+        }
+        if (!updated) {
+            if (KCU_CHECK(st, cudaGraphInstantiate(&st->graph_exec, g, 0)))
+                st->graph_instantiations++;
+            else
+                st->graph_exec = NULL;
+        }
+        exec = st->graph_exec;
     }
-    if (st->graph_exec && KCU_CHECK(st, cudaGraphLaunch(st->graph_exec, st->stream)))
-        st->graph_launches++;
+    if (exec && KCU_CHECK(st, cudaGraphLaunch(exec, st->stream))) st->graph_launches++;
     cudaGraphDestroy(g);
 }
 
@@ -150,18 +187,48 @@ static void prof_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t
     kcu_prof_end(kcu_st(be), "embed");
 }
 
-static void cu_graph_begin(kiln_backend *be) {
+static int g_graph_mode = -1;               /* kiln_cuda_set_graph_mode */
+static long long g_graph_replays_total = 0; /* kiln_cuda_graph_replays */
+
+extern "C" void kiln_cuda_set_graph_mode(int mode) {
+    g_graph_mode = mode;
+}
+
+extern "C" long long kiln_cuda_graph_replays(void) {
+    return __atomic_load_n(&g_graph_replays_total, __ATOMIC_RELAXED);
+}
+
+static bool cu_graph_begin(kiln_backend *be, uint64_t key) {
     kcu_state *st = kcu_st(be);
-    if (!st->graph_on || st->capturing || st->sticky != KILN_OK) return;
+    if (!st->graph_on || st->capturing || st->sticky != KILN_OK) return false;
+    if (key) {
+        /* scratch that moved since a graph was recorded makes its pointers stale */
+        key = kiln_hash_mix(key, (uint64_t)st->scratch_epoch);
+        for (int i = 0; i < KCU_GRAPH_SLOTS; i++) {
+            if (st->graphs[i].exec && st->graphs[i].key == key) {
+                if (!KCU_CHECK(st, cudaGraphLaunch(st->graphs[i].exec, st->stream))) return false;
+                st->graphs[i].last_use = ++st->graph_clock;
+                st->graph_launches++;
+                st->graph_replays++;
+                __atomic_fetch_add(&g_graph_replays_total, 1, __ATOMIC_RELAXED);
+                return true;
+            }
+        }
+    }
     if (cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
         cudaGetLastError(); /* capture unavailable: run eagerly */
-        return;
+        return false;
     }
     st->capturing = true;
+    st->capture_complete = false;
+    st->capture_key = key;
+    return false;
 }
 
 static void cu_graph_end(kiln_backend *be) {
-    kcu_graph_flush(kcu_st(be));
+    kcu_state *st = kcu_st(be);
+    if (st->capturing) st->capture_complete = true;
+    kcu_graph_flush(st);
 }
 
 int kiln_cuda_device_count(char *why, size_t why_len) {
@@ -185,14 +252,15 @@ static void cu_destroy(kiln_backend *be) {
     if (st) {
         kcu_graph_flush(st);
         if (st->stream) cudaStreamSynchronize(st->stream);
-        if (st->graph_exec) cudaGraphExecDestroy(st->graph_exec);
+        graphs_clear(st);
         if (st->prof_on) prof_report(st);
         for (int i = 0; i < 2; i++)
             if (st->prof_ev[i]) cudaEventDestroy(st->prof_ev[i]);
         if (st->graph_launches)
-            KILN_LOG_I("cuda: %lld decode steps ran as graphs (%lld instantiations, %lld ended "
-                       "early by a scratch growth)",
-                       st->graph_launches, st->graph_instantiations, st->graph_flushes_early);
+            KILN_LOG_I("cuda: %lld decode steps ran as graphs (%lld replayed, %lld "
+                       "instantiations, %lld ended early by a scratch growth)",
+                       st->graph_launches, st->graph_replays, st->graph_instantiations,
+                       st->graph_flushes_early);
         if (st->scratch) cudaFree(st->scratch);
         for (int i = 0; i < KCU_STAGE_SLOTS; i++) {
             if (st->stage[i]) cudaFreeHost(st->stage[i]);
@@ -357,9 +425,9 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     }
     st->n_sms = prop.multiProcessorCount;
     const char *ge = getenv("KILN_CUDA_GRAPH");
-    /* opt-in: re-capturing every step costs the host about what it saves the GPU (H200:
-     * Qwen3-0.6B batch 1 434 -> 409 tok/s, Llama-3-8B 168 -> 175; docs/gpu.md) */
-    st->graph_on = ge && strcmp(ge, "1") == 0;
+    /* on by default: a decode step is recorded once per key and replayed (KILN_CUDA_GRAPH=0
+     * launches every op instead; docs/gpu.md has the measurements) */
+    st->graph_on = g_graph_mode >= 0 ? g_graph_mode == 1 : !(ge && strcmp(ge, "0") == 0);
     const char *pe = getenv("KILN_CUDA_PROFILE");
     st->prof_on = pe && strcmp(pe, "1") == 0 && cudaEventCreate(&st->prof_ev[0]) == cudaSuccess &&
                   cudaEventCreate(&st->prof_ev[1]) == cudaSuccess;

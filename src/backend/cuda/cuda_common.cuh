@@ -19,6 +19,7 @@ extern "C" {
 #define KCU_STAGE_SLOTS      4
 #define KCU_STAGE_BYTES      (256 << 10)
 #define KCU_CUBLAS_WORKSPACE (32 << 20)
+#define KCU_GRAPH_SLOTS      8
 
 /* One line of the KILN_CUDA_PROFILE report. */
 typedef struct kcu_prof_entry {
@@ -43,13 +44,24 @@ typedef struct kcu_state {
     cudaEvent_t stage_ev[KCU_STAGE_SLOTS];
     bool stage_used[KCU_STAGE_SLOTS];
     int stage_next;
-    /* decode-step CUDA graph: graph_begin() starts capturing the stream, graph_end() (or the first
-     * call that must wait or allocate: kcu_graph_flush) ends it, updates the one executable graph
-     * in place (re-instantiating when the topology changed) and launches it */
-    bool graph_on; /* KILN_CUDA_GRAPH=1 */
+    /* decode-step CUDA graphs: graph_begin(key) replays the executable graph kept under key, or
+     * starts capturing the stream; graph_end() (or the first call that must wait or allocate:
+     * kcu_graph_flush, which then keeps nothing) ends the capture, instantiates it, keeps it
+     * under its key (least recently used slot) and launches it. Key 0: the one unkept graph,
+     * updated in place with cudaGraphExecUpdate. */
+    bool graph_on; /* on unless KILN_CUDA_GRAPH=0 (or profiling) */
     bool capturing;
-    cudaGraphExec_t graph_exec;
-    long long graph_launches, graph_instantiations, graph_flushes_early;
+    bool capture_complete;      /* set by graph_end: the capture holds the whole bracketed run */
+    uint64_t capture_key;       /* key of the capture in progress (0: do not keep) */
+    cudaGraphExec_t graph_exec; /* the key-0 graph */
+    struct {
+        uint64_t key;
+        cudaGraphExec_t exec;
+        long long last_use;
+    } graphs[KCU_GRAPH_SLOTS];
+    long long graph_clock;
+    long long scratch_epoch; /* bumped whenever scratch moves: recorded graphs point into it */
+    long long graph_launches, graph_replays, graph_instantiations, graph_flushes_early;
     /* KILN_CUDA_PROFILE=1: every op is timed between two events (and waited for), totals per op
      * and shape are logged when the backend is destroyed; graphs are off then */
     bool prof_on;

@@ -32,6 +32,11 @@ void kiln_cuda_set_qgemv_variant(int variant, int rows_per_warp);
 /* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through
  * two GEMMs (1, x kept to ~2^-17). Default: env KILN_CUDA_GEMM=split|bf16. */
 void kiln_cuda_set_gemm_split(int on);
+/* Decode-step graphs of backends created from now on: -1 = env KILN_CUDA_GRAPH (default on),
+ * 0 = off (every op launched), 1 = on. For tests comparing the two paths. */
+void kiln_cuda_set_graph_mode(int mode);
+/* Decode steps replayed from a kept graph, summed over every CUDA backend of the process. */
+long long kiln_cuda_graph_replays(void);
 /* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
 void *kiln_cuda_stream(kiln_backend *be);
 

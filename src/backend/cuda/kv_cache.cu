@@ -4,6 +4,7 @@
  * buffer would save memory there. attend() runs attention.cu's kernel on the buffers in place. */
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "util/hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +24,13 @@ static size_t elem_size(int dt) {
 /* One launch stores K and V of up to KCU_ATT_MAX_SEQ sequences (blockIdx.y = sequence); the
  * destinations travel in the kernel parameters, so no descriptor is copied to the device. */
 struct kv_store_seq {
-    void *kd, *vd; /* row `len` of the layer's K / V buffer */
+    void *kd, *vd; /* the layer's K / V buffer */
+    int row;       /* first cache row written (the cache's length) unless pos is given */
     int t0, n;     /* rows t0..t0+n-1 of the stacked k / v */
 };
 struct kv_store_launch {
     const float *k, *v;
+    const int32_t *pos; /* [T] device positions of the stacked rows, or NULL: row = S.row */
     int64_t kw, vw;
     int dt;
     kv_store_seq s[KCU_ATT_MAX_SEQ];
@@ -46,12 +49,13 @@ __global__ void k_kv_store(const __grid_constant__ kv_store_launch L) {
     const kv_store_seq &S = L.s[blockIdx.y];
     int64_t nk = (int64_t)S.n * L.kw, nv = (int64_t)S.n * L.vw;
     const float *ks = L.k + (int64_t)S.t0 * L.kw, *vs = L.v + (int64_t)S.t0 * L.vw;
+    const int64_t row = L.pos ? L.pos[S.t0] : S.row;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nk + nv;
          i += (int64_t)gridDim.x * blockDim.x) {
         if (i < nk)
-            kv_put(S.kd, i, ks[i], L.dt);
+            kv_put(S.kd, row * L.kw + i, ks[i], L.dt);
         else
-            kv_put(S.vd, i - nk, vs[i - nk], L.dt);
+            kv_put(S.vd, row * L.vw + i - nk, vs[i - nk], L.dt);
     }
 }
 
@@ -123,16 +127,16 @@ static kiln_status kv_reserve(kiln_kv *base, int n_new) {
 /* Stores the new K/V rows of kvs[0..n_kv) (n_kv <= KCU_ATT_MAX_SEQ, all of one dtype) in one
  * launch; entry i's rows start at row t0[i] of k / v. */
 static void store_chunk(kcu_kv *const *kvs, const int *n, const int *t0, int n_kv, int layer,
-                        const float *k, const float *v) {
+                        const float *k, const float *v, const int32_t *pos) {
     kcu_state *st = kcu_st(kvs[0]->be);
     const kiln_kv_layer_desc *d = &kvs[0]->base.layers[layer];
     if (!d->is_attention) return;
     kv_store_launch L;
     L.k = k, L.v = v;
+    L.pos = pos;
     L.kw = (int64_t)d->n_kv_heads * d->head_dim;
     L.vw = (int64_t)d->n_kv_heads * d->v_head_dim;
     L.dt = kvs[0]->dtype;
-    size_t es = elem_size(L.dt);
     int max_n = 0;
     for (int i = 0; i < n_kv; i++) {
         const kcu_kv *kv = kvs[i];
@@ -140,8 +144,9 @@ static void store_chunk(kcu_kv *const *kvs, const int *n, const int *t0, int n_k
             kcu_report(st, "kv store", "store() past reserve()", __FILE__, __LINE__);
             return;
         }
-        L.s[i].kd = (char *)kv->k[layer] + (size_t)kv->base.len * L.kw * es;
-        L.s[i].vd = (char *)kv->v[layer] + (size_t)kv->base.len * L.vw * es;
+        L.s[i].kd = kv->k[layer];
+        L.s[i].vd = kv->v[layer];
+        L.s[i].row = kv->base.len;
         L.s[i].t0 = t0[i];
         L.s[i].n = n[i] > 0 ? n[i] : 0;
         if (n[i] > max_n) max_n = n[i];
@@ -156,7 +161,7 @@ static void kv_store(kiln_kv *base, int layer, const float *k, const float *v, i
     kcu_kv *kv = (kcu_kv *)base;
     int t0 = 0;
     if (n <= 0) return;
-    store_chunk(&kv, &n, &t0, 1, layer, k, v);
+    store_chunk(&kv, &n, &t0, 1, layer, k, v, NULL);
 }
 
 static void kv_attend(kiln_kv *base, int layer, const float *q, int n, float *out,
@@ -176,6 +181,7 @@ static void kv_attend(kiln_kv *base, int layer, const float *q, int n, float *ou
     a.v_head_dim = d->v_head_dim;
     a.window = d->window;
     a.p = *p;
+    a.p.positions = NULL; /* rows of one sequence: its host-side length is the position */
     kcu_attention(kcu_st(kv->be), &a);
 }
 
@@ -228,12 +234,23 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
         }
         kcu_state *st = kcu_st(kv0->be);
         kcu_prof_begin(st);
-        store_chunk(ch, n + i0, t0, c, layer, k, v);
+        store_chunk(ch, n + i0, t0, c, layer, k, v, p->positions);
         kcu_prof_end(st, "kv store");
         kcu_prof_begin(st);
         kcu_attention_batch(st, &a, seqs, c);
         kcu_prof_end(st, "attention");
     }
+}
+
+static uint64_t kv_graph_key(const kiln_kv *base, int n_new) {
+    const kcu_kv *kv = (const kcu_kv *)base;
+    uint64_t h = kiln_hash_mix(kiln_hash_mix(0, (uint64_t)kv->dtype), (uint64_t)kv->cap);
+    h = kiln_hash_mix(h, (uint64_t)n_new);
+    /* the attention split geometry of decode follows the bucket of the key count */
+    h = kiln_hash_mix(h, (uint64_t)kcu_attn_keys_bucket(base->len + n_new));
+    for (int l = 0; l < base->n_layers; l++)
+        h = kiln_hash_mix(kiln_hash_mix(h, (uintptr_t)kv->k[l]), (uintptr_t)kv->v[l]);
+    return h;
 }
 
 static void kv_commit(kiln_kv *base, int n) {
@@ -270,6 +287,7 @@ static const kiln_kv_vtable kcu_kv_vt = {
     .truncate = kv_truncate,
     .bytes_used = kv_bytes_used,
     .store_attend_batch = kv_store_attend_batch,
+    .graph_key = kv_graph_key,
 };
 
 extern "C" kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
