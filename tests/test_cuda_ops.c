@@ -275,6 +275,107 @@ static void test_rope(void) {
     }
 }
 
+/* matmul_multi: several matrices sharing x (one launch when all are bf16 and n <= 8, else one
+ * matmul each) == the CPU reference of each matrix. Row counts not multiples of the GEMV tile. */
+static void test_matmul_multi(void) {
+    static const int64_t rows[][3] = {{2048, 512, 512}, {13, 7, 130}, {3072, 3072, 0}};
+    static const int64_t ns[] = {1, 2, 5, 8, 17};
+    for (int c = 0; c < 3; c++)
+        for (int quant_mix = 0; quant_mix < 2; quant_mix++) {
+            const int64_t cols = c == 1 ? 96 : 1024;
+            const int count = rows[c][2] ? 3 : 2;
+            test_matrix m[3];
+            for (int i = 0; i < count; i++) {
+                if (quant_mix && i == 1)
+                    make_quant(&m[i], 4, 32, KILN_DT_BF16, rows[c][i], cols, false);
+                else
+                    make_dense(&m[i], KILN_DT_BF16, rows[c][i], cols, i == 2);
+            }
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                int64_t n = ns[k];
+                float *x = rand_f32(n * cols, 1.0f), *ref[3], *dy[3];
+                float *dx = dev_copy(x, (size_t)(n * cols) * sizeof(float));
+                const kiln_matrix *ws[3];
+                for (int i = 0; i < count; i++) {
+                    ref[i] = malloc((size_t)(n * rows[c][i]) * sizeof(float));
+                    kiln_cpu_matmul_ref(ref[i], x, n, &m[i].host);
+                    dy[i] = dev_poisoned(n * rows[c][i]);
+                    ws[i] = &m[i].dev;
+                }
+                be->matmul_multi(be, count, dy, dx, n, ws);
+                for (int i = 0; i < count; i++) {
+                    char what[128];
+                    snprintf(what, sizeof what, "matmul_multi case %d mix %d n=%lld matrix %d", c,
+                             quant_mix, (long long)n, i);
+                    /* n > 8 goes to cuBLAS with bf16 operands */
+                    compare(what, dy[i], ref[i], n * rows[c][i], n > 8 ? 1e-2 : 1e-5);
+                    be->free(be, dy[i]);
+                    free(ref[i]);
+                }
+                be->free(be, dx);
+                free(x);
+            }
+            for (int i = 0; i < count; i++) free_matrix(&m[i]);
+        }
+}
+
+/* add_rmsnorm == add then rmsnorm; output aliasing h (as the forward uses it) and separate. */
+static void test_add_rmsnorm(void) {
+    static const int64_t dims[] = {7, 1024, 4096, 5000};
+    for (size_t d = 0; d < 4; d++)
+        for (int alias = 0; alias < 2; alias++) {
+            int64_t n = 3, dim = dims[d];
+            float *x = rand_f32(n * dim, 2.0f), *h = rand_f32(n * dim, 1.0f);
+            float *w = rand_f32(dim, 0.3f);
+            float *xref = malloc((size_t)(n * dim) * 4), *yref = malloc((size_t)(n * dim) * 4);
+            memcpy(xref, x, (size_t)(n * dim) * 4);
+            kiln_cpu_add(xref, xref, h, n * dim);
+            kiln_cpu_rmsnorm_ref(yref, xref, w, n, dim, 1e-6f, alias == 1);
+            float *dx = dev_copy(x, (size_t)(n * dim) * 4),
+                  *dh = dev_copy(h, (size_t)(n * dim) * 4);
+            float *dw = dev_copy(w, (size_t)dim * 4);
+            float *dy = alias ? dh : dev_poisoned(n * dim);
+            be->add_rmsnorm(be, dx, dh, dy, dw, n, dim, 1e-6f, alias == 1);
+            compare("add_rmsnorm x", dx, xref, n * dim, 1e-6);
+            compare("add_rmsnorm y", dy, yref, n * dim, 1e-5);
+            be->free(be, dx), be->free(be, dw), be->free(be, dh);
+            if (!alias) be->free(be, dy);
+            free(x), free(h), free(w), free(xref), free(yref);
+        }
+}
+
+/* qk_norm_rope == per-head rmsnorm of q and k (or none) then rope of both. */
+static void test_qk_norm_rope(void) {
+    /* n_heads, n_kv_heads, head_dim, rot_dim, norms */
+    static const int cfg[][5] = {{16, 8, 128, 128, 1}, {4, 1, 64, 64, 0}, {6, 2, 80, 40, 1},
+                                 {8, 8, 256, 256, 1},  {3, 3, 96, 0, 1},  {2, 1, 512, 128, 0}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        int hq = cfg[c][0], hk = cfg[c][1], hd = cfg[c][2], rot = cfg[c][3];
+        bool norms = cfg[c][4];
+        int64_t n = 5, lq = n * hq * hd, lk = n * hk * hd;
+        float *q = rand_f32(lq, 1.5f), *k = rand_f32(lk, 1.5f);
+        float *qn = rand_f32(hd, 0.5f), *kn = rand_f32(hd, 0.5f);
+        float inv[256];
+        for (int i = 0; i < rot / 2; i++) inv[i] = powf(1e6f, -2.0f * (float)i / (float)rot);
+        int32_t pos[5] = {0, 1, 7, 4095, 100000};
+        float *qr = malloc((size_t)lq * 4), *kr = malloc((size_t)lk * 4);
+        memcpy(qr, q, (size_t)lq * 4), memcpy(kr, k, (size_t)lk * 4);
+        kiln_cpu_qk_norm_rope(qr, kr, pos, n, hq, hk, hd, rot, inv, norms ? qn : NULL,
+                              norms ? kn : NULL, 1e-6f);
+        float *dq = dev_copy(q, (size_t)lq * 4), *dk = dev_copy(k, (size_t)lk * 4);
+        float *dqn = dev_copy(qn, (size_t)hd * 4), *dkn = dev_copy(kn, (size_t)hd * 4);
+        float *dinv = dev_copy(inv, sizeof inv);
+        int32_t *dpos = dev_copy(pos, sizeof pos);
+        be->qk_norm_rope(be, dq, dk, dpos, n, hq, hk, hd, rot, dinv, norms ? dqn : NULL,
+                         norms ? dkn : NULL, 1e-6f);
+        compare("qk_norm_rope q", dq, qr, lq, 1e-5);
+        compare("qk_norm_rope k", dk, kr, lk, 1e-5);
+        be->free(be, dq), be->free(be, dk), be->free(be, dqn), be->free(be, dkn);
+        be->free(be, dinv), be->free(be, dpos);
+        free(q), free(k), free(qn), free(kn), free(qr), free(kr);
+    }
+}
+
 static void test_elementwise(void) {
     static const int64_t ns[] = {1, 1000, 100003};
     for (size_t i = 0; i < 3; i++) {
@@ -386,6 +487,9 @@ int main(void) {
     test_elementwise();
     test_rmsnorm();
     test_rope();
+    test_add_rmsnorm();
+    test_qk_norm_rope();
+    test_matmul_multi();
     test_embed();
     test_matmul();
     test_attention();

@@ -285,18 +285,16 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= 8;
     bool replayed = false;
     if (graph) replayed = be->graph_begin(be, decode_step_key(s, &a, kvs, kv_n, n_entries));
+    /* fused ops (backend.h): q/k/v and gate/up as one multi-matmul each, q/k norm + RoPE as one
+     * op, and each residual add with the RMSNorm that follows it (the next layer's input norm) */
+    if (!replayed) be->rmsnorm(be, a.h, a.x, s->layers[0].attn_norm, T, H, s->eps, false);
     for (int l = 0; !replayed && l < s->n_layers; l++) {
         llama_layer *L = &s->layers[l];
-        be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, false);
-        be->matmul(be, a.q, a.h, T, &L->wq);
-        be->matmul(be, a.k, a.h, T, &L->wk);
-        be->matmul(be, a.v, a.h, T, &L->wv);
-        if (L->q_norm) {
-            be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, s->head_dim, s->eps, false);
-            be->rmsnorm(be, a.k, a.k, L->k_norm, T * s->n_kv_heads, s->head_dim, s->eps, false);
-        }
-        be->rope(be, a.q, a.pos, T, s->n_heads, s->head_dim, rot, s->inv_freq);
-        be->rope(be, a.k, a.pos, T, s->n_kv_heads, s->head_dim, rot, s->inv_freq);
+        float *const qkv_out[3] = {a.q, a.k, a.v};
+        const kiln_matrix *const qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+        be->matmul_multi(be, 3, qkv_out, a.h, T, qkv_w);
+        be->qk_norm_rope(be, a.q, a.k, a.pos, T, s->n_heads, s->n_kv_heads, s->head_dim, rot,
+                         s->inv_freq, L->q_norm, L->k_norm, s->eps);
         if (batch_kv)
             bvt->store_attend_batch(kvs, kv_n, n_entries, l, a.k, a.v, a.q, a.attn, &ap, be->pool);
         else
@@ -306,13 +304,16 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
                 kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
             }
         be->matmul(be, a.h, a.attn, T, &L->wo);
-        be->add(be, a.x, a.x, a.h, T * H);
-        be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, false);
-        be->matmul(be, a.gate, a.h, T, &L->w_gate);
-        be->matmul(be, a.up, a.h, T, &L->w_up);
+        be->add_rmsnorm(be, a.x, a.h, a.h, L->ffn_norm, T, H, s->eps, false);
+        float *const gu_out[2] = {a.gate, a.up};
+        const kiln_matrix *const gu_w[2] = {&L->w_gate, &L->w_up};
+        be->matmul_multi(be, 2, gu_out, a.h, T, gu_w);
         be->silu_mul(be, a.gate, a.gate, a.up, T * F);
         be->matmul(be, a.h, a.gate, T, &L->w_down);
-        be->add(be, a.x, a.x, a.h, T * H);
+        if (l + 1 < s->n_layers)
+            be->add_rmsnorm(be, a.x, a.h, a.h, s->layers[l + 1].attn_norm, T, H, s->eps, false);
+        else
+            be->add(be, a.x, a.x, a.h, T * H);
     }
     if (graph && !replayed) be->graph_end(be);
     free(kvs);

@@ -74,6 +74,21 @@ static void cpu_gelu_tanh_mul(kiln_backend *be, float *y, const float *g, const 
 static void cpu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n) {
     kiln_cpu_add(y, a, b, n);
 }
+static void cpu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
+                             int64_t n, const kiln_matrix *const *ws) {
+    for (int i = 0; i < count; i++) kiln_cpu_matmul(be->pool, ys[i], x, n, ws[i]);
+}
+static void cpu_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y, const float *w,
+                            int64_t n, int64_t dim, float eps, bool plus_one) {
+    kiln_cpu_add_rmsnorm(x, h, y, w, n, dim, eps, plus_one);
+}
+static void cpu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
+                             int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                             const float *inv_freq, const float *q_norm, const float *k_norm,
+                             float eps) {
+    kiln_cpu_qk_norm_rope(q, k, pos, n, n_heads, n_kv_heads, head_dim, rot_dim, inv_freq, q_norm,
+                          k_norm, eps);
+}
 static kiln_status cpu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                               const kiln_kv_options *opts, int max_tokens, kiln_kv **out) {
     return kiln_kv_cpu_new(layers, n_layers, opts, max_tokens, out);
@@ -105,6 +120,9 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->silu_mul = cpu_silu_mul;
     be->gelu_tanh_mul = cpu_gelu_tanh_mul;
     be->add = cpu_add;
+    be->matmul_multi = cpu_matmul_multi;
+    be->add_rmsnorm = cpu_add_rmsnorm;
+    be->qk_norm_rope = cpu_qk_norm_rope;
     be->kv_new = cpu_kv_new;
     *out = be;
     return KILN_OK;

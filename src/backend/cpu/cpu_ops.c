@@ -102,6 +102,21 @@ void kiln_cpu_add(float *y, const float *a, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
+void kiln_cpu_add_rmsnorm(float *x, const float *h, float *y, const float *w, int64_t n,
+                          int64_t dim, float eps, bool plus_one) {
+    kiln_cpu_add(x, x, h, n * dim);
+    kiln_cpu_rmsnorm(y, x, w, n, dim, eps, plus_one);
+}
+
+void kiln_cpu_qk_norm_rope(float *q, float *k, const int32_t *pos, int64_t n, int n_heads,
+                           int n_kv_heads, int head_dim, int rot_dim, const float *inv_freq,
+                           const float *q_norm, const float *k_norm, float eps) {
+    if (q_norm) kiln_cpu_rmsnorm(q, q, q_norm, n * n_heads, head_dim, eps, false);
+    if (k_norm) kiln_cpu_rmsnorm(k, k, k_norm, n * n_kv_heads, head_dim, eps, false);
+    kiln_cpu_rope(q, pos, n, n_heads, head_dim, rot_dim, inv_freq);
+    kiln_cpu_rope(k, pos, n, n_kv_heads, head_dim, rot_dim, inv_freq);
+}
+
 void kiln_cpu_scale(float *x, float s, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }

@@ -47,6 +47,17 @@ void kiln_cpu_rmsnorm_ref(float *y, const float *x, const float *w, int64_t n, i
 void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int rot_dim,
                    const float *inv_freq);
 
+/* Residual add then RMSNorm, as one op: x[n, dim] += h, then y = rmsnorm(x) as kiln_cpu_rmsnorm. */
+void kiln_cpu_add_rmsnorm(float *x, const float *h, float *y, const float *w, int64_t n,
+                          int64_t dim, float eps, bool plus_one);
+
+/* The attention inputs' per-head steps as one op: q[n, n_heads, head_dim] and
+ * k[n, n_kv_heads, head_dim] are RMSNorm'd per head with q_norm / k_norm [head_dim] (each skipped
+ * when NULL), then rotated as kiln_cpu_rope. */
+void kiln_cpu_qk_norm_rope(float *q, float *k, const int32_t *pos, int64_t n, int n_heads,
+                           int n_kv_heads, int head_dim, int rot_dim, const float *inv_freq,
+                           const float *q_norm, const float *k_norm, float eps);
+
 /* y[i] = silu(gate[i]) * up[i] over n elements (SwiGLU). y may alias gate. */
 void kiln_cpu_silu_mul(float *y, const float *gate, const float *up, int64_t n);
 /* y[i] = gelu_tanh(gate[i]) * up[i] (GeGLU, tanh approximation). */

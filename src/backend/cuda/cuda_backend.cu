@@ -180,6 +180,33 @@ static void prof_add(kiln_backend *be, float *y, const float *a, const float *b,
     kcu_add(be, y, a, b, n);
     kcu_prof_end(kcu_st(be), "add");
 }
+static void prof_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
+                              int64_t n, const kiln_matrix *const *ws) {
+    char name[72];
+    snprintf(name, sizeof name, "matmul_multi x%d n=%s %lldx%lld", count,
+             n == 1   ? "1"
+             : n <= 8 ? "2-8"
+                      : ">8",
+             (long long)ws[0]->rows, (long long)ws[0]->cols);
+    kcu_prof_begin(kcu_st(be));
+    kcu_matmul_multi(be, count, ys, x, n, ws);
+    kcu_prof_end(kcu_st(be), name);
+}
+static void prof_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y, const float *w,
+                             int64_t n, int64_t dim, float eps, bool plus_one) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_add_rmsnorm(be, x, h, y, w, n, dim, eps, plus_one);
+    kcu_prof_end(kcu_st(be), "add_rmsnorm");
+}
+static void prof_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
+                              int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                              const float *inv_freq, const float *q_norm, const float *k_norm,
+                              float eps) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_qk_norm_rope(be, q, k, pos, n, n_heads, n_kv_heads, head_dim, rot_dim, inv_freq, q_norm,
+                     k_norm, eps);
+    kcu_prof_end(kcu_st(be), "qk_norm_rope");
+}
 static void prof_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t n,
                        const kiln_matrix *w) {
     kcu_prof_begin(kcu_st(be));
@@ -453,6 +480,9 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->silu_mul = kcu_silu_mul;
     be->gelu_tanh_mul = kcu_gelu_tanh_mul;
     be->add = kcu_add;
+    be->matmul_multi = kcu_matmul_multi;
+    be->add_rmsnorm = kcu_add_rmsnorm;
+    be->qk_norm_rope = kcu_qk_norm_rope;
     be->kv_new = kcu_kv_new;
     if (st->prof_on) {
         be->matmul = prof_matmul;
@@ -461,6 +491,9 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
         be->silu_mul = prof_silu_mul;
         be->add = prof_add;
         be->embed = prof_embed;
+        be->matmul_multi = prof_matmul_multi;
+        be->add_rmsnorm = prof_add_rmsnorm;
+        be->qk_norm_rope = prof_qk_norm_rope;
     }
     *out = be;
     return KILN_OK;

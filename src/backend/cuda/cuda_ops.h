@@ -14,6 +14,13 @@ void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n, const kil
 void kcu_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t n, const kiln_matrix *w);
 void kcu_rmsnorm(kiln_backend *be, float *y, const float *x, const float *w, int64_t n, int64_t dim,
                  float eps, bool plus_one);
+void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                      const kiln_matrix *const *ws);
+void kcu_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y, const float *w,
+                     int64_t n, int64_t dim, float eps, bool plus_one);
+void kcu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
+                      int n_heads, int n_kv_heads, int head_dim, int rot_dim, const float *inv_freq,
+                      const float *q_norm, const float *k_norm, float eps);
 void kcu_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim,
               int rot_dim, const float *inv_freq);
 void kcu_silu_mul(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);

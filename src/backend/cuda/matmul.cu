@@ -91,13 +91,13 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[GEMV_R][NT], float *y, 
     }
 }
 
+/* The block's GEMV_R rows r0.. of a dense W: shared by the one-matrix and the multi kernels. */
 template <int DT, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_dense(float *y, const float *x, int64_t n, int64_t rows, int64_t cols, const void *w,
-                 const float *bias) {
+__device__ __forceinline__ void gemv_dense_rows(float *y, const float *x, int64_t n, int64_t rows,
+                                                int64_t cols, const void *w, const float *bias,
+                                                int64_t r0) {
     const int es = DT == KILN_DT_F32 ? 4 : 2;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t r0 = (int64_t)blockIdx.x * GEMV_R;
     const char *wr[GEMV_R];
 #pragma unroll
     for (int r = 0; r < GEMV_R; r++) {
@@ -127,6 +127,35 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
     }
     gemv_finish<NT>(acc, y, n, rows, r0, bias);
+}
+
+template <int DT, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_dense(float *y, const float *x, int64_t n, int64_t rows, int64_t cols, const void *w,
+                 const float *bias) {
+    gemv_dense_rows<DT, NT>(y, x, n, rows, cols, w, bias, (int64_t)blockIdx.x * GEMV_R);
+}
+
+/* Several dense matrices of one dtype that read the same x (q/k/v, gate/up) in one launch: block
+ * b belongs to the matrix m with first[m] <= b < first[m+1]. */
+#define GEMV_MULTI_MAX 4
+struct gemv_multi {
+    float *y[GEMV_MULTI_MAX];          /* [n, rows[m]] */
+    const void *w[GEMV_MULTI_MAX];     /* [rows[m], cols] */
+    const float *bias[GEMV_MULTI_MAX]; /* [rows[m]] or NULL */
+    int64_t rows[GEMV_MULTI_MAX];
+    unsigned first[GEMV_MULTI_MAX + 1]; /* first block of each matrix; first[count] = grid */
+    int count;
+};
+
+template <int DT, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_dense_multi(const __grid_constant__ gemv_multi M, const float *x, int64_t n,
+                       int64_t cols) {
+    int m = 0;
+    while (m + 1 < M.count && blockIdx.x >= M.first[m + 1]) m++;
+    gemv_dense_rows<DT, NT>(M.y[m], x, n, M.rows[m], cols, M.w[m], M.bias[m],
+                            (int64_t)(blockIdx.x - M.first[m]) * GEMV_R);
 }
 
 /* ---- GEMV: affine-quantized ---- */
@@ -601,4 +630,49 @@ extern "C" void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n
     int64_t warps = n * w->rows;
     k_matmul_generic<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, st->stream>>>(y, x, n, *w);
     KCU_LAUNCHED(st);
+}
+
+template <int NT>
+static void launch_gemv_multi(kcu_state *st, const gemv_multi &M, const float *x, int64_t n,
+                              int64_t cols) {
+    k_gemv_dense_multi<KILN_DT_BF16, NT>
+        <<<M.first[M.count], GEMV_WARPS * 32, 0, st->stream>>>(M, x, n, cols);
+    KCU_LAUNCHED(st);
+}
+
+/* ys[i][n, ws[i]->rows] = x[n, cols] @ ws[i]^T for count matrices with the same cols: one launch
+ * when they are all bf16 and the GEMV applies (decode), else one matmul each. */
+extern "C" void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
+                                 int64_t n, const kiln_matrix *const *ws) {
+    kcu_state *st = kcu_st(be);
+    bool one =
+        count >= 2 && count <= GEMV_MULTI_MAX && n >= 1 && n <= GEMV_MAX_N && g_force_path != 2;
+    for (int i = 0; one && i < count; i++)
+        one = !kiln_matrix_is_quantized(ws[i]) && ws[i]->dtype == KILN_DT_BF16 &&
+              ws[i]->cols == ws[0]->cols && ws[i]->rows > 0 && gemv_ok(ws[i], x);
+    if (!one) {
+        for (int i = 0; i < count; i++) kcu_matmul(be, ys[i], x, n, ws[i]);
+        return;
+    }
+    gemv_multi M;
+    memset(&M, 0, sizeof M);
+    M.count = count;
+    unsigned blocks = 0;
+    for (int i = 0; i < count; i++) {
+        M.y[i] = ys[i];
+        M.w[i] = ws[i]->data;
+        M.bias[i] = ws[i]->bias;
+        M.rows[i] = ws[i]->rows;
+        M.first[i] = blocks;
+        blocks += (unsigned)((ws[i]->rows + GEMV_R - 1) / GEMV_R);
+    }
+    M.first[count] = blocks;
+    if (n == 1)
+        launch_gemv_multi<1>(st, M, x, n, ws[0]->cols);
+    else if (n == 2)
+        launch_gemv_multi<2>(st, M, x, n, ws[0]->cols);
+    else if (n <= 4)
+        launch_gemv_multi<4>(st, M, x, n, ws[0]->cols);
+    else
+        launch_gemv_multi<8>(st, M, x, n, ws[0]->cols);
 }

@@ -1,0 +1,108 @@
+/* fused.cu — small ops of a decoder layer merged into one launch each, so a decode step has fewer
+ * kernels: residual add + RMSNorm, and the per-head q/k RMSNorm + RoPE of q and k. Each has the
+ * semantics of its CPU reference (kiln_cpu_add_rmsnorm, kiln_cpu_qk_norm_rope). */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+/* Sum of v over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
+__device__ __forceinline__ float block_sum(float v, float *part /* [33] shared */) {
+    v = kcu_warp_sum(v);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+        s = kcu_warp_sum(s);
+        if (lane == 0) part[32] = s;
+    }
+    __syncthreads();
+    return part[32];
+}
+
+/* One block per row: x += h, then y = rmsnorm(x) * (w | 1+w). Each thread rereads only the
+ * elements it wrote itself. */
+__global__ void k_add_rmsnorm(float *x, const float *h, float *y, const float *w, int64_t dim,
+                              float eps, int plus_one) {
+    __shared__ float part[33];
+    float *xr = x + blockIdx.x * dim;
+    const float *hr = h + blockIdx.x * dim;
+    float *yr = y + blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] + hr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss, part) / (float)dim + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float g = w ? (plus_one ? 1.0f + w[i] : w[i]) : 1.0f;
+        yr[i] = xr[i] * inv * g;
+    }
+}
+
+extern "C" void kcu_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y,
+                                const float *w, int64_t n, int64_t dim, float eps, bool plus_one) {
+    kcu_state *st = kcu_st(be);
+    if (n <= 0 || dim <= 0) return;
+    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    k_add_rmsnorm<<<(unsigned)n, threads, 0, st->stream>>>(x, h, y, w, dim, eps, plus_one ? 1 : 0);
+    KCU_LAUNCHED(st);
+}
+
+/* One block per (token, head) over the q heads then the k heads: the head (head_dim <= 1024
+ * floats) is staged in shared memory, RMSNorm'd with its norm weight (when given), then its
+ * first rot_dim dims are rotated (rotate_half pairs, angle pos*inv_freq in f32, sine and cosine
+ * in double as in rope.cu). */
+__global__ void k_qk_norm_rope(float *q, float *k, const int32_t *pos, int n_heads, int n_kv_heads,
+                               int head_dim, int half, const float *inv_freq, const float *q_norm,
+                               const float *k_norm, float eps) {
+    extern __shared__ float sh[]; /* [head_dim] then [33] for the reduction */
+    float *part = sh + head_dim;
+    const int64_t t = blockIdx.x;
+    const int hh = blockIdx.y;
+    const bool is_q = hh < n_heads;
+    float *xh =
+        is_q ? q + (t * n_heads + hh) * head_dim : k + (t * n_kv_heads + (hh - n_heads)) * head_dim;
+    const float *nw = is_q ? q_norm : k_norm;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float v = xh[i];
+        sh[i] = v;
+        ss += v * v;
+    }
+    if (nw) {
+        float inv = rsqrtf(block_sum(ss, part) / (float)head_dim + eps);
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) sh[i] = sh[i] * inv * nw[i];
+    }
+    __syncthreads();
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float v = sh[i];
+        if (i < 2 * half) {
+            int j = i < half ? i : i - half;
+            double s, c;
+            sincos((double)(p * inv_freq[j]), &s, &c);
+            v = i < half ? sh[i] * (float)c - sh[i + half] * (float)s
+                         : sh[i] * (float)c + sh[i - half] * (float)s;
+        }
+        xh[i] = v;
+    }
+}
+
+extern "C" void kcu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos,
+                                 int64_t n, int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                                 const float *inv_freq, const float *q_norm, const float *k_norm,
+                                 float eps) {
+    kcu_state *st = kcu_st(be);
+    if (n <= 0 || head_dim <= 0) return;
+    if (head_dim > 1024) {
+        kcu_report(st, "qk_norm_rope", "head_dim > 1024", __FILE__, __LINE__);
+        return;
+    }
+    int threads = head_dim >= 256 ? 256 : head_dim > 64 ? 128 : 64;
+    size_t smem = sizeof(float) * ((size_t)head_dim + 33);
+    dim3 grid((unsigned)n, (unsigned)(n_heads + n_kv_heads));
+    k_qk_norm_rope<<<grid, threads, smem, st->stream>>>(q, k, pos, n_heads, n_kv_heads, head_dim,
+                                                        rot_dim / 2, inv_freq, q_norm, k_norm, eps);
+    KCU_LAUNCHED(st);
+}
