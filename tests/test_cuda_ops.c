@@ -220,16 +220,19 @@ static void test_matmul(void) {
     }
 }
 
-/* The dp4a GEMV for 4- and 8-bit codes (KILN_CUDA_QGEMV=3), forced, at every column split (0 = by
- * shape, 1..8 warps per row) and with programmatic dependent launch on and off: rows that leave
- * the last block partly empty, one group per row, n = 1..8, group 32/64/128, every scale dtype,
- * with and without an output bias, and x blocks of very different magnitude. */
+/* The dp4a GEMV for 4- and 8-bit codes (KILN_CUDA_QGEMV=3), forced, at 1, 2 and 4 rows per warp,
+ * every column split (0 = by shape, 1..8 warps per row) and with programmatic dependent launch on
+ * and off: row counts that leave the last tile and block partly empty, one group per row,
+ * n = 1..8, group 32/64/128, every scale dtype, with and without an output bias, and x blocks of
+ * very different magnitude. */
 static void test_qgemv_dp4a(void) {
     static const int splits[] = {0, 1, 2, 4, 8};
+    static const int rows_per_warp[] = {0, 1, 2, 4};
     static const int bits[] = {4, 8};
     static const int groups[] = {32, 64, 128};
     const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
     int k = 0;
+    kiln_cuda_set_qgemv_variant(3, 0);
     for (int b = 0; b < 2; b++)
         for (int g = 0; g < 3; g++) {
             const int64_t G = groups[g];
@@ -241,12 +244,11 @@ static void test_qgemv_dp4a(void) {
                 make_quant(&m, bits[b], (int)G, sdt, shapes[s][0], shapes[s][1], s % 2 == 1);
                 for (int64_t n = 1; n <= 8; n++) {
                     if (s == 4 && n != 1 && n != 4) continue; /* large: keep the CPU side short */
-                    int split = splits[k % 5], pdl = k % 2;
+                    int split = splits[k % 5], rpw = rows_per_warp[(k / 5) % 4], pdl = k % 2;
                     char label[96];
-                    snprintf(label, sizeof label, "dp4a q%dg%d/%s split=%d pdl=%d", bits[b], (int)G,
-                             kiln_dtype_name(sdt), split, pdl);
-                    kiln_cuda_set_qgemv_variant(3, split);
-                    kiln_cuda_set_qgemv_pdl(pdl);
+                    snprintf(label, sizeof label, "dp4a q%dg%d/%s R=%d KS=%d pdl=%d", bits[b],
+                             (int)G, kiln_dtype_name(sdt), rpw, split, pdl);
+                    kiln_cuda_set_qgemv_dp4a(rpw, split, pdl);
                     check_matmul_x(&m, n, label, 0, k % 3 == 0);
                     k++;
                 }
@@ -254,7 +256,7 @@ static void test_qgemv_dp4a(void) {
             }
         }
     kiln_cuda_set_qgemv_variant(-1, 0);
-    kiln_cuda_set_qgemv_pdl(-1);
+    kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
 }
 
 /* The row-streaming bf16 GEMV (KILN_CUDA_GEMV_DENSE=2), forced, at every column split: a single

@@ -153,22 +153,28 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
         }
     const int64_t ns[] = {1, 4};
     /* quantized: every GEMV kernel. k1 = 4 warps split the columns of 4 rows; k2 = a warp owns R
-     * whole rows (R by shape); dp4a = qgemv.cu (4/8-bit only) with the column split by shape
-     * (ks=0) or forced to 1/2/4/8 warps per row, programmatic dependent launch on (pdl=1, the
-     * default) or off */
+     * whole rows (R by shape); dp4a = qgemv.cu (4/8-bit only): rows per warp R and warps per row KS
+     * by shape (0) or forced, programmatic dependent launch on (the default) or off */
     static const struct {
         const char *name;
-        int variant, arg, pdl;
-    } variants[] = {{"k1", 1, 0, 1},        {"k2", 2, 0, 1},
-                    {"dp4a ks=0", 3, 0, 1}, {"dp4a ks=0 pdl=0", 3, 0, 0},
-                    {"dp4a ks=1", 3, 1, 1}, {"dp4a ks=2", 3, 2, 1},
-                    {"dp4a ks=4", 3, 4, 1}, {"dp4a ks=8", 3, 8, 1}};
+        int variant, rows, split, pdl;
+    } variants[] = {{"k1", 1, 0, 0, 1},
+                    {"k2", 2, 0, 0, 1},
+                    {"dp4a R=0 KS=0", 3, 0, 0, 1},
+                    {"dp4a R=0 KS=0 pdl=0", 3, 0, 0, 0},
+                    {"dp4a R=1 KS=0", 3, 1, 0, 1},
+                    {"dp4a R=2 KS=0", 3, 2, 0, 1},
+                    {"dp4a R=4 KS=0", 3, 4, 0, 1},
+                    {"dp4a R=0 KS=1", 3, 0, 1, 1},
+                    {"dp4a R=0 KS=2", 3, 0, 2, 1},
+                    {"dp4a R=0 KS=4", 3, 0, 4, 1},
+                    {"dp4a R=0 KS=8", 3, 0, 8, 1}};
     /* bf16: k_gemv_dense (dense) and the row-streaming kernel with its split by shape or forced */
     static const struct {
         const char *name;
-        int variant, arg, pdl;
-    } dense_variants[] = {{"dense", 1, 0, 1},     {"rows ks=0", 2, 0, 1}, {"rows ks=1", 2, 1, 1},
-                          {"rows ks=2", 2, 2, 1}, {"rows ks=4", 2, 4, 1}, {"rows ks=8", 2, 8, 1}};
+        int variant, split;
+    } dense_variants[] = {{"dense", 1, 0},     {"rows KS=0", 2, 0}, {"rows KS=1", 2, 1},
+                          {"rows KS=2", 2, 2}, {"rows KS=4", 2, 4}, {"rows KS=8", 2, 8}};
     const bool quant = h.host.dtype == KILN_DT_U32;
     const int nv = !quant ? (h.host.dtype == KILN_DT_BF16 ? 6 : 1)
                    : h.host.bits == 4 || h.host.bits == 8
@@ -180,10 +186,11 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
         for (int v = 0; v < nv; v++) {
             const char *name = quant ? variants[v].name : dense_variants[v].name;
             if (quant) {
-                kiln_cuda_set_qgemv_variant(variants[v].variant, variants[v].arg);
-                kiln_cuda_set_qgemv_pdl(variants[v].pdl);
+                kiln_cuda_set_qgemv_variant(variants[v].variant, 0);
+                kiln_cuda_set_qgemv_dp4a(variants[v].rows, variants[v].split, variants[v].pdl);
             } else {
-                kiln_cuda_set_gemv_dense_variant(dense_variants[v].variant, dense_variants[v].arg);
+                kiln_cuda_set_gemv_dense_variant(dense_variants[v].variant,
+                                                 dense_variants[v].split);
             }
             double ms = time_matmul(w, copies, ns[i], 1, 15);
             double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -200,7 +207,7 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
                    quant ? variants[best_v].name : dense_variants[best_v].name, best * 1e3,
                    100.0 * bytes / (best * 1e-3) / 1e9 / copy_bw);
     }
-    kiln_cuda_set_qgemv_pdl(-1);
+    kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
     kiln_cuda_set_gemv_dense_variant(-1, 0);
     kiln_cuda_set_qgemv_variant(-1, 0);
     double ms = time_matmul(w, copies < 4 ? copies : 4, 512, 2, 7);

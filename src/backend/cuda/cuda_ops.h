@@ -27,14 +27,15 @@ int kiln_cuda_device_count(char *why, size_t why_len);
 /* Forces the matmul path for benchmarks and tests: 0 auto, 1 GEMV kernel, 2 GEMM (cuBLAS). */
 void kiln_cuda_force_matmul_path(int path);
 /* Quantized GEMV kernel (n <= 8): 1 = block of 4 warps splitting the columns of 4 rows, 2 = each
- * warp owns rows_per_warp (1, 2, 4; 0 = by shape) whole rows, 3 = the dp4a kernel for 4/8-bit
- * codes with rows_per_warp read as the number of warps splitting a row's columns (1, 2, 4, 8;
- * 0 = by shape), 0 = auto (3 for 4/8 bits, else 2 or 1 by shape). Default: env KILN_CUDA_QGEMV
- * (and KILN_CUDA_QGEMV_R for the second argument); variant < 0 goes back to the environment. */
+ * warp owns rows_per_warp (1, 2, 4; 0 = by shape) whole rows, 3 = the dp4a kernel (qgemv.cu) for
+ * 4/8-bit codes (others: as 0), 0 = auto (3 for 4/8 bits, else 2 or 1 by shape). Default: env
+ * KILN_CUDA_QGEMV (and KILN_CUDA_QGEMV_R); variant < 0 goes back to the environment. */
 void kiln_cuda_set_qgemv_variant(int variant, int rows_per_warp);
-/* dp4a GEMV on Hopper: launch the dot-product pass with programmatic dependent launch so it
- * overlaps the x-conversion pass (1, default; env KILN_CUDA_QGEMV_PDL) or plainly (0). */
-void kiln_cuda_set_qgemv_pdl(int on);
+/* The dp4a kernel's shape: rows per warp (1, 2, 4; 0 = by n), warps splitting a row's columns
+ * (1, 2, 4, 8; 0 = by shape) and, on Hopper, programmatic dependent launch of its second kernel
+ * (1 = on, 0 = off). A value < 0 comes from env KILN_CUDA_QGEMV_ROWS / _KS / _PDL (default 0, 0,
+ * 1). */
+void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
 /* bf16 GEMV kernel (n <= 8): 1 = 4 warps split the columns of 4 rows (default), 2 = row-streaming
  * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE
  * and KILN_CUDA_GEMV_DENSE_KS; variant < 0 goes back to the environment. */

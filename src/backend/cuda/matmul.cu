@@ -392,7 +392,7 @@ static int kcu_qgemv_variant(void) {
     if (g_qgemv_variant < 0) {
         const char *e = getenv("KILN_CUDA_QGEMV");
         g_qgemv_variant = e && *e ? atoi(e) : KCU_QGEMV_DEFAULT;
-        const char *r = getenv("KILN_CUDA_QGEMV_R"); /* rows per warp (2) / column split (3) */
+        const char *r = getenv("KILN_CUDA_QGEMV_R"); /* rows per warp of kernel 2 */
         g_qgemv_rows = r && *r ? atoi(r) : 0;
     }
     return g_qgemv_variant;
@@ -521,7 +521,7 @@ static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, cons
      * 14336x4096), the column-split kernel elsewhere */
     int qv = kcu_qgemv_variant();
     /* auto (0): the dp4a kernel (qgemv.cu) for 4- and 8-bit codes */
-    if ((qv == 0 || qv == 3) && kcu_qgemv_dp4a(st, y, x, n, w, qv == 3 ? g_qgemv_rows : 0)) return;
+    if ((qv == 0 || qv == 3) && kcu_qgemv_dp4a(st, y, x, n, w)) return;
     if (qv == 0 || qv == 3) qv = NT == 1 && w->rows / 4 >= (int64_t)st->n_sms * 24 ? 2 : 1;
     if (kiln_matrix_is_quantized(w) && qv == 2 && w->rows < INT32_MAX / 2 &&
         w->cols < INT32_MAX / 8) {

@@ -25,8 +25,8 @@
 
 #include <stdlib.h>
 
-#define QG_WARPS  8 /* warps per block */
-#define QG_UNROLL 4 /* 16-byte chunks in flight per lane */
+#define QG_WARPS    8 /* warps per block */
+#define QG_INFLIGHT 4 /* 16-byte chunks in flight per lane (over its R rows) */
 
 __device__ __forceinline__ void qg_wait_prior_grid(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -47,8 +47,9 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
     return d;
 }
 
-/* Pass 1. x [n, cols] (cols % 32 == 0). Writes dig [n, cols/32, 3 digits, 32 bytes] (digit p of
- * the block's columns in storage order), E [n, cols/32], sx16 [n, cols/16]. perm4: 4-bit order. */
+/* Pass 1. x [n, cols] (cols % 32 == 0). Writes dig [n, 3 digits, cols/16 units, 16 bytes] (digit p
+ * of 16 columns in storage order, units ordered as below), E [n, cols/32], sx16 [n, cols/16].
+ * perm4: the 4-bit column and unit order. */
 __global__ void __launch_bounds__(256)
     k_qx_digits(int8_t *dig, float *E, float *sx16, const float *x, int n, int cols, int perm4) {
     qg_allow_dependents();
@@ -71,10 +72,13 @@ __global__ void __launch_bounds__(256)
     const int d2 = (r1 - d1) / 256; /* |d2| <= 64 */
     /* 4-bit: an 8-column run is stored as its even columns, then its odd ones */
     const int pos = perm4 ? (lane & ~7) | ((lane & 1) << 2) | ((lane & 7) >> 1) : lane;
-    int8_t *o = dig + gw * 96 + pos;
+    /* 16-column unit u = 2g + lane/16, stored at U(u) = u (8-bit) or (u & 1) * ng + u / 2 (4-bit,
+     * where a lane reads units 2c and 2c+1 of its chunk c: consecutive lanes, consecutive 16 B) */
+    const int h = lane >> 4, unit = perm4 ? h * ng + g : 2 * g + h, n16 = cols >> 4;
+    int8_t *o = dig + ((int64_t)t * 3 * n16 + unit) * 16 + (pos & 15);
     o[0] = (int8_t)d0;
-    o[32] = (int8_t)d1;
-    o[64] = (int8_t)d2;
+    o[(int64_t)n16 * 16] = (int8_t)d1;
+    o[(int64_t)n16 * 32] = (int8_t)d2;
     float s = v; /* sums of lanes 0..15 and 16..31 */
 #pragma unroll
     for (int k = 1; k < 16; k <<= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
@@ -82,144 +86,178 @@ __global__ void __launch_bounds__(256)
     if ((lane & 15) == 0) sx16[(int64_t)t * (cols / 16) + 2 * g + (lane >> 4)] = s;
 }
 
-/* Issues the loads of a lane's next QG_UNROLL chunks c0 + u*step of a row (codes, and the scale
- * and bias of each chunk's group; g0 = the row's first group) so they are all in flight at once.
- * Chunks past the row's end read as 0. */
-template <int B>
-__device__ __forceinline__ void qg_load_chunks(uint4 (&q)[QG_UNROLL], float (&s)[QG_UNROLL],
-                                               float (&b)[QG_UNROLL], const uint4 *wrow,
+/* Issues the loads of a lane's next QG_INFLIGHT/R chunks c0 + u*step of its R rows (codes, and the
+ * scale and bias of each chunk's group; g0[r] = row r's first group) so they are all in flight at
+ * once. Chunks past the row's end read as 0. */
+template <int B, int R, int U>
+__device__ __forceinline__ void qg_load_chunks(uint4 (&q)[U][R], float (&s)[U][R], float (&b)[U][R],
+                                               const uint4 *const (&wr)[R], const int64_t (&g0)[R],
                                                const void *scales, const void *biases, int sdt,
-                                               int64_t g0, int group, int c0, int step, int nch) {
+                                               int group, int c0, int step, int nch) {
 #pragma unroll
-    for (int u = 0; u < QG_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
         const int c = c0 + u * step;
-        if (c < nch) {
-            const int64_t gi = g0 + c * (128 / B) / group;
-            q[u] = kcu_load_stream16(wrow + c);
-            s[u] = kcu_load(scales, gi, sdt);
-            b[u] = kcu_load(biases, gi, sdt);
-        } else {
-            q[u] = make_uint4(0, 0, 0, 0);
-            s[u] = b[u] = 0.0f;
+        const int g = c * (128 / B) / group;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (c < nch) {
+                q[u][r] = kcu_load_stream16(wr[r] + c);
+                s[u][r] = kcu_load(scales, g0[r] + g, sdt);
+                b[u][r] = kcu_load(biases, g0[r] + g, sdt);
+            } else {
+                q[u][r] = make_uint4(0, 0, 0, 0);
+                s[u][r] = b[u][r] = 0.0f;
+            }
         }
     }
 }
 
-/* Pass 2. y [n, rows] (+bias), w uint32 [rows, cols*B/32], scales/biases [rows, cols/group]. A
- * block holds QG_WARPS/KS rows; warp = row tile * KS + ks, and warp ks of a row reads the chunks
- * ks*32 + lane + i*32*KS. */
-template <int B, int NT>
-__global__ void __launch_bounds__(QG_WARPS * 32, NT <= 2 ? 4 : 2) /* 64 / 128 registers */
+/* Pass 2. y [n, rows] (+bias), w uint32 [rows, cols*B/32], scales/biases [rows, cols/group],
+ * dig/E/sx16 from pass 1. A warp owns a tile of R consecutive rows (a partial last tile re-reads
+ * its last row and does not write it) and lane l of warp ks of the tile's KS warps reads chunks
+ * ks*32 + l + i*32*KS of every row of the tile: each digit load serves R rows. A block holds
+ * QG_WARPS/KS tiles; warp = tile in block * KS + ks. */
+template <int B, int NT, int R> /* 64 / 80 / 128 registers: 32 / 24 / 16 warps per SM */
+__global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
+                                                 : NT * R <= 4 ? 3
+                                                               : 2)
     k_qgemv_dp4a(float *y, const uint32_t *w, const void *scales, const void *biases, int sdt,
-                 int group, const float *bias, const int8_t *dig, const float *E, const float *sx16,
+                 int group, const float *bias, const uint4 *dig, const float *E, const float *sx16,
                  int n, int rows, int cols, int ks_log2) {
     static_assert(B == 4 || B == 8, "dp4a GEMV: 4- or 8-bit codes");
     constexpr int CODES = 128 / B;     /* codes per 16-byte chunk */
-    constexpr int NW = B == 4 ? 8 : 4; /* 4-byte code words (after nibble split) per chunk */
+    constexpr int NW = B == 4 ? 8 : 4; /* 4-byte code words (after the nibble split) per chunk */
+    constexpr int U = QG_INFLIGHT / R; /* chunks per row in flight per lane */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int KS = 1 << ks_log2, ks = warp & (KS - 1);
-    const int row = blockIdx.x * (QG_WARPS >> ks_log2) + (warp >> ks_log2);
-    const bool live = row < rows;
-    const int nch = live ? cols / CODES : 0; /* chunks this warp's row has (0: no row) */
+    const int r0 = (blockIdx.x * (QG_WARPS >> ks_log2) + (warp >> ks_log2)) * R;
+    const bool live = r0 < rows;
+    const int nch = live ? cols / CODES : 0; /* chunks per row (0: the warp has no rows) */
     const int ng = cols >> 5, gpr = cols / group, n16 = cols >> 4;
-    const uint4 *wrow = (const uint4 *)w + (int64_t)(live ? row : 0) * (cols / CODES);
+    const uint4 *wr[R];
+    int64_t g0[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = !live ? 0 : r0 + r < rows ? r0 + r : rows - 1;
+        wr[r] = (const uint4 *)w + (int64_t)row * (cols / CODES);
+        g0[r] = (int64_t)row * gpr;
+    }
     const int step = 32 * KS;
 
-    float acc[NT];
+    float acc[R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
 
-    /* QG_UNROLL chunks per lane in flight; the first ones are issued before waiting for pass 1 */
-    uint4 cur[QG_UNROLL];
-    float sc[QG_UNROLL], bc[QG_UNROLL]; /* the chunks' group scale and bias */
+    /* the first chunks are in flight before waiting for pass 1 */
+    uint4 q[U][R];
+    float sc[U][R], bc[U][R]; /* the chunks' group scales and biases */
     int c0 = ks * 32 + lane;
-    qg_load_chunks<B>(cur, sc, bc, wrow, scales, biases, sdt, (int64_t)row * gpr, group, c0, step,
-                      nch);
+    qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group, c0, step, nch);
     qg_wait_prior_grid(); /* pass 1's digits are complete from here on */
 
     for (;;) {
 #pragma unroll
-        for (int u = 0; u < QG_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             const int c = c0 + u * step;
             if (c >= nch) break;
-            const int col0 = c * CODES;
-            const float s = sc[u], b = bc[u];
-            const uint32_t wd[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
-            uint32_t cw[NW];
+            uint32_t cw[R][NW];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if constexpr (B == 4) {
-                    cw[2 * i] = wd[i] & 0x0F0F0F0Fu;
-                    cw[2 * i + 1] = (wd[i] >> 4) & 0x0F0F0F0Fu;
-                } else {
-                    cw[i] = wd[i];
+            for (int r = 0; r < R; r++) {
+                const uint32_t wd[4] = {q[u][r].x, q[u][r].y, q[u][r].z, q[u][r].w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    if constexpr (B == 4) {
+                        cw[r][2 * i] = wd[i] & 0x0F0F0F0Fu;
+                        cw[r][2 * i + 1] = (wd[i] >> 4) & 0x0F0F0F0Fu;
+                    } else {
+                        cw[r][i] = wd[i];
+                    }
                 }
             }
-            const int gq = col0 >> 5; /* 32-column block of x */
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= n) break;
-                const int64_t tb = (int64_t)t * ng + gq;
-                /* digit p of this chunk's columns: bytes p*32 (+16 for the second half of the
-                 * block when a chunk holds 16 8-bit codes) of the block's 96 */
-                const uint4 *dp = (const uint4 *)(dig + tb * 96 + (col0 & 31));
-                int D[3];
+                int D[R][3];
 #pragma unroll
                 for (int p = 0; p < 3; p++) {
-                    int d = 0;
+#pragma unroll
+                    for (int r = 0; r < R; r++) D[r][p] = 0;
 #pragma unroll
                     for (int k = 0; k < NW / 4; k++) {
-                        const uint4 dv = __ldg(dp + 2 * p + k);
-                        d = qg_dp4a(cw[4 * k], dv.x, d);
-                        d = qg_dp4a(cw[4 * k + 1], dv.y, d);
-                        d = qg_dp4a(cw[4 * k + 2], dv.z, d);
-                        d = qg_dp4a(cw[4 * k + 3], dv.w, d);
+                        /* digit p of the 16 columns k of this chunk (4-bit: unit 2c+k, stored at
+                         * k*ng + c; 8-bit: unit c) */
+                        const uint4 dv =
+                            __ldg(dig + (int64_t)(t * 3 + p) * n16 + (B == 4 ? k * ng + c : c));
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            D[r][p] = qg_dp4a(cw[r][4 * k], dv.x, D[r][p]);
+                            D[r][p] = qg_dp4a(cw[r][4 * k + 1], dv.y, D[r][p]);
+                            D[r][p] = qg_dp4a(cw[r][4 * k + 2], dv.z, D[r][p]);
+                            D[r][p] = qg_dp4a(cw[r][4 * k + 3], dv.w, D[r][p]);
+                        }
                     }
-                    D[p] = d;
                 }
-                const float qx =
-                    fmaf((float)D[2], 65536.0f, fmaf((float)D[1], 256.0f, (float)D[0]));
-                const float *sxp = sx16 + (int64_t)t * n16 + (col0 >> 4);
-                const float sx = B == 4 ? __ldg(sxp) + __ldg(sxp + 1) : __ldg(sxp);
-                acc[t] = fmaf(s * __ldg(E + tb), qx, fmaf(b, sx, acc[t]));
+                const float e = __ldg(E + (int64_t)t * ng + (c * CODES >> 5));
+                float sx;
+                if constexpr (B == 4) {
+                    const float2 s2 = __ldg((const float2 *)(sx16 + (int64_t)t * n16 + 2 * c));
+                    sx = s2.x + s2.y;
+                } else {
+                    sx = __ldg(sx16 + (int64_t)t * n16 + c);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float qx = fmaf((float)D[r][2], 65536.0f,
+                                          fmaf((float)D[r][1], 256.0f, (float)D[r][0]));
+                    acc[r][t] = fmaf(sc[u][r] * e, qx, fmaf(bc[u][r], sx, acc[r][t]));
+                }
             }
         }
-        c0 += QG_UNROLL * step;
+        c0 += U * step;
         if (c0 >= nch) break;
-        qg_load_chunks<B>(cur, sc, bc, wrow, scales, biases, sdt, (int64_t)row * gpr, group, c0,
-                          step, nch);
+        qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group, c0, step, nch);
     }
 
-    __shared__ float part[QG_WARPS][NT];
+    __shared__ float part[QG_WARPS][R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = kcu_warp_sum(acc[t]);
-        if (lane == 0) part[warp][t] = v;
-    }
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = kcu_warp_sum(acc[r][t]);
+            if (lane == 0) part[warp][r][t] = v;
+        }
     __syncthreads();
-    if (ks == 0 && live && lane < NT && lane < n) {
-        float v = 0.0f;
-        for (int k = 0; k < KS; k++) v += part[warp + k][lane];
-        y[(int64_t)lane * rows + row] = v + (bias ? bias[row] : 0.0f);
+    if (ks == 0 && live && lane < R * NT) {
+        const int r = lane / NT, t = lane % NT, row = r0 + r;
+        if (row < rows && t < n) {
+            float v = 0.0f;
+            for (int k = 0; k < KS; k++) v += part[warp + k][r][t];
+            y[(int64_t)t * rows + row] = v + (bias ? bias[row] : 0.0f);
+        }
     }
 }
 
-static int g_qg_pdl = -1; /* < 0: env KILN_CUDA_QGEMV_PDL (default on) */
-extern "C" void kiln_cuda_set_qgemv_pdl(int on) {
-    g_qg_pdl = on;
+static int g_qg_rows = -1, g_qg_split = -1, g_qg_pdl = -1; /* < 0: from the environment */
+extern "C" void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl) {
+    g_qg_rows = rows_per_warp, g_qg_split = split, g_qg_pdl = pdl;
+}
+static int qg_env(int *v, const char *name, int dflt) {
+    if (*v < 0) {
+        const char *e = getenv(name);
+        *v = e && *e ? atoi(e) : dflt;
+    }
+    return *v;
 }
 
 /* PDL needs griddepcontrol.wait in the kernel, which only the sm_90 build has: Hopper only. */
 static bool qg_use_pdl(kcu_state *st) {
-    if (g_qg_pdl < 0) {
-        const char *e = getenv("KILN_CUDA_QGEMV_PDL");
-        g_qg_pdl = e && *e ? atoi(e) != 0 : 1;
-    }
     static int major = -1;
     if (major < 0 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
                                             st->device) != cudaSuccess)
         major = 0;
-    return g_qg_pdl && major == 9;
+    return qg_env(&g_qg_pdl, "KILN_CUDA_QGEMV_PDL", 1) != 0 && major == 9;
 }
 
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n) {
@@ -228,11 +266,22 @@ bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n) {
            ((uintptr_t)w->data & 15) == 0 && w->rows < INT32_MAX && w->cols < INT32_MAX / 8;
 }
 
-template <int B, int NT>
-static void launch_dp4a(kcu_state *st, dim3 grid, bool pdl, float *y, const kiln_matrix *w,
-                        const int8_t *dig, const float *E, const float *sx16, int n, int ks_log2) {
+template <int B, int NT, int R>
+static void launch_dp4a(kcu_state *st, bool pdl, float *y, const kiln_matrix *w, const uint4 *dig,
+                        const float *E, const float *sx16, int n, int split) {
+    const int rows = (int)w->rows, cols = (int)w->cols, tiles = (rows + R - 1) / R;
+    /* columns split between KS warps only when row tiles alone leave SMs short of warps */
+    int ks_log2 = 0;
+    if (split == 1 || split == 2 || split == 4 || split == 8) {
+        while ((1 << ks_log2) < split) ks_log2++;
+    } else {
+        const int64_t want = (int64_t)st->n_sms * 24, nch = cols / (128 / B);
+        while (ks_log2 < 3 && ((int64_t)tiles << ks_log2) < want && nch >= (64 << ks_log2))
+            ks_log2++;
+    }
+    const int tiles_per_block = QG_WARPS >> ks_log2;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
+    cfg.gridDim = dim3((unsigned)((tiles + tiles_per_block - 1) / tiles_per_block));
     cfg.blockDim = dim3(QG_WARPS * 32);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = st->stream;
@@ -242,24 +291,37 @@ static void launch_dp4a(kcu_state *st, dim3 grid, bool pdl, float *y, const kiln
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     const uint32_t *q = (const uint32_t *)w->data;
-    const int sdt = (int)w->scale_dtype, group = w->group_size, rows = (int)w->rows,
-              cols = (int)w->cols;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT>, y, q, w->scales, w->biases, sdt,
-                                       group, w->bias, dig, E, sx16, n, rows, cols, ks_log2);
+    const int sdt = (int)w->scale_dtype, group = w->group_size;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases,
+                                       sdt, group, w->bias, dig, E, sx16, n, rows, cols, ks_log2);
     if (e != cudaSuccess && pdl) { /* e.g. a driver without PDL: launch plainly */
         (void)cudaGetLastError();
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT>, y, q, w->scales, w->biases, sdt, group,
+        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases, sdt, group,
                                w->bias, dig, E, sx16, n, rows, cols, ks_log2);
     }
     KCU_CHECK(st, e);
 }
 
-bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w,
-                    int split) {
+template <int B, int NT>
+static void launch_dp4a_rows(kcu_state *st, bool pdl, float *y, const kiln_matrix *w,
+                             const uint4 *dig, const float *E, const float *sx16, int n) {
+    /* rows per warp: each digit load serves R rows (L1 traffic ~ 3 bytes per code / R) */
+    int R = qg_env(&g_qg_rows, "KILN_CUDA_QGEMV_ROWS", 0);
+    if (R != 1 && R != 2 && R != 4) R = NT == 4 ? 4 : 2;
+    const int split = qg_env(&g_qg_split, "KILN_CUDA_QGEMV_KS", 0);
+    if (R == 1)
+        launch_dp4a<B, NT, 1>(st, pdl, y, w, dig, E, sx16, n, split);
+    else if (R == 2)
+        launch_dp4a<B, NT, 2>(st, pdl, y, w, dig, E, sx16, n, split);
+    else
+        launch_dp4a<B, NT, 4>(st, pdl, y, w, dig, E, sx16, n, split);
+}
+
+bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     if (!kcu_qgemv_dp4a_applies(w, n)) return false;
-    const int cols = (int)w->cols, rows = (int)w->rows, ng = cols / 32;
-    /* scratch: E [n, ng] f32, sx16 [n, 2ng] f32, digits [n, ng, 96] bytes */
+    const int cols = (int)w->cols, ng = cols / 32;
+    /* scratch: E [n, ng] f32, sx16 [n, 2ng] f32, digits [n, 3, 2ng, 16] bytes */
     const size_t e_bytes = ((size_t)n * ng * 4 + 255) & ~(size_t)255;
     const size_t s_bytes = ((size_t)n * ng * 8 + 255) & ~(size_t)255;
     char *scr = (char *)kcu_scratch(st, e_bytes + s_bytes + (size_t)n * ng * 96);
@@ -270,19 +332,9 @@ bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const ki
     k_qx_digits<<<(unsigned)((warps + 7) / 8), 256, 0, st->stream>>>(dig, E, sx16, x, (int)n, cols,
                                                                      w->bits == 4);
     KCU_LAUNCHED(st);
-    /* columns split between KS warps of a block only when rows alone leave SMs short of warps */
-    int ks_log2 = 0;
-    if (split == 1 || split == 2 || split == 4 || split == 8) {
-        while ((1 << ks_log2) < split) ks_log2++;
-    } else {
-        const int64_t want = (int64_t)st->n_sms * 16, nch = cols / (128 / w->bits);
-        while (ks_log2 < 3 && ((int64_t)rows << ks_log2) < want && nch >= (64 << ks_log2))
-            ks_log2++;
-    }
-    const int rows_per_block = QG_WARPS >> ks_log2;
-    dim3 grid((unsigned)((rows + rows_per_block - 1) / rows_per_block));
     const bool pdl = qg_use_pdl(st);
-#define QG(BB, NN) launch_dp4a<BB, NN>(st, grid, pdl, y, w, dig, E, sx16, (int)n, ks_log2)
+    const uint4 *d4 = (const uint4 *)dig;
+#define QG(BB, NN) launch_dp4a_rows<BB, NN>(st, pdl, y, w, d4, E, sx16, (int)n)
     if (w->bits == 4) {
         if (n == 1)
             QG(4, 1);

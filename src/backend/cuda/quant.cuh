@@ -30,9 +30,8 @@ __device__ __forceinline__ float kcu_code_f(uint32_t c) {
 }
 
 /* The dp4a GEMV of qgemv.cu (4/8-bit codes, n <= 8): whether it takes w, and the call (false when
- * it does not apply; split = warps sharing a row's columns: 1, 2, 4, 8, or 0 by shape). */
+ * it does not apply). */
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n);
-bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w,
-                    int split);
+bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w);
 
 #endif
