@@ -251,8 +251,11 @@ static int qg_env(int *v, const char *name, int dflt) {
     return *v;
 }
 
-/* PDL needs griddepcontrol.wait in the kernel, which only the sm_90 build has: Hopper only. */
+/* PDL needs griddepcontrol.wait in the kernel, which only the sm_90 build has: Hopper only. Not
+ * while a decode-step graph is being captured (programmatic edges in captured graphs are untested
+ * here; plain launches keep the graph as it was). */
 static bool qg_use_pdl(kcu_state *st) {
+    if (st->capturing) return false;
     static int major = -1;
     if (major < 0 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
                                             st->device) != cudaSuccess)
