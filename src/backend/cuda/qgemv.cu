@@ -13,7 +13,7 @@
  *     D_p = sum_j q_j * d_p,j  (dp4a; exact int32)
  *     acc += (s * E) * (65536*D2 + 256*D1 + D0) + b * sum_j x_j
  *   which is the group identity sum_j (s*q_j + b) x_j = s * sum_j q_j x_j + b * sum_j x_j. A chunk
- *   never straddles a quantization group (groups are multiples of 32 columns). 4-bit codes are
+ *   never straddles a quantization group (groups are powers of two >= 32 columns). 4-bit codes are
  *   split into the even and odd nibbles of each word ((w & 0x0F0F0F0F), (w >> 4) & 0x0F0F0F0F), so
  *   pass 1 stores each 8-column run's digits as columns 0,2,4,6,1,3,5,7 for 4-bit weights.
  *
@@ -93,11 +93,11 @@ template <int B, int R, int U>
 __device__ __forceinline__ void qg_load_chunks(uint4 (&q)[U][R], float (&s)[U][R], float (&b)[U][R],
                                                const uint4 *const (&wr)[R], const int64_t (&g0)[R],
                                                const void *scales, const void *biases, int sdt,
-                                               int group, int c0, int step, int nch) {
+                                               int group_log2, int c0, int step, int nch) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = c0 + u * step;
-        const int g = c * (128 / B) / group;
+        const int g = (c * (128 / B)) >> group_log2;
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (c < nch) {
@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
                                                  : NT * R <= 4 ? 3
                                                                : 2)
     k_qgemv_dp4a(float *y, const uint32_t *w, const void *scales, const void *biases, int sdt,
-                 int group, const float *bias, const uint4 *dig, const float *E, const float *sx16,
-                 int n, int rows, int cols, int ks_log2) {
+                 int group_log2, const float *bias, const uint4 *dig, const float *E,
+                 const float *sx16, int n, int rows, int cols, int ks_log2) {
     static_assert(B == 4 || B == 8, "dp4a GEMV: 4- or 8-bit codes");
     constexpr int CODES = 128 / B;     /* codes per 16-byte chunk */
     constexpr int NW = B == 4 ? 8 : 4; /* 4-byte code words (after the nibble split) per chunk */
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
     const int r0 = (blockIdx.x * (QG_WARPS >> ks_log2) + (warp >> ks_log2)) * R;
     const bool live = r0 < rows;
     const int nch = live ? cols / CODES : 0; /* chunks per row (0: the warp has no rows) */
-    const int ng = cols >> 5, gpr = cols / group, n16 = cols >> 4;
+    const int ng = cols >> 5, gpr = cols >> group_log2, n16 = cols >> 4;
     const uint4 *wr[R];
     int64_t g0[R];
 #pragma unroll
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
     uint4 q[U][R];
     float sc[U][R], bc[U][R]; /* the chunks' group scales and biases */
     int c0 = ks * 32 + lane;
-    qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group, c0, step, nch);
+    qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group_log2, c0, step, nch);
     qg_wait_prior_grid(); /* pass 1's digits are complete from here on */
 
     for (;;) {
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
         }
         c0 += U * step;
         if (c0 >= nch) break;
-        qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group, c0, step, nch);
+        qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group_log2, c0, step, nch);
     }
 
     __shared__ float part[QG_WARPS][R][NT];
@@ -265,8 +265,9 @@ static bool qg_use_pdl(kcu_state *st) {
 
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n) {
     return kiln_matrix_is_quantized(w) && (w->bits == 4 || w->bits == 8) && n >= 1 && n <= 8 &&
-           w->group_size >= 32 && w->group_size % 32 == 0 && w->cols % w->group_size == 0 &&
-           ((uintptr_t)w->data & 15) == 0 && w->rows < INT32_MAX && w->cols < INT32_MAX / 8;
+           w->group_size >= 32 && (w->group_size & (w->group_size - 1)) == 0 &&
+           w->cols % w->group_size == 0 && ((uintptr_t)w->data & 15) == 0 && w->rows < INT32_MAX &&
+           w->cols < INT32_MAX / 8;
 }
 
 template <int B, int NT, int R>
@@ -294,14 +295,17 @@ static void launch_dp4a(kcu_state *st, bool pdl, float *y, const kiln_matrix *w,
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     const uint32_t *q = (const uint32_t *)w->data;
-    const int sdt = (int)w->scale_dtype, group = w->group_size;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases,
-                                       sdt, group, w->bias, dig, E, sx16, n, rows, cols, ks_log2);
+    const int sdt = (int)w->scale_dtype;
+    int group_log2 = 5;
+    while ((1 << group_log2) < w->group_size) group_log2++;
+    cudaError_t e =
+        cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases, sdt,
+                           group_log2, w->bias, dig, E, sx16, n, rows, cols, ks_log2);
     if (e != cudaSuccess && pdl) { /* e.g. a driver without PDL: launch plainly */
         (void)cudaGetLastError();
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases, sdt, group,
-                               w->bias, dig, E, sx16, n, rows, cols, ks_log2);
+        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases, sdt,
+                               group_log2, w->bias, dig, E, sx16, n, rows, cols, ks_log2);
     }
     KCU_CHECK(st, e);
 }
