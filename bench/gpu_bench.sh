@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # gpu_bench.sh — on the GPU machine, in one call: builds kiln (CUDA on, carried .deps), then runs
 # the stages named in KILN_STAGES (default: all, in this order):
-#   tests  test_cuda_ops (both quant GEMV kernels), test_parity_cuda (KILN_PARITY_GEMMS: cuBLAS
-#          x as a bf16 hi+lo pair "split" by default, "bf16" too on request), and `kiln generate
-#          --device cuda` on the demo model vs the CPU's ids
-#   micro  bench/gpu/kiln_gpu_bench.c: copy bandwidth, matmul GEMV/GEMM at Llama-3-8B layer
-#          shapes, big bf16 GEMM, decode attention; torch's copy/GEMM ceilings
+#   tests  test_cuda_ops (KILN_CUDA_QGEMV=0: default = dp4a for 4/8 bits; 1, 2: the older quant
+#          GEMV kernels; test_qgemv_dp4a forces dp4a in every run), test_parity_cuda
+#          (KILN_PARITY_GEMMS: cuBLAS x as a bf16 hi+lo pair "split" by default, "bf16" on
+#          request), and `kiln generate --device cuda` on the demo model vs the CPU's ids
+#   micro  bench/gpu/kiln_gpu_bench.c: copy bandwidth, matmul GEMV (every kernel variant, n=1/4,
+#          with a `best` line per shape) and GEMM at Llama-3-8B layer shapes, big bf16 GEMM,
+#          decode attention; torch's copy/GEMM ceilings
 #   e2e    random-weight models (bench/make_random_model.py, bf16, then `kiln convert --bits 8/4`)
 #          for each shape in KILN_SHAPES; `kiln bench --device cuda --json`: prefill 512, decode
 #          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
@@ -57,7 +59,7 @@ fi
 K=$B/kiln
 
 if has tests; then
-    for v in 1 2; do
+    for v in ${KILN_QGEMV_VARIANTS:-0 1 2}; do
         stamp "test_cuda_ops KILN_CUDA_QGEMV=$v"
         KILN_CUDA_QGEMV=$v "$B/test_cuda_ops" >"$O/test_cuda_ops_v$v.log" 2>&1
         echo "test_cuda_ops (qgemv $v) rc=$?"

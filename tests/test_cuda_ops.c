@@ -133,9 +133,16 @@ static void free_matrix(test_matrix *m) {
     free(m->bias);
 }
 
-static void check_matmul(test_matrix *m, int64_t n, const char *label, int force_path) {
+/* x_ranges: the first and last token get a zero 32-column block and blocks scaled by 1e4 and
+ * 1e-4 (columns 0..95), which the dp4a GEMV's per-block fixed point must follow. */
+static void check_matmul_x(test_matrix *m, int64_t n, const char *label, int force_path,
+                           bool x_ranges) {
     int64_t rows = m->host.rows, cols = m->host.cols;
     float *x = rand_f32(n * cols, 1.0f);
+    for (int64_t t = 0; x_ranges && cols >= 96 && t < n; t++) {
+        if (t != 0 && t != n - 1) continue;
+        for (int64_t j = 0; j < 96; j++) x[t * cols + j] *= j < 32 ? 0.0f : j < 64 ? 1e4f : 1e-4f;
+    }
     float *ref = malloc((size_t)(n * rows) * sizeof(float));
     kiln_cpu_matmul_ref(ref, x, n, &m->host);
     float *dx = dev_copy(x, (size_t)(n * cols) * sizeof(float));
@@ -157,6 +164,10 @@ static void check_matmul(test_matrix *m, int64_t n, const char *label, int force
     be->free(be, dy);
     free(x);
     free(ref);
+}
+
+static void check_matmul(test_matrix *m, int64_t n, const char *label, int force_path) {
+    check_matmul_x(m, n, label, force_path, false);
 }
 
 static void test_matmul(void) {
@@ -207,6 +218,67 @@ static void test_matmul(void) {
         check_matmul(&m, 33, "bf16 big", 0);
         free_matrix(&m);
     }
+}
+
+/* The dp4a GEMV for 4- and 8-bit codes (KILN_CUDA_QGEMV=3), forced, at 1, 2 and 4 rows per warp,
+ * every column split (0 = by shape, 1..8 warps per row) and with programmatic dependent launch on
+ * and off: row counts that leave the last tile and block partly empty, one group per row,
+ * n = 1..8, group 32/64/128, every scale dtype, with and without an output bias, and x blocks of
+ * very different magnitude. */
+static void test_qgemv_dp4a(void) {
+    static const int splits[] = {0, 1, 2, 4, 8};
+    static const int rows_per_warp[] = {0, 1, 2, 4};
+    static const int bits[] = {4, 8};
+    static const int groups[] = {32, 64, 128};
+    const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    int k = 0;
+    kiln_cuda_set_qgemv_variant(3, 0);
+    for (int b = 0; b < 2; b++)
+        for (int g = 0; g < 3; g++) {
+            const int64_t G = groups[g];
+            const int64_t shapes[][2] = {
+                {7, G}, {13, 3 * G}, {259, 4224}, {61, 14336}, {1024, 4096}};
+            for (int s = 0; s < 5; s++) {
+                test_matrix m;
+                kiln_dtype sdt = sdts[(b + g + s) % 3];
+                make_quant(&m, bits[b], (int)G, sdt, shapes[s][0], shapes[s][1], s % 2 == 1);
+                for (int64_t n = 1; n <= 8; n++) {
+                    if (s == 4 && n != 1 && n != 4) continue; /* large: keep the CPU side short */
+                    int split = splits[k % 5], rpw = rows_per_warp[(k / 5) % 4], pdl = k % 2;
+                    char label[96];
+                    snprintf(label, sizeof label, "dp4a q%dg%d/%s R=%d KS=%d pdl=%d", bits[b],
+                             (int)G, kiln_dtype_name(sdt), rpw, split, pdl);
+                    kiln_cuda_set_qgemv_dp4a(rpw, split, pdl);
+                    check_matmul_x(&m, n, label, 0, k % 3 == 0);
+                    k++;
+                }
+                free_matrix(&m);
+            }
+        }
+    kiln_cuda_set_qgemv_variant(-1, 0);
+    kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
+}
+
+/* The row-streaming bf16 GEMV (KILN_CUDA_GEMV_DENSE=2), forced, at every column split: a single
+ * chunk per row, rows that leave the last block partly empty, n = 1..8, with and without bias. */
+static void test_gemv_bf16_rows(void) {
+    static const int splits[] = {0, 1, 2, 4, 8};
+    static const int64_t shapes[][2] = {{7, 8}, {13, 264}, {259, 4160}, {1024, 4096}};
+    int k = 0;
+    for (int s = 0; s < 4; s++) {
+        test_matrix m;
+        make_dense(&m, KILN_DT_BF16, shapes[s][0], shapes[s][1], s % 2 == 0);
+        for (int64_t n = 1; n <= 8; n++) {
+            if (s == 3 && n != 1 && n != 4) continue;
+            char label[64];
+            snprintf(label, sizeof label, "bf16 rows split=%d", splits[k % 5]);
+            kiln_cuda_set_gemv_dense_variant(2, splits[k % 5]);
+            check_matmul(&m, n, label, 0);
+            k++;
+        }
+        free_matrix(&m);
+    }
+    kiln_cuda_set_gemv_dense_variant(-1, 0);
 }
 
 static void test_embed(void) {
@@ -492,6 +564,8 @@ int main(void) {
     test_matmul_multi();
     test_embed();
     test_matmul();
+    test_qgemv_dp4a();
+    test_gemv_bf16_rows();
     test_attention();
     CHECK_OK(be->synchronize(be));
     kiln_backend_free(be);

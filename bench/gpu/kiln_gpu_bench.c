@@ -1,7 +1,9 @@
 /* kiln_gpu_bench.c — device ceilings and the CUDA backend's kernels, timed on the GPU.
  * Prints: device-to-device copy bandwidth (bytes read + written), kiln matmul at Llama-3-8B layer
- * shapes for bf16 / q8g64 / q4g32 (GEMV n=1 and n=4 as GB/s of weight bytes and as a fraction of
- * the copy bandwidth; GEMM n=512 as TFLOP/s), a large bf16 GEMM and decode attention.
+ * shapes (4096x4096, 14336x4096, 4096x14336, 1024x4096) for bf16 / q8g64 / q4g32 / q4g64 (GEMV
+ * n=1 and n=4 for every GEMV kernel variant, as µs, GB/s of weight bytes (codes + scales + biases)
+ * and fraction of the copy bandwidth, then the best variant; GEMM n=512 as TFLOP/s), a large bf16
+ * GEMM and decode attention.
  * Weights rotate over enough copies to exceed the 60 MB L2, so numbers are HBM numbers.
  * Built and run by bench/gpu_bench.sh against build/libkiln.so. */
 #include "backend/backend.h"
@@ -150,22 +152,63 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
             exit(1);
         }
     const int64_t ns[] = {1, 4};
-    /* quantized: both GEMV kernels (1 = 4 warps split the columns of 4 rows; 2 = a warp owns R
-     * whole rows, R by shape (0) or forced 1/2/4) */
-    const int variants[][2] = {{1, 0}, {2, 0}, {2, 1}, {2, 2}, {2, 4}};
-    int nv = h.host.dtype == KILN_DT_U32 ? 5 : 1;
-    for (int i = 0; i < 2; i++)
+    /* quantized: every GEMV kernel. k1 = 4 warps split the columns of 4 rows; k2 = a warp owns R
+     * whole rows (R by shape); dp4a = qgemv.cu (4/8-bit only): rows per warp R and warps per row KS
+     * by shape (0) or forced, programmatic dependent launch on (the default) or off */
+    static const struct {
+        const char *name;
+        int variant, rows, split, pdl;
+    } variants[] = {{"k1", 1, 0, 0, 1},
+                    {"k2", 2, 0, 0, 1},
+                    {"dp4a R=0 KS=0", 3, 0, 0, 1},
+                    {"dp4a R=0 KS=0 pdl=0", 3, 0, 0, 0},
+                    {"dp4a R=1 KS=0", 3, 1, 0, 1},
+                    {"dp4a R=2 KS=0", 3, 2, 0, 1},
+                    {"dp4a R=4 KS=0", 3, 4, 0, 1},
+                    {"dp4a R=0 KS=1", 3, 0, 1, 1},
+                    {"dp4a R=0 KS=2", 3, 0, 2, 1},
+                    {"dp4a R=0 KS=4", 3, 0, 4, 1},
+                    {"dp4a R=0 KS=8", 3, 0, 8, 1}};
+    /* bf16: k_gemv_dense (dense) and the row-streaming kernel with its split by shape or forced */
+    static const struct {
+        const char *name;
+        int variant, split;
+    } dense_variants[] = {{"dense", 1, 0},     {"rows KS=0", 2, 0}, {"rows KS=1", 2, 1},
+                          {"rows KS=2", 2, 2}, {"rows KS=4", 2, 4}, {"rows KS=8", 2, 8}};
+    const bool quant = h.host.dtype == KILN_DT_U32;
+    const int nv = !quant ? (h.host.dtype == KILN_DT_BF16 ? 6 : 1)
+                   : h.host.bits == 4 || h.host.bits == 8
+                       ? (int)(sizeof variants / sizeof variants[0])
+                       : 2;
+    for (int i = 0; i < 2; i++) {
+        double best = 1e30;
+        int best_v = 0;
         for (int v = 0; v < nv; v++) {
-            if (i == 1 && v > 1) break;
-            kiln_cuda_set_qgemv_variant(variants[v][0], variants[v][1]);
+            const char *name = quant ? variants[v].name : dense_variants[v].name;
+            if (quant) {
+                kiln_cuda_set_qgemv_variant(variants[v].variant, 0);
+                kiln_cuda_set_qgemv_dp4a(variants[v].rows, variants[v].split, variants[v].pdl);
+            } else {
+                kiln_cuda_set_gemv_dense_variant(dense_variants[v].variant,
+                                                 dense_variants[v].split);
+            }
             double ms = time_matmul(w, copies, ns[i], 1, 15);
             double gbs = bytes / (ms * 1e-3) / 1e9;
-            printf("gemv  %-5s %5lldx%-5lld n=%lld: %8.1f us  %6.0f GB/s  %4.0f%% of copy", fmt,
+            printf("gemv  %-5s %5lldx%-5lld n=%lld: %8.2f us  %6.0f GB/s  %4.0f%% of copy", fmt,
                    (long long)rows, (long long)cols, (long long)ns[i], ms * 1e3, gbs,
                    100.0 * gbs / copy_bw);
-            if (nv > 1) printf("  [kernel %d R=%d]", variants[v][0], variants[v][1]);
+            if (nv > 1) printf("  [%s]", name);
             printf("\n");
+            if (ms < best) best = ms, best_v = v;
         }
+        if (nv > 1)
+            printf("best  %-5s %5lldx%-5lld n=%lld: %s (%.2f us, %.0f%% of copy)\n", fmt,
+                   (long long)rows, (long long)cols, (long long)ns[i],
+                   quant ? variants[best_v].name : dense_variants[best_v].name, best * 1e3,
+                   100.0 * bytes / (best * 1e-3) / 1e9 / copy_bw);
+    }
+    kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
+    kiln_cuda_set_gemv_dense_variant(-1, 0);
     kiln_cuda_set_qgemv_variant(-1, 0);
     double ms = time_matmul(w, copies < 4 ? copies : 4, 512, 2, 7);
     printf("gemm  %-5s %5lldx%-5lld n=512: %8.1f us  %6.1f TFLOP/s\n", fmt, (long long)rows,
@@ -232,10 +275,10 @@ int main(void) {
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
     bench_copy();
-    const char *fmts[] = {"bf16", "q8g64", "q4g32"};
-    const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
-    for (int f = 0; f < 3; f++)
-        for (int s = 0; s < 3; s++) bench_matmul(fmts[f], shapes[s][0], shapes[s][1]);
+    const char *fmts[] = {"bf16", "q8g64", "q4g32", "q4g64"};
+    const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
+    for (int f = 0; f < 4; f++)
+        for (int s = 0; s < 4; s++) bench_matmul(fmts[f], shapes[s][0], shapes[s][1]);
     bench_big_gemm();
     bench_attention("f16", 8192);
     bench_attention("f32", 8192);

@@ -120,6 +120,16 @@ __device__ __forceinline__ float kcu_load(const void *p, int64_t i, int dt) {
     return dt == KILN_DT_BF16 ? kcu_bf16(h) : kcu_f16(h);
 }
 
+/* 16 bytes of weights that are read once: through the non-coherent path without allocating in
+ * L1, so what is reused (x) stays there. */
+__device__ __forceinline__ uint4 kcu_load_stream16(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ float kcu_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

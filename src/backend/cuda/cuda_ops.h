@@ -34,8 +34,19 @@ int kiln_cuda_device_count(char *why, size_t why_len);
 /* Forces the matmul path for benchmarks and tests: 0 auto, 1 GEMV kernel, 2 GEMM (cuBLAS). */
 void kiln_cuda_force_matmul_path(int path);
 /* Quantized GEMV kernel (n <= 8): 1 = block of 4 warps splitting the columns of 4 rows, 2 = each
- * warp owns rows_per_warp (1, 2, 4; 0 = by shape) whole rows. Default: env KILN_CUDA_QGEMV. */
+ * warp owns rows_per_warp (1, 2, 4; 0 = by shape) whole rows, 3 = the dp4a kernel (qgemv.cu) for
+ * 4/8-bit codes (others: as 0), 0 = auto (3 for 4/8 bits, else 2 or 1 by shape). Default: env
+ * KILN_CUDA_QGEMV (and KILN_CUDA_QGEMV_R); variant < 0 goes back to the environment. */
 void kiln_cuda_set_qgemv_variant(int variant, int rows_per_warp);
+/* The dp4a kernel's shape: rows per warp (1, 2, 4; 0 = by n), warps splitting a row's columns
+ * (1, 2, 4, 8; 0 = by shape) and, on Hopper, programmatic dependent launch of its second kernel
+ * (1 = on, 0 = off). A value < 0 comes from env KILN_CUDA_QGEMV_ROWS / _KS / _PDL (default 0, 0,
+ * 1). */
+void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
+/* bf16 GEMV kernel (n <= 8): 1 = 4 warps split the columns of 4 rows (default), 2 = row-streaming
+ * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE
+ * and KILN_CUDA_GEMV_DENSE_KS; variant < 0 goes back to the environment. */
+void kiln_cuda_set_gemv_dense_variant(int variant, int split);
 /* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through
  * two GEMMs (1, x kept to ~2^-17). Default: env KILN_CUDA_GEMM=split|bf16. */
 void kiln_cuda_set_gemm_split(int on);

@@ -158,6 +158,103 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                             (int64_t)(blockIdx.x - M.first[m]) * GEMV_R);
 }
 
+/* Row-streaming bf16 GEMV (KILN_CUDA_GEMV_DENSE=2; kiln_cuda_set_gemv_dense_variant): a block of
+ * 8 warps holds 8/KS rows, the KS warps of a row split its 16-byte chunks (8 values), each lane
+ * keeps DGEMV_UNROLL chunks in flight and partial sums meet in shared memory. Short matrices get
+ * several warps per row (1024x4096: KS = 4), so more bytes are in flight than k_gemv_dense's 4
+ * rows per 4-warp block. */
+#define DGEMV_WARPS  8
+#define DGEMV_UNROLL 4
+template <int NT>
+__global__ void __launch_bounds__(DGEMV_WARPS * 32)
+    k_gemv_bf16_rows(float *y, const float *x, int n, int rows, int cols, const void *w,
+                     const float *bias, int ks_log2) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int KS = 1 << ks_log2, ks = warp & (KS - 1);
+    const int row = blockIdx.x * (DGEMV_WARPS >> ks_log2) + (warp >> ks_log2);
+    const bool live = row < rows;
+    const int nch = live ? cols / 8 : 0; /* 16-byte chunks of this warp's row (0: no row) */
+    const uint4 *wrow = (const uint4 *)w + (int64_t)(live ? row : 0) * (cols / 8);
+    const int step = 32 * KS;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int c0 = ks * 32 + lane; c0 < nch; c0 += DGEMV_UNROLL * step) {
+        uint4 cur[DGEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DGEMV_UNROLL; u++) {
+            const int c = c0 + u * step;
+            cur[u] = c < nch ? kcu_load_stream16(wrow + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < DGEMV_UNROLL; u++) {
+            const int c = c0 + u * step;
+            if (c >= nch) break;
+            const uint32_t wd[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
+            float wv[8];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                wv[2 * i] = __uint_as_float(wd[i] << 16);
+                wv[2 * i + 1] = __uint_as_float(wd[i] & 0xffff0000u);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= n) break;
+                const float4 *xp = (const float4 *)(x + (int64_t)t * cols + (int64_t)c * 8);
+                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[t] = fmaf(wv[i], xv[i], acc[t]);
+            }
+        }
+    }
+    __shared__ float part[DGEMV_WARPS][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = kcu_warp_sum(acc[t]);
+        if (lane == 0) part[warp][t] = v;
+    }
+    __syncthreads();
+    if (ks == 0 && live && lane < NT && lane < n) {
+        float v = 0.0f;
+        for (int k = 0; k < KS; k++) v += part[warp + k][lane];
+        y[(int64_t)lane * rows + row] = v + (bias ? bias[row] : 0.0f);
+    }
+}
+
+static int g_dense_variant = -1, g_dense_split = 0;
+static int kcu_gemv_dense_variant(void) {
+    if (g_dense_variant < 0) {
+        const char *e = getenv("KILN_CUDA_GEMV_DENSE");
+        g_dense_variant = e && *e ? atoi(e) : 1;
+        const char *k = getenv("KILN_CUDA_GEMV_DENSE_KS");
+        g_dense_split = k && *k ? atoi(k) : 0;
+    }
+    return g_dense_variant;
+}
+extern "C" void kiln_cuda_set_gemv_dense_variant(int variant, int split) {
+    g_dense_variant = variant; /* < 0: back to the environment / default */
+    g_dense_split = split;
+    if (variant < 0) kcu_gemv_dense_variant();
+}
+
+template <int NT>
+static void launch_bf16_rows(kcu_state *st, float *y, const float *x, int64_t n,
+                             const kiln_matrix *w) {
+    int ks_log2 = 0;
+    const int split = g_dense_split;
+    if (split == 1 || split == 2 || split == 4 || split == 8) {
+        while ((1 << ks_log2) < split) ks_log2++;
+    } else { /* several warps per row only when rows alone leave SMs short of warps */
+        const int64_t want = (int64_t)st->n_sms * 16, nch = w->cols / 8;
+        while (ks_log2 < 3 && (w->rows << ks_log2) < want && nch >= (128 << ks_log2)) ks_log2++;
+    }
+    const int rows_per_block = DGEMV_WARPS >> ks_log2;
+    dim3 grid((unsigned)((w->rows + rows_per_block - 1) / rows_per_block)), block(DGEMV_WARPS * 32);
+    k_gemv_bf16_rows<NT><<<grid, block, 0, st->stream>>>(y, x, (int)n, (int)w->rows, (int)w->cols,
+                                                         w->data, w->bias, ks_log2);
+}
+
 /* ---- GEMV: affine-quantized ---- */
 
 template <int B> __device__ __forceinline__ void load_words(const uint32_t *p, uint32_t (&wd)[B]) {
@@ -244,7 +341,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
 /* Warp-per-rows variant: each warp owns R whole rows and walks all columns (no block reduction, no
  * __syncthreads), with 32-bit offsets inside a row; each code is turned into a float once and used
  * for all NT tokens. Selected by kcu_qgemv_variant() (env KILN_CUDA_QGEMV: 1 = the kernel above,
- * 2 = this one). */
+ * 2 = this one, 3 = the dp4a kernel of qgemv.cu where it applies, 0 = auto: 3 for 4/8 bits). */
 template <int B, int NT, int R>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_quant_w(float *y, const float *x, int n, int rows, int cols, const uint32_t *w,
@@ -324,7 +421,7 @@ static int kcu_qgemv_variant(void) {
     if (g_qgemv_variant < 0) {
         const char *e = getenv("KILN_CUDA_QGEMV");
         g_qgemv_variant = e && *e ? atoi(e) : KCU_QGEMV_DEFAULT;
-        const char *r = getenv("KILN_CUDA_QGEMV_R");
+        const char *r = getenv("KILN_CUDA_QGEMV_R"); /* rows per warp of kernel 2 */
         g_qgemv_rows = r && *r ? atoi(r) : 0;
     }
     return g_qgemv_variant;
@@ -448,11 +545,13 @@ template <int NT>
 static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     dim3 grid((unsigned)((w->rows + GEMV_R - 1) / GEMV_R)), block(GEMV_WARPS * 32);
     cudaStream_t s = st->stream;
-    /* auto (0): the warp-per-rows kernel where it measured faster on the H200 (n = 1, enough
-     * rows for 4 rows per warp and >= 24 warps per SM: 29.7 vs 44.5 us for q4g32 14336x4096),
-     * the column-split kernel elsewhere */
+    /* otherwise (2/3/5/6 bits): the warp-per-rows kernel where it measured faster on the H200
+     * (n = 1, enough rows for 4 rows per warp and >= 24 warps per SM: 29.7 vs 44.5 us for q4g32
+     * 14336x4096), the column-split kernel elsewhere */
     int qv = kcu_qgemv_variant();
-    if (qv == 0) qv = NT == 1 && w->rows / 4 >= (int64_t)st->n_sms * 24 ? 2 : 1;
+    /* auto (0): the dp4a kernel (qgemv.cu) for 4- and 8-bit codes */
+    if ((qv == 0 || qv == 3) && kcu_qgemv_dp4a(st, y, x, n, w)) return;
+    if (qv == 0 || qv == 3) qv = NT == 1 && w->rows / 4 >= (int64_t)st->n_sms * 24 ? 2 : 1;
     if (kiln_matrix_is_quantized(w) && qv == 2 && w->rows < INT32_MAX / 2 &&
         w->cols < INT32_MAX / 8) {
         switch (w->bits) {
@@ -502,6 +601,9 @@ static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, cons
             break;
         }
 #undef KQ
+    } else if (w->dtype == KILN_DT_BF16 && kcu_gemv_dense_variant() == 2 && w->rows < INT32_MAX &&
+               w->cols < INT32_MAX) {
+        launch_bf16_rows<NT>(st, y, x, n, w);
     } else if (w->dtype == KILN_DT_BF16) {
         k_gemv_dense<KILN_DT_BF16, NT>
             <<<grid, block, 0, s>>>(y, x, n, w->rows, w->cols, w->data, w->bias);

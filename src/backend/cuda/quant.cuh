@@ -29,4 +29,9 @@ __device__ __forceinline__ float kcu_code_f(uint32_t c) {
     return __uint_as_float(0x4B000000u | c) - 8388608.0f;
 }
 
+/* The dp4a GEMV of qgemv.cu (4/8-bit codes, n <= 8): whether it takes w, and the call (false when
+ * it does not apply). */
+bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n);
+bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w);
+
 #endif
