@@ -353,12 +353,14 @@ static void test_matmul_multi(void) {
     static const int64_t rows[][3] = {{2048, 512, 512}, {13, 7, 130}, {3072, 3072, 0}};
     static const int64_t ns[] = {1, 2, 5, 8, 17};
     for (int c = 0; c < 3; c++)
-        for (int quant_mix = 0; quant_mix < 2; quant_mix++) {
+        for (int quant_mix = 0; quant_mix < 3; quant_mix++) { /* bf16, one quantized, all */
             const int64_t cols = c == 1 ? 96 : 1024;
             const int count = rows[c][2] ? 3 : 2;
             test_matrix m[3];
             for (int i = 0; i < count; i++) {
-                if (quant_mix && i == 1)
+                if (quant_mix == 2)
+                    make_quant(&m[i], c == 1 ? 8 : 4, 32, KILN_DT_F16, rows[c][i], cols, i == 0);
+                else if (quant_mix == 1 && i == 1)
                     make_quant(&m[i], 4, 32, KILN_DT_BF16, rows[c][i], cols, false);
                 else
                     make_dense(&m[i], KILN_DT_BF16, rows[c][i], cols, i == 2);

@@ -743,7 +743,8 @@ static void launch_gemv_multi(kcu_state *st, const gemv_multi &M, const float *x
 }
 
 /* ys[i][n, ws[i]->rows] = x[n, cols] @ ws[i]^T for count matrices with the same cols: one launch
- * when they are all bf16 and the GEMV applies (decode), else one matmul each. */
+ * when they are all bf16 and the GEMV applies (decode); one digit conversion of x and a launch
+ * per matrix when they all take the dp4a kernel; else one matmul each. */
 extern "C" void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
                                  int64_t n, const kiln_matrix *const *ws) {
     kcu_state *st = kcu_st(be);
@@ -753,6 +754,11 @@ extern "C" void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, 
         one = !kiln_matrix_is_quantized(ws[i]) && ws[i]->dtype == KILN_DT_BF16 &&
               ws[i]->cols == ws[0]->cols && ws[i]->rows > 0 && gemv_ok(ws[i], x);
     if (!one) {
+        /* quantized: the dp4a GEMV turns x into digits once for all of them */
+        int qv = kcu_qgemv_variant();
+        if ((g_force_path == 0 || g_force_path == 1) && (qv == 0 || qv == 3) &&
+            ((uintptr_t)x & 15) == 0 && kcu_qgemv_dp4a_multi(st, count, ys, x, n, ws))
+            return;
         for (int i = 0; i < count; i++) kcu_matmul(be, ys[i], x, n, ws[i]);
         return;
     }

@@ -325,9 +325,17 @@ static void launch_dp4a_rows(kcu_state *st, bool pdl, float *y, const kiln_matri
         launch_dp4a<B, NT, 4>(st, pdl, y, w, dig, E, sx16, n, split);
 }
 
-bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
-    if (!kcu_qgemv_dp4a_applies(w, n)) return false;
-    const int cols = (int)w->cols, ng = cols / 32;
+/* ys[i] = x @ ws[i]^T for count matrices that all take the dp4a kernel with the same cols and
+ * bits: x is turned into digits once, then one GEMV launch per matrix (q/k/v, gate/up). */
+bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
+                          const kiln_matrix *const *ws) {
+    if (count < 1) return false;
+    for (int i = 0; i < count; i++)
+        if (!kcu_qgemv_dp4a_applies(ws[i], n) || ws[i]->cols != ws[0]->cols ||
+            ws[i]->bits != ws[0]->bits)
+            return false;
+    const kiln_matrix *w0 = ws[0];
+    const int cols = (int)w0->cols, ng = cols / 32;
     /* scratch: E [n, ng] f32, sx16 [n, 2ng] f32, digits [n, 3, 2ng, 16] bytes */
     const size_t e_bytes = ((size_t)n * ng * 4 + 255) & ~(size_t)255;
     const size_t s_bytes = ((size_t)n * ng * 8 + 255) & ~(size_t)255;
@@ -337,30 +345,40 @@ bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const ki
     int8_t *dig = (int8_t *)(scr + e_bytes + s_bytes);
     const int64_t warps = n * ng;
     k_qx_digits<<<(unsigned)((warps + 7) / 8), 256, 0, st->stream>>>(dig, E, sx16, x, (int)n, cols,
-                                                                     w->bits == 4);
+                                                                     w0->bits == 4);
     KCU_LAUNCHED(st);
     const bool pdl = qg_use_pdl(st);
     const uint4 *d4 = (const uint4 *)dig;
-#define QG(BB, NN) launch_dp4a_rows<BB, NN>(st, pdl, y, w, d4, E, sx16, (int)n)
-    if (w->bits == 4) {
-        if (n == 1)
-            QG(4, 1);
-        else if (n == 2)
-            QG(4, 2);
-        else if (n <= 4)
-            QG(4, 4);
-        else
-            QG(4, 8);
-    } else {
-        if (n == 1)
-            QG(8, 1);
-        else if (n == 2)
-            QG(8, 2);
-        else if (n <= 4)
-            QG(8, 4);
-        else
-            QG(8, 8);
-    }
+    for (int i = 0; i < count; i++) {
+        float *y = ys[i];
+        const kiln_matrix *w = ws[i];
+        /* PDL overlaps a launch with the one before it: only the first follows the digits */
+        const bool p = pdl && i == 0;
+#define QG(BB, NN) launch_dp4a_rows<BB, NN>(st, p, y, w, d4, E, sx16, (int)n)
+        if (w->bits == 4) {
+            if (n == 1)
+                QG(4, 1);
+            else if (n == 2)
+                QG(4, 2);
+            else if (n <= 4)
+                QG(4, 4);
+            else
+                QG(4, 8);
+        } else {
+            if (n == 1)
+                QG(8, 1);
+            else if (n == 2)
+                QG(8, 2);
+            else if (n <= 4)
+                QG(8, 4);
+            else
+                QG(8, 8);
+        }
 #undef QG
+    }
     return true;
+}
+
+bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
+    return kcu_qgemv_dp4a_multi(st, 1, &y, x, n, &w);
 }

@@ -33,5 +33,7 @@ __device__ __forceinline__ float kcu_code_f(uint32_t c) {
  * it does not apply). */
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n);
 bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w);
+bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
+                          const kiln_matrix *const *ws);
 
 #endif
