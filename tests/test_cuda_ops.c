@@ -315,6 +315,23 @@ static void test_copy_zero_gate(void) {
         be->free(be, dsrc), be->free(be, ddst);
         free(src), free(dst);
     }
+    /* copy3d: a batch of strided blocks (the fused-projection split), gaps untouched */
+    static const int64_t s3[][7] = {/* n0, n1, cols, src s0, src s1, dst s0, dst s1 */
+                                    {5, 3, 7, 40, 12, 30, 8},
+                                    {1, 1, 1, 1, 1, 1, 1},
+                                    {9, 16, 32, 16 * 96, 96, 16 * 40, 40}};
+    for (size_t c = 0; c < 3; c++) {
+        const int64_t *z = s3[c];
+        int64_t src_n = (z[0] - 1) * z[3] + (z[1] - 1) * z[4] + z[2];
+        int64_t dst_n = (z[0] - 1) * z[5] + (z[1] - 1) * z[6] + z[2];
+        float *src = rand_f32(src_n, 1.0f), *dst = rand_f32(dst_n, 1.0f);
+        float *dsrc = dev_copy(src, (size_t)src_n * 4), *ddst = dev_copy(dst, (size_t)dst_n * 4);
+        kiln_cpu_copy3d(dst, z[5], z[6], src, z[3], z[4], z[0], z[1], z[2]);
+        be->copy3d(be, ddst, z[5], z[6], dsrc, z[3], z[4], z[0], z[1], z[2]);
+        compare("copy3d", ddst, dst, dst_n, 0.0);
+        be->free(be, dsrc), be->free(be, ddst);
+        free(src), free(dst);
+    }
     /* zero */
     {
         int64_t n = 1003;
@@ -415,11 +432,14 @@ static void test_gdn_gates(void) {
 }
 
 /* the delta rule over a prefill then decode steps, state carried on the device: outputs after
- * every call and the final state match the token-by-token reference */
-static void test_gdn_delta(void) {
+ * every call and the final state match the token-by-token reference; simple = 1 runs the
+ * column-per-thread kernel, 0 the register-resident one (dk = 16, 32, 64, 128; dk = 7 falls
+ * back to the simple kernel either way) */
+static void test_gdn_delta(int simple) {
     static const kiln_gdn_dims dims[] = {
         {2, 4, 16, 8}, {1, 3, 32, 40}, {2, 2, 128, 128}, {4, 8, 64, 100}, {1, 1, 7, 33}};
     static const int steps[] = {23, 1, 1, 70, 1};
+    kiln_cuda_set_gdn_simple(simple);
     for (size_t c = 0; c < 5; c++) {
         const kiln_gdn_dims *d = &dims[c];
         const int64_t sn = (int64_t)d->n_v_heads * d->dk * d->dv;
@@ -443,8 +463,9 @@ static void test_gdn_delta(void) {
                   *dbeta = dev_copy(beta, (size_t)gn * 4), *dout = dev_poisoned(vn);
             be->gdn_delta(be, d, n, dq, dk, dv, dg, dbeta, dS, dout);
             char what[128];
-            snprintf(what, sizeof what, "gdn_delta nk=%d nv=%d dk=%d dv=%d step %zu n=%lld",
-                     d->n_k_heads, d->n_v_heads, d->dk, d->dv, s, (long long)n);
+            snprintf(what, sizeof what, "gdn_delta%s nk=%d nv=%d dk=%d dv=%d step %zu n=%lld",
+                     simple ? " (simple)" : "", d->n_k_heads, d->n_v_heads, d->dk, d->dv, s,
+                     (long long)n);
             compare(what, dout, ref, vn, 1e-5);
             be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dg);
             be->free(be, dbeta), be->free(be, dout);
@@ -612,7 +633,9 @@ int main(void) {
     test_l2norm();
     test_gdn_conv();
     test_gdn_gates();
-    test_gdn_delta();
+    test_gdn_delta(0);
+    test_gdn_delta(1);
+    kiln_cuda_set_gdn_simple(-1);
     test_moe_rows();
     test_kv_state();
     CHECK_OK(be->synchronize(be));

@@ -59,6 +59,8 @@ struct kiln_backend {
     void (*add)(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
     void (*copy2d)(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
                    int64_t src_stride, int64_t rows, int64_t cols);
+    void (*copy3d)(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,
+                   int64_t src_s0, int64_t src_s1, int64_t n0, int64_t n1, int64_t cols);
     void (*zero)(kiln_backend *be, float *x, int64_t n);
     void (*sigmoid_mul)(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
     void (*l2norm)(kiln_backend *be, float *x, int64_t rows, int dim, float eps);

@@ -385,17 +385,14 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
         const int64_t G = 2 * dk + 2 * (int64_t)r * dv, W = nk * G;
         be->matmul(be, a->proj, a->h, T, &L->in_qkvz);
         be->matmul(be, a->ba, a->h, T, &L->in_ba);
-        for (int g = 0; g < nk; g++) {
-            const float *grp = a->proj + g * G;
-            be->copy2d(be, a->mixed + (int64_t)g * dk, C, grp, W, T, dk);
-            be->copy2d(be, a->mixed + KD + (int64_t)g * dk, C, grp + dk, W, T, dk);
-            be->copy2d(be, a->mixed + 2 * KD + (int64_t)g * r * dv, C, grp + 2 * dk, W, T,
-                       (int64_t)r * dv);
-            be->copy2d(be, a->z + (int64_t)g * r * dv, VD, grp + 2 * dk + (int64_t)r * dv, W, T,
-                       (int64_t)r * dv);
-            be->copy2d(be, a->b_in + g * r, nv, a->ba + g * 2 * r, 2 * nv, T, r);
-            be->copy2d(be, a->a_in + g * r, nv, a->ba + g * 2 * r + r, 2 * nv, T, r);
-        }
+        /* one batched copy per piece: i = token, j = key-head group */
+        const int64_t rv = (int64_t)r * dv;
+        be->copy3d(be, a->mixed, C, dk, a->proj, W, G, T, nk, dk);
+        be->copy3d(be, a->mixed + KD, C, dk, a->proj + dk, W, G, T, nk, dk);
+        be->copy3d(be, a->mixed + 2 * KD, C, rv, a->proj + 2 * dk, W, G, T, nk, rv);
+        be->copy3d(be, a->z, VD, rv, a->proj + 2 * dk + rv, W, G, T, nk, rv);
+        be->copy3d(be, a->b_in, nv, r, a->ba, 2 * nv, 2 * r, T, nk, r);
+        be->copy3d(be, a->a_in, nv, r, a->ba + r, 2 * nv, 2 * r, T, nk, r);
     } else {
         be->matmul(be, a->mixed, a->h, T, &L->in_qkv);
         be->matmul(be, a->z, a->h, T, &L->in_z);

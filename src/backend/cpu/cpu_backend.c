@@ -79,6 +79,10 @@ static void cpu_copy2d(kiln_backend *be, float *dst, int64_t ds, const float *sr
                        int64_t rows, int64_t cols) {
     kiln_cpu_copy2d(dst, ds, src, ss, rows, cols);
 }
+static void cpu_copy3d(kiln_backend *be, float *dst, int64_t d0, int64_t d1, const float *src,
+                       int64_t s0, int64_t s1, int64_t n0, int64_t n1, int64_t cols) {
+    kiln_cpu_copy3d(dst, d0, d1, src, s0, s1, n0, n1, cols);
+}
 static void cpu_zero(kiln_backend *be, float *x, int64_t n) {
     kiln_cpu_zero(x, n);
 }
@@ -145,6 +149,7 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->gelu_tanh_mul = cpu_gelu_tanh_mul;
     be->add = cpu_add;
     be->copy2d = cpu_copy2d;
+    be->copy3d = cpu_copy3d;
     be->zero = cpu_zero;
     be->sigmoid_mul = cpu_sigmoid_mul;
     be->l2norm = cpu_l2norm;

@@ -134,6 +134,14 @@ void kiln_cpu_copy2d(float *dst, int64_t dst_stride, const float *src, int64_t s
         memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)cols * sizeof(float));
 }
 
+void kiln_cpu_copy3d(float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                     int64_t src_s1, int64_t n0, int64_t n1, int64_t cols) {
+    for (int64_t i = 0; i < n0; i++)
+        for (int64_t j = 0; j < n1; j++)
+            memcpy(dst + i * dst_s0 + j * dst_s1, src + i * src_s0 + j * src_s1,
+                   (size_t)cols * sizeof(float));
+}
+
 void kiln_cpu_zero(float *x, int64_t n) {
     if (n > 0) memset(x, 0, (size_t)n * sizeof(float));
 }

@@ -69,6 +69,11 @@ void kiln_cpu_softmax(float *x, int64_t n);
  * splits and interleaves of projection outputs). dst and src must not overlap. */
 void kiln_cpu_copy2d(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                      int64_t rows, int64_t cols);
+/* dst[i * dst_s0 + j * dst_s1 + c] = src[i * src_s0 + j * src_s1 + c] for i < n0, j < n1,
+ * c < cols (a batch of strided block copies in one call: per-group splits of fused projections).
+ * dst and src must not overlap. */
+void kiln_cpu_copy3d(float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                     int64_t src_s1, int64_t n0, int64_t n1, int64_t cols);
 /* x[i] = 0 over n elements. */
 void kiln_cpu_zero(float *x, int64_t n);
 /* y[i] = x[i] * sigmoid(gate[i]) (attention output gate). y may alias x. */

@@ -386,6 +386,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->gelu_tanh_mul = kcu_gelu_tanh_mul;
     be->add = kcu_add;
     be->copy2d = kcu_copy2d;
+    be->copy3d = kcu_copy3d;
     be->zero = kcu_zero;
     be->sigmoid_mul = kcu_sigmoid_mul;
     be->l2norm = kcu_l2norm;

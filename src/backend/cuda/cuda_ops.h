@@ -21,6 +21,8 @@ void kcu_gelu_tanh_mul(kiln_backend *be, float *y, const float *gate, const floa
 void kcu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
 void kcu_copy2d(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
                 int64_t src_stride, int64_t rows, int64_t cols);
+void kcu_copy3d(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,
+                int64_t src_s0, int64_t src_s1, int64_t n0, int64_t n1, int64_t cols);
 void kcu_zero(kiln_backend *be, float *x, int64_t n);
 void kcu_sigmoid_mul(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
 void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps);
@@ -48,6 +50,9 @@ void kiln_cuda_set_qgemv_variant(int variant, int rows_per_warp);
 /* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through
  * two GEMMs (1, x kept to ~2^-17). Default: env KILN_CUDA_GEMM=split|bf16. */
 void kiln_cuda_set_gemm_split(int on);
+/* gdn_delta kernel: 1 forces the simple one (a thread per value column, S in global memory), 0
+ * the register-resident one where dk allows (dk = 16, 32, 64, 128). Default: env KILN_CUDA_GDN. */
+void kiln_cuda_set_gdn_simple(int on);
 /* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
 void *kiln_cuda_stream(kiln_backend *be);
 

@@ -5,6 +5,9 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 extern "C" void kcu_copy2d(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
                            int64_t src_stride, int64_t rows, int64_t cols) {
     kcu_state *st = kcu_st(be);
@@ -13,6 +16,28 @@ extern "C" void kcu_copy2d(kiln_backend *be, float *dst, int64_t dst_stride, con
               cudaMemcpy2DAsync(dst, (size_t)dst_stride * sizeof(float), src,
                                 (size_t)src_stride * sizeof(float), (size_t)cols * sizeof(float),
                                 (size_t)rows, cudaMemcpyDeviceToDevice, st->stream));
+}
+
+/* one element per thread over n0 * n1 * cols (grid-stride) */
+__global__ void k_copy3d(float *dst, int64_t d0, int64_t d1, const float *src, int64_t s0,
+                         int64_t s1, int64_t n0, int64_t n1, int64_t cols) {
+    const int64_t total = n0 * n1 * cols;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t c = e % cols, ij = e / cols, j = ij % n1, i = ij / n1;
+        dst[i * d0 + j * d1 + c] = src[i * s0 + j * s1 + c];
+    }
+}
+
+extern "C" void kcu_copy3d(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1,
+                           const float *src, int64_t src_s0, int64_t src_s1, int64_t n0, int64_t n1,
+                           int64_t cols) {
+    kcu_state *st = kcu_st(be);
+    if (n0 <= 0 || n1 <= 0 || cols <= 0) return;
+    const int64_t total = n0 * n1 * cols;
+    k_copy3d<<<kcu_blocks(total, 256, 65536), 256, 0, st->stream>>>(dst, dst_s0, dst_s1, src,
+                                                                    src_s0, src_s1, n0, n1, cols);
+    KCU_LAUNCHED(st);
 }
 
 extern "C" void kcu_zero(kiln_backend *be, float *x, int64_t n) {
@@ -167,6 +192,73 @@ __global__ void k_gdn_delta(int64_t n, int nk, int nv, int dk, int dv, const flo
     }
 }
 
+/* Register-resident form for dk = 4 * R (R <= 32): a block of 128 threads covers 32 value
+ * columns; the 4 lanes 4c'..4c'+3 of a warp share column c and hold rows j*R .. j*R+R-1 of it
+ * (j = lane & 3) in registers for all n tokens, so S is read and written once per call. The two
+ * dot products over dk are per-lane partial sums added across the 4 lanes by shuffles; every lane
+ * runs the shuffles (columns past dv compute on zeros and store nothing). */
+template <int R>
+__global__ void __launch_bounds__(128)
+    k_gdn_delta_reg(int64_t n, int nk, int nv, int dk, int dv, const float *q, const float *k,
+                    const float *v, const float *g, const float *beta, float *S, float *out) {
+    extern __shared__ float qk[]; /* [2, dk] */
+    float *sq = qk, *sk = qk + dk;
+    const int h = blockIdx.x, r = nv / nk, kh = h / r;
+    const int j = threadIdx.x & 3, c = blockIdx.y * 32 + (threadIdx.x >> 2);
+    const bool live = c < dv;
+    float *Sh = S + (int64_t)h * dk * dv;
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = live ? Sh[(int64_t)(j * R + i) * dv + c] : 0.0f;
+    const float scale = 1.0f / sqrtf((float)dk);
+    for (int64_t t = 0; t < n; t++) {
+        __syncthreads(); /* the previous token's reads of sq / sk are done */
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            sq[i] = q[(t * nk + kh) * dk + i];
+            sk[i] = k[(t * nk + kh) * dk + i];
+        }
+        __syncthreads();
+        const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
+        const float *kk = sk + j * R, *qq = sq + j * R;
+        float kS = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) kS += kk[i] * s[i];
+        kS += __shfl_xor_sync(0xffffffffu, kS, 1);
+        kS += __shfl_xor_sync(0xffffffffu, kS, 2);
+        const float vc = live ? v[(t * nv + h) * dv + c] : 0.0f;
+        const float delta = bt * (vc - decay * kS);
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] = decay * s[i] + kk[i] * delta;
+            o += qq[i] * s[i];
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        o += __shfl_xor_sync(0xffffffffu, o, 2);
+        if (live && j == 0) out[(t * nv + h) * dv + c] = o * scale;
+    }
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < R; i++) Sh[(int64_t)(j * R + i) * dv + c] = s[i];
+    }
+}
+
+template <int R>
+static void launch_delta_reg(kcu_state *st, const kiln_gdn_dims *d, int64_t n, const float *q,
+                             const float *k, const float *v, const float *g, const float *beta,
+                             float *state, float *out) {
+    dim3 grid((unsigned)d->n_v_heads, (unsigned)((d->dv + 31) / 32));
+    k_gdn_delta_reg<R><<<grid, 128, (size_t)2 * d->dk * sizeof(float), st->stream>>>(
+        n, d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
+}
+
+/* KILN_CUDA_GDN=1 forces the column-per-thread kernel (benchmarks, tests) */
+static int gdn_force_simple = -1;
+
+extern "C" void kiln_cuda_set_gdn_simple(int on) {
+    gdn_force_simple = on;
+}
+
 extern "C" void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
                               const float *k, const float *v, const float *g, const float *beta,
                               float *state, float *out) {
@@ -175,6 +267,19 @@ extern "C" void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t 
     if (d->n_k_heads <= 0 || d->n_v_heads % d->n_k_heads || d->dk <= 0 || d->dv <= 0 ||
         d->dk > 4096) {
         kcu_report(st, "gdn_delta", "bad head geometry", __FILE__, __LINE__);
+        return;
+    }
+    if (gdn_force_simple < 0) {
+        const char *e = getenv("KILN_CUDA_GDN");
+        gdn_force_simple = e && strcmp(e, "1") == 0;
+    }
+    const int R = d->dk % 4 == 0 ? d->dk / 4 : 0;
+    if (!gdn_force_simple && (R == 4 || R == 8 || R == 16 || R == 32)) {
+        if (R == 4) launch_delta_reg<4>(st, d, n, q, k, v, g, beta, state, out);
+        if (R == 8) launch_delta_reg<8>(st, d, n, q, k, v, g, beta, state, out);
+        if (R == 16) launch_delta_reg<16>(st, d, n, q, k, v, g, beta, state, out);
+        if (R == 32) launch_delta_reg<32>(st, d, n, q, k, v, g, beta, state, out);
+        KCU_LAUNCHED(st);
         return;
     }
     dim3 grid((unsigned)d->n_v_heads, (unsigned)((d->dv + GDN_THREADS - 1) / GDN_THREADS));
