@@ -2,12 +2,13 @@
 # gpu_bench.sh — on the GPU machine, in one call: builds kiln (CUDA on, carried .deps), then runs
 # the stages named in KILN_STAGES (default: all, in this order):
 #   tests  test_cuda_ops (KILN_CUDA_QGEMV=0: default = dp4a for 4/8 bits; 1, 2: the older quant
-#          GEMV kernels; test_qgemv_dp4a forces dp4a in every run), test_parity_cuda
-#          (KILN_PARITY_GEMMS: cuBLAS x as a bf16 hi+lo pair "split" by default, "bf16" on
-#          request), and `kiln generate --device cuda` on the demo model vs the CPU's ids
+#          GEMV kernels; test_qgemv_dp4a forces dp4a in every run), test_parity_cuda and
+#          test_parity_cuda_hybrid (Qwen3-Next / Qwen3.5 / Qwen3-MoE fixtures) (KILN_PARITY_GEMMS:
+#          cuBLAS x as a bf16 hi+lo pair "split" by default, "bf16" on request), and `kiln
+#          generate --device cuda` on the demo model vs the CPU's ids
 #   micro  bench/gpu/kiln_gpu_bench.c: copy bandwidth, matmul GEMV (every kernel variant, n=1/4,
 #          with a `best` line per shape) and GEMM at Llama-3-8B layer shapes, big bf16 GEMM,
-#          decode attention; torch's copy/GEMM ceilings
+#          decode attention, gated delta rule; torch's copy/GEMM ceilings
 #   e2e    random-weight models (bench/make_random_model.py, bf16, then `kiln convert --bits 8/4`)
 #          for each shape in KILN_SHAPES; `kiln bench --device cuda --json`: prefill 512, decode
 #          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
@@ -53,7 +54,7 @@ if [ ! -f "$B/libkiln.so" ] || [ "${KILN_REBUILD:-1}" = 1 ]; then
     stamp build
     cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
         -DKILN_DEPS_PREFIX="$DEPS" >"$O/configure.log" 2>&1 || { tail -30 "$O/configure.log"; exit 1; }
-    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda >"$O/build.log" 2>&1 ||
+    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda test_parity_cuda_hybrid >"$O/build.log" 2>&1 ||
         { grep -E "error" "$O/build.log" | head -30; tail -20 "$O/build.log"; exit 1; }
 fi
 K=$B/kiln
@@ -66,10 +67,12 @@ if has tests; then
         grep -E "CHECK failed|checks" "$O/test_cuda_ops_v$v.log" | head -20
     done
     for g in ${KILN_PARITY_GEMMS:-split}; do
-        stamp "test_parity_cuda KILN_CUDA_GEMM=$g"
-        KILN_CUDA_GEMM=$g "$B/test_parity_cuda" >"$O/test_parity_cuda_$g.log" 2>&1
-        echo "test_parity_cuda ($g) rc=$?"
-        cat "$O/test_parity_cuda_$g.log" | head -80
+        for t in test_parity_cuda test_parity_cuda_hybrid; do
+            stamp "$t KILN_CUDA_GEMM=$g"
+            KILN_CUDA_GEMM=$g "$B/$t" >"$O/${t}_$g.log" 2>&1
+            echo "$t ($g) rc=$?"
+            cat "$O/${t}_$g.log" | head -80
+        done
     done
     D=$KILN_SHARED/models/demo-bf16
     [ -d "$D" ] || D=models/demo-q8

@@ -4,6 +4,7 @@
  * are poisoned (NaN) before each run, so an unwritten element fails. Without a GPU (or a build
  * without CUDA) the test prints why and exits 77: skipped, never passed. */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_deltanet.h"
 #include "backend/cpu/cpu_ops.h"
 #include "kv/kv_cache.h"
 #include "test_util.h"
@@ -473,6 +474,245 @@ static void test_elementwise(void) {
     }
 }
 
+/* ---- hybrid (Gated DeltaNet) and MoE ops ---- */
+
+static void test_copy_zero_gate(void) {
+    /* copy2d: strided block into a strided destination whose gaps must stay untouched */
+    static const int64_t shapes[][4] = {{37, 29, 53, 41}, {1, 1, 1, 1}, {300, 7, 7, 16}};
+    for (size_t c = 0; c < 3; c++) {
+        int64_t rows = shapes[c][0], cols = shapes[c][1], ss = shapes[c][2], ds = shapes[c][3];
+        float *src = rand_f32(rows * ss, 1.0f), *dst = rand_f32(rows * ds, 1.0f);
+        float *dsrc = dev_copy(src, (size_t)(rows * ss) * 4),
+              *ddst = dev_copy(dst, (size_t)(rows * ds) * 4);
+        kiln_cpu_copy2d(dst, ds, src, ss, rows, cols);
+        be->copy2d(be, ddst, ds, dsrc, ss, rows, cols);
+        compare("copy2d", ddst, dst, rows * ds, 0.0);
+        be->free(be, dsrc), be->free(be, ddst);
+        free(src), free(dst);
+    }
+    /* copy3d: a batch of strided blocks (the fused-projection split), gaps untouched */
+    static const int64_t s3[][7] = {/* n0, n1, cols, src s0, src s1, dst s0, dst s1 */
+                                    {5, 3, 7, 40, 12, 30, 8},
+                                    {1, 1, 1, 1, 1, 1, 1},
+                                    {9, 16, 32, 16 * 96, 96, 16 * 40, 40}};
+    for (size_t c = 0; c < 3; c++) {
+        const int64_t *z = s3[c];
+        int64_t src_n = (z[0] - 1) * z[3] + (z[1] - 1) * z[4] + z[2];
+        int64_t dst_n = (z[0] - 1) * z[5] + (z[1] - 1) * z[6] + z[2];
+        float *src = rand_f32(src_n, 1.0f), *dst = rand_f32(dst_n, 1.0f);
+        float *dsrc = dev_copy(src, (size_t)src_n * 4), *ddst = dev_copy(dst, (size_t)dst_n * 4);
+        kiln_cpu_copy3d(dst, z[5], z[6], src, z[3], z[4], z[0], z[1], z[2]);
+        be->copy3d(be, ddst, z[5], z[6], dsrc, z[3], z[4], z[0], z[1], z[2]);
+        compare("copy3d", ddst, dst, dst_n, 0.0);
+        be->free(be, dsrc), be->free(be, ddst);
+        free(src), free(dst);
+    }
+    /* zero */
+    {
+        int64_t n = 1003;
+        float *dx = dev_poisoned(n), *got = malloc((size_t)n * 4);
+        be->zero(be, dx, n);
+        CHECK_OK(be->synchronize(be));
+        be->download(be, got, dx, (size_t)n * 4);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < n; i++) nonzero += got[i] != 0.0f;
+        CHECK_MSG(nonzero == 0, "zero: %lld elements not zero", (long long)nonzero);
+        be->free(be, dx);
+        free(got);
+    }
+    /* sigmoid_mul, out of place and with y aliasing x */
+    static const int64_t ns[] = {1, 1000, 100003};
+    for (size_t i = 0; i < 3; i++) {
+        int64_t n = ns[i];
+        float *x = rand_f32(n, 2.0f), *g = rand_f32(n, 4.0f), *ref = malloc((size_t)n * 4);
+        float *dx = dev_copy(x, (size_t)n * 4), *dg = dev_copy(g, (size_t)n * 4);
+        float *dy = dev_poisoned(n);
+        kiln_cpu_sigmoid_mul(ref, x, g, n);
+        be->sigmoid_mul(be, dy, dx, dg, n);
+        compare("sigmoid_mul", dy, ref, n, 1e-6);
+        be->sigmoid_mul(be, dx, dx, dg, n);
+        compare("sigmoid_mul in place", dx, ref, n, 1e-6);
+        be->free(be, dx), be->free(be, dg), be->free(be, dy);
+        free(x), free(g), free(ref);
+    }
+}
+
+static void test_l2norm(void) {
+    static const int dims[] = {1, 32, 128, 200, 1000};
+    for (size_t d = 0; d < 5; d++) {
+        int64_t rows = 7, n = rows * dims[d];
+        float *x = rand_f32(n, 2.0f);
+        float *dx = dev_copy(x, (size_t)n * 4);
+        kiln_gdn_l2norm(x, rows, dims[d], 1e-6f);
+        be->l2norm(be, dx, rows, dims[d], 1e-6f);
+        compare("l2norm", dx, x, n, 1e-6);
+        be->free(be, dx);
+        free(x);
+    }
+}
+
+/* conv over several calls (a prefill, decode steps, a call shorter than the window): outputs
+ * and the carried state both match the CPU reference after every call */
+static void test_gdn_conv(void) {
+    static const int cfg[][2] = {{37, 4}, {300, 4}, {1, 2}, {64, 1}, {129, 3}};
+    static const int steps[] = {5, 1, 1, 2, 1, 9};
+    for (size_t c = 0; c < 5; c++) {
+        const int C = cfg[c][0], K = cfg[c][1], P = K - 1;
+        float *w = rand_f32((int64_t)C * K, 0.5f);
+        float *state = calloc((size_t)(P > 0 ? P : 1) * C, sizeof(float));
+        float *dw = dev_copy(w, (size_t)C * K * 4);
+        float *dstate = dev_copy(state, (size_t)(P > 0 ? P : 1) * C * 4);
+        for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+            const int64_t n = steps[s];
+            float *x = rand_f32(n * C, 1.0f), *ref = malloc((size_t)(n * C) * 4);
+            float *dx = dev_copy(x, (size_t)(n * C) * 4), *dout = dev_poisoned(n * C);
+            kiln_gdn_conv(ref, x, n, C, w, K, state);
+            be->gdn_conv(be, dout, dx, n, C, dw, K, dstate);
+            char what[96];
+            snprintf(what, sizeof what, "gdn_conv C=%d K=%d step %zu n=%lld", C, K, s,
+                     (long long)n);
+            compare(what, dout, ref, n * C, 1e-5);
+            if (P > 0) {
+                snprintf(what, sizeof what, "gdn_conv state C=%d K=%d step %zu", C, K, s);
+                compare(what, dstate, state, (int64_t)P * C, 0.0);
+            }
+            be->free(be, dx), be->free(be, dout);
+            free(x), free(ref);
+        }
+        be->free(be, dw), be->free(be, dstate);
+        free(w), free(state);
+    }
+}
+
+static void test_gdn_gates(void) {
+    static const int nvs[] = {1, 4, 37};
+    for (size_t c = 0; c < 3; c++) {
+        const int nv = nvs[c];
+        const int64_t n = 9, len = n * nv;
+        float *a = rand_f32(len, 10.0f), *b = rand_f32(len, 3.0f); /* a + dt_bias crosses 20 */
+        float *dtb = rand_f32(nv, 8.0f), *neg_a = rand_f32(nv, 1.0f);
+        for (int h = 0; h < nv; h++) neg_a[h] = -expf(neg_a[h]);
+        float *g = malloc((size_t)len * 4), *beta = malloc((size_t)len * 4);
+        kiln_cpu_gdn_gates(g, beta, a, b, n, nv, neg_a, dtb);
+        float *da = dev_copy(a, (size_t)len * 4), *db = dev_copy(b, (size_t)len * 4);
+        float *ddtb = dev_copy(dtb, (size_t)nv * 4), *dna = dev_copy(neg_a, (size_t)nv * 4);
+        float *dg = dev_poisoned(len), *dbeta = dev_poisoned(len);
+        be->gdn_gates(be, dg, dbeta, da, db, n, nv, dna, ddtb);
+        compare("gdn_gates g", dg, g, len, 1e-5);
+        compare("gdn_gates beta", dbeta, beta, len, 1e-5);
+        be->free(be, da), be->free(be, db), be->free(be, ddtb), be->free(be, dna);
+        be->free(be, dg), be->free(be, dbeta);
+        free(a), free(b), free(dtb), free(neg_a), free(g), free(beta);
+    }
+}
+
+/* the delta rule over a prefill then decode steps, state carried on the device: outputs after
+ * every call and the final state match the token-by-token reference; simple = 1 runs the
+ * column-per-thread kernel, 0 the register-resident one (dk = 16, 32, 64, 128; dk = 7 falls
+ * back to the simple kernel either way) */
+static void test_gdn_delta(int simple) {
+    static const kiln_gdn_dims dims[] = {
+        {2, 4, 16, 8}, {1, 3, 32, 40}, {2, 2, 128, 128}, {4, 8, 64, 100}, {1, 1, 7, 33}};
+    static const int steps[] = {23, 1, 1, 70, 1};
+    kiln_cuda_set_gdn_simple(simple);
+    for (size_t c = 0; c < 5; c++) {
+        const kiln_gdn_dims *d = &dims[c];
+        const int64_t sn = (int64_t)d->n_v_heads * d->dk * d->dv;
+        float *S = calloc((size_t)sn, sizeof(float));
+        float *dS = dev_copy(S, (size_t)sn * 4);
+        for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+            const int64_t n = steps[s], qn = n * d->n_k_heads * d->dk,
+                          vn = n * d->n_v_heads * d->dv, gn = n * d->n_v_heads;
+            float *q = rand_f32(qn, 1.0f), *k = rand_f32(qn, 1.0f), *v = rand_f32(vn, 1.0f);
+            float *g = rand_f32(gn, 1.0f), *beta = rand_f32(gn, 1.0f);
+            kiln_gdn_l2norm(q, n * d->n_k_heads, d->dk, 1e-6f);
+            kiln_gdn_l2norm(k, n * d->n_k_heads, d->dk, 1e-6f);
+            for (int64_t i = 0; i < gn; i++) {
+                g[i] = -0.3f * fabsf(g[i]);               /* log decay <= 0 */
+                beta[i] = 1.0f / (1.0f + expf(-beta[i])); /* in (0, 1) */
+            }
+            float *ref = malloc((size_t)vn * 4);
+            kiln_cpu_gdn_delta_ref(d, n, q, k, v, g, beta, S, ref);
+            float *dq = dev_copy(q, (size_t)qn * 4), *dk = dev_copy(k, (size_t)qn * 4),
+                  *dv = dev_copy(v, (size_t)vn * 4), *dg = dev_copy(g, (size_t)gn * 4),
+                  *dbeta = dev_copy(beta, (size_t)gn * 4), *dout = dev_poisoned(vn);
+            be->gdn_delta(be, d, n, dq, dk, dv, dg, dbeta, dS, dout);
+            char what[128];
+            snprintf(what, sizeof what, "gdn_delta%s nk=%d nv=%d dk=%d dv=%d step %zu n=%lld",
+                     simple ? " (simple)" : "", d->n_k_heads, d->n_v_heads, d->dk, d->dv, s,
+                     (long long)n);
+            compare(what, dout, ref, vn, 1e-5);
+            be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dg);
+            be->free(be, dbeta), be->free(be, dout);
+            free(q), free(k), free(v), free(g), free(beta), free(ref);
+        }
+        compare("gdn_delta final state", dS, S, sn, 1e-5);
+        be->free(be, dS);
+        free(S);
+    }
+}
+
+static void test_moe_rows(void) {
+    static const int64_t widths[] = {1, 70, 1000};
+    for (size_t c = 0; c < 3; c++) {
+        const int64_t W = widths[c], n_src = 20, n = 9;
+        int32_t rows[9]; /* distinct rows of the 20, shuffled */
+        int32_t perm[20];
+        for (int i = 0; i < 20; i++) perm[i] = i;
+        for (int i = 19; i > 0; i--) {
+            int j = (int)(test_rand_u64(&rng) % (uint64_t)(i + 1));
+            int32_t t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        memcpy(rows, perm, sizeof rows);
+        float *src = rand_f32(n_src * W, 1.0f), *wts = rand_f32(n, 1.0f);
+        float *y = rand_f32(n_src * W, 1.0f), *ex = rand_f32(n * W, 1.0f);
+        float *gathered = malloc((size_t)(n * W) * 4);
+        int32_t *drows = dev_copy(rows, sizeof rows);
+        float *dsrc = dev_copy(src, (size_t)(n_src * W) * 4), *dw = dev_copy(wts, (size_t)n * 4);
+        float *dy = dev_copy(y, (size_t)(n_src * W) * 4), *dex = dev_copy(ex, (size_t)(n * W) * 4);
+        float *dg = dev_poisoned(n * W);
+        kiln_cpu_gather_rows(gathered, src, rows, n, W);
+        be->gather_rows(be, dg, dsrc, drows, n, W);
+        compare("gather_rows", dg, gathered, n * W, 0.0);
+        kiln_cpu_scatter_add_rows(y, ex, rows, wts, n, W);
+        be->scatter_add_rows(be, dy, dex, drows, dw, n, W);
+        compare("scatter_add_rows", dy, y, n_src * W, 1e-6);
+        be->free(be, drows), be->free(be, dsrc), be->free(be, dw), be->free(be, dy);
+        be->free(be, dex), be->free(be, dg);
+        free(src), free(wts), free(y), free(ex), free(gathered);
+    }
+}
+
+/* the device cache keeps a recurrent layer's state: zeroed at creation, kept across steps,
+ * zeroed again by truncate(0); a rollback to a middle length is refused */
+static void test_kv_state(void) {
+    kiln_kv_layer_desc layers[2] = {
+        {.is_attention = false, .state_floats = 1001},
+        {.n_kv_heads = 2, .head_dim = 64, .v_head_dim = 64, .is_attention = true},
+    };
+    kiln_kv_options opts;
+    memset(&opts, 0, sizeof opts);
+    kiln_kv *kv = NULL;
+    CHECK_OK(be->kv_new(be, layers, 2, &opts, 64, &kv));
+    if (!kv) return;
+    CHECK(kv->vt->layer_state != NULL && kv->vt->layer_state(kv, 1) == NULL);
+    float *st = kv->vt->layer_state(kv, 0);
+    float *zeros = calloc(1001, sizeof(float)), *x = rand_f32(1001, 1.0f);
+    compare("kv state at creation", st, zeros, 1001, 0.0);
+    be->upload(be, st, x, 1001 * 4);
+    CHECK_OK(kv->vt->reserve(kv, 3));
+    kv->vt->commit(kv, 3);
+    CHECK(kv->vt->layer_state(kv, 0) == st);
+    compare("kv state kept", st, x, 1001, 0.0);
+    CHECK_ERR(kv->vt->truncate(kv, 1), KILN_ERR_UNSUPPORTED, NULL);
+    CHECK_OK(kv->vt->truncate(kv, 0));
+    compare("kv state after truncate(0)", st, zeros, 1001, 0.0);
+    CHECK(kv->vt->bytes_used(kv) >= 1001 * 4);
+    kiln_kv_free(kv);
+    free(zeros), free(x);
+}
+
 /* ---- attention through the device KV cache ---- */
 
 static float round_kv(float v, const char *kind) {
@@ -569,6 +809,15 @@ int main(void) {
     test_qgemv_dp4a();
     test_gemv_bf16_rows();
     test_attention();
+    test_copy_zero_gate();
+    test_l2norm();
+    test_gdn_conv();
+    test_gdn_gates();
+    test_gdn_delta(0);
+    test_gdn_delta(1);
+    kiln_cuda_set_gdn_simple(-1);
+    test_moe_rows();
+    test_kv_state();
     CHECK_OK(be->synchronize(be));
     kiln_backend_free(be);
     return test_finish();

@@ -5,7 +5,7 @@
  * matches its definition; and at model level, a qwen3_next prompt fed in two pieces and a gemma3
  * prompt decoded past its sliding window match transformers' logits. */
 #include "kiln.h"
-#include "model/deltanet.h"
+#include "backend/cpu/cpu_deltanet.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>

@@ -3,7 +3,7 @@
  * shapes (4096x4096, 14336x4096, 4096x14336, 1024x4096) for bf16 / q8g64 / q4g32 / q4g64 (GEMV
  * n=1 and n=4 for every GEMV kernel variant, as µs, GB/s of weight bytes (codes + scales + biases)
  * and fraction of the copy bandwidth, then the best variant; GEMM n=512 as TFLOP/s), a large bf16
- * GEMM and decode attention.
+ * GEMM, decode attention and the gated delta rule (`kiln_gpu_bench gdn` runs only that).
  * Weights rotate over enough copies to exceed the 60 MB L2, so numbers are HBM numbers.
  * Built and run by bench/gpu_bench.sh against build/libkiln.so. */
 #include "backend/backend.h"
@@ -265,7 +265,46 @@ static void bench_attention(const char *kind, int ctx) {
     free(hk);
 }
 
-int main(void) {
+/* The gated delta rule at the Qwen3-Next shape (16 key / 32 value heads, dk = dv = 128): one
+ * decode step and a 512-token prefill, register-resident kernel vs the column-per-thread one. */
+static void bench_gdn_delta(void) {
+    const kiln_gdn_dims d = {.n_k_heads = 16, .n_v_heads = 32, .dk = 128, .dv = 128};
+    const int64_t nmax = 512, qn = nmax * 16 * 128, vn = nmax * 32 * 128, gn = nmax * 32,
+                  sn = 32 * 128 * 128;
+    float *h = malloc((size_t)vn * 4);
+    for (int64_t i = 0; i < vn; i++) h[i] = 0.05f * xn();
+    float *q = be->alloc(be, (size_t)qn * 4), *k = be->alloc(be, (size_t)qn * 4),
+          *v = be->alloc(be, (size_t)vn * 4), *g = be->alloc(be, (size_t)gn * 4),
+          *beta = be->alloc(be, (size_t)gn * 4), *S = be->alloc(be, (size_t)sn * 4),
+          *out = be->alloc(be, (size_t)vn * 4);
+    be->upload(be, q, h, (size_t)qn * 4), be->upload(be, k, h, (size_t)qn * 4);
+    be->upload(be, v, h, (size_t)vn * 4), be->upload(be, S, h, (size_t)sn * 4);
+    for (int64_t i = 0; i < gn; i++) h[i] = -0.1f;
+    be->upload(be, g, h, (size_t)gn * 4), be->upload(be, beta, h, (size_t)gn * 4);
+    for (int simple = 0; simple < 2; simple++) {
+        kiln_cuda_set_gdn_simple(simple);
+        const int64_t ns[2] = {1, nmax};
+        for (int c = 0; c < 2; c++) {
+            int iters = ns[c] == 1 ? 500 : 20;
+            for (int i = 0; i < 3; i++) be->gdn_delta(be, &d, ns[c], q, k, v, g, beta, S, out);
+            be->synchronize(be);
+            struct timespec a, b;
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            for (int i = 0; i < iters; i++) be->gdn_delta(be, &d, ns[c], q, k, v, g, beta, S, out);
+            be->synchronize(be);
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            double us = ((b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3) / iters;
+            printf("gdn_delta %s n=%lld 16k/32v heads dk=dv=128: %.1f us (%.2f us/token)\n",
+                   simple ? "simple  " : "register", (long long)ns[c], us, us / (double)ns[c]);
+        }
+    }
+    kiln_cuda_set_gdn_simple(-1);
+    be->free(be, q), be->free(be, k), be->free(be, v), be->free(be, g), be->free(be, beta);
+    be->free(be, S), be->free(be, out);
+    free(h);
+}
+
+int main(int argc, char **argv) {
     if (kiln_backend_cuda_new(1, &be) != KILN_OK) {
         fprintf(stderr, "no CUDA backend: %s\n", kiln_last_error());
         return 77;
@@ -274,6 +313,11 @@ int main(void) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
+    if (argc > 1 && strcmp(argv[1], "gdn") == 0) { /* just the DeltaNet kernel */
+        bench_gdn_delta();
+        kiln_backend_free(be);
+        return 0;
+    }
     bench_copy();
     const char *fmts[] = {"bf16", "q8g64", "q4g32", "q4g64"};
     const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
@@ -283,6 +327,7 @@ int main(void) {
     bench_attention("f16", 8192);
     bench_attention("f32", 8192);
     bench_attention("f16", 32768);
+    bench_gdn_delta();
     kiln_status st = be->synchronize(be);
     if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
     kiln_backend_free(be);

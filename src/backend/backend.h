@@ -1,7 +1,8 @@
 /* backend.h — the one backend interface. The model's forward pass is written once against this
  * table; each backend (cpu/, cuda/) fills it in. Pointers passed to ops (activations, ids,
  * positions, weights inside kiln_matrix) live in the backend's memory: host memory for the CPU,
- * device memory for CUDA. Every op has the semantics of its CPU reference in cpu/cpu_ops.h, and
+ * device memory for CUDA. Every op has the semantics of its CPU reference in cpu/cpu_ops.h
+ * (l2norm and gdn_conv: kiln_gdn_l2norm / kiln_gdn_conv in cpu/cpu_deltanet.h), and
  * each backend's kernels are tested against that reference.
  */
 #ifndef KILN_BACKEND_H
@@ -12,6 +13,12 @@
 #include "util/threadpool.h"
 
 typedef struct kiln_backend kiln_backend;
+
+/* Geometry of a Gated DeltaNet layer (Qwen3-Next / Qwen3.5 linear attention). */
+typedef struct kiln_gdn_dims {
+    int n_k_heads, n_v_heads; /* n_v_heads is a multiple of n_k_heads */
+    int dk, dv;               /* key / value head dims */
+} kiln_gdn_dims;
 
 struct kiln_backend {
     const char *name; /* "cpu", "cuda" */
@@ -66,6 +73,26 @@ struct kiln_backend {
                          int n_heads, int n_kv_heads, int head_dim, int rot_dim,
                          const float *inv_freq, const float *q_norm, const float *k_norm,
                          float eps);
+    void (*copy2d)(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
+                   int64_t src_stride, int64_t rows, int64_t cols);
+    void (*copy3d)(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,
+                   int64_t src_s0, int64_t src_s1, int64_t n0, int64_t n1, int64_t cols);
+    void (*zero)(kiln_backend *be, float *x, int64_t n);
+    void (*sigmoid_mul)(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
+    void (*l2norm)(kiln_backend *be, float *x, int64_t rows, int dim, float eps);
+    /* Gated DeltaNet pieces (hybrid qwen3_next / qwen3_5 layers) */
+    void (*gdn_conv)(kiln_backend *be, float *out, const float *x, int64_t n, int channels,
+                     const float *w, int kernel, float *state);
+    void (*gdn_gates)(kiln_backend *be, float *g, float *beta, const float *a, const float *b,
+                      int64_t n, int n_v_heads, const float *neg_a, const float *dt_bias);
+    void (*gdn_delta)(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
+                      const float *k, const float *v, const float *g, const float *beta,
+                      float *state, float *out);
+    /* MoE row routing */
+    void (*gather_rows)(kiln_backend *be, float *dst, const float *src, const int32_t *rows,
+                        int64_t n, int64_t width);
+    void (*scatter_add_rows)(kiln_backend *be, float *y, const float *src, const int32_t *rows,
+                             const float *weights, int64_t n, int64_t width);
 
     /* ---- KV caches living in this backend's memory ---- */
     kiln_status (*kv_new)(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,

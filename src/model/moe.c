@@ -1,5 +1,8 @@
 /* moe.c — the sparse MoE block (see moe.h): loading both expert layouts and the grouped forward
- * (tokens are bucketed per selected expert so each expert runs one matmul over its rows). */
+ * (tokens are bucketed per selected expert so each expert runs one matmul over its rows). The
+ * forward runs on any backend: router logits come to the host for the top-k choice, the buckets
+ * go back as row ids and weights, and the experts run as backend ops (gather, matmuls, weighted
+ * scatter-add). */
 #include "model/moe.h"
 
 #include "util/status.h"
@@ -160,70 +163,77 @@ void kiln_moe_route(const float *logits, int E, int k, bool norm_topk, int *idx,
     }
 }
 
-kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const float *x,
-                             int64_t T) {
+kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const float *x, int64_t T,
+                             kiln_scratch *work) {
     kiln_backend *be = m->be;
     const int64_t H = o->hidden, E = o->n_experts, K = o->top_k;
-    int64_t F = o->ffn > o->shared_ffn ? o->ffn : o->shared_ffn;
-    float *logits = malloc((size_t)(T * E) * sizeof(float)); /* [T, E] */
-    int *sel = malloc((size_t)(T * K) * sizeof(int));        /* [T, K] */
-    float *wsel = malloc((size_t)(T * K) * sizeof(float));   /* [T, K] */
-    int64_t *rows = malloc((size_t)T * sizeof(int64_t));     /* [n_e] token of each row */
-    float *rw = malloc((size_t)T * sizeof(float));           /* [n_e] weight of each row */
-    float *xe = malloc((size_t)(T * H) * sizeof(float));     /* [n_e, H] gathered input */
-    float *g = malloc((size_t)(T * F) * sizeof(float));      /* [n_e, F] */
-    float *u = malloc((size_t)(T * F) * sizeof(float));      /* [n_e, F] */
-    float *ye = malloc((size_t)(T * H) * sizeof(float));     /* [n_e, H] */
+    const int64_t F = o->ffn > o->shared_ffn ? o->ffn : o->shared_ffn;
+    const int64_t NR = T * K + (o->shared_ffn > 0 ? T : 0); /* routed rows (+ shared rows) */
+    /* backend scratch: router logits [T, E] then shared gate logits [T]; xe, ye [T, H];
+     * g, u [T, F]; row ids and weights [NR] (expert by expert, then the shared rows) */
+    const size_t floats = (size_t)(T * E + T + 2 * T * H + 2 * T * F + 2 * NR);
+    KILN_TRY(kiln_scratch_reserve(be, work, floats * sizeof(float)));
+    float *logits = work->ptr, *xe = logits + T * E + T, *ye = xe + T * H, *g = ye + T * H,
+          *u = g + T * F, *d_w = u + T * F;
+    int32_t *d_rows = (int32_t *)(d_w + NR);
+    float *h_logits = malloc((size_t)(T * E + T) * sizeof(float)); /* [T, E] + [T] */
+    int *sel = malloc((size_t)(T * K) * sizeof(int));              /* [T, K] */
+    float *wsel = malloc((size_t)(T * K) * sizeof(float));         /* [T, K] */
+    int32_t *h_rows = malloc((size_t)NR * sizeof(int32_t));        /* [NR] */
+    float *h_w = malloc((size_t)NR * sizeof(float));               /* [NR] */
+    int64_t *start = malloc((size_t)(E + 1) * sizeof(int64_t));    /* expert e: [start[e], [e+1]) */
     kiln_status st = KILN_OK;
-    if (!logits || !sel || !wsel || !rows || !rw || !xe || !g || !u || !ye) {
+    if (!h_logits || !sel || !wsel || !h_rows || !h_w || !start) {
         st = kiln_error(KILN_ERR_OOM, "moe: out of memory for %lld tokens", (long long)T);
         goto done;
     }
     be->matmul(be, logits, x, T, &o->router);
+    if (o->shared_ffn > 0) be->matmul(be, logits + T * E, x, T, &o->sh_router); /* [T, 1] */
+    be->download(be, h_logits, logits, (size_t)(T * E + (o->shared_ffn > 0 ? T : 0)) * 4);
     for (int64_t t = 0; t < T; t++)
-        kiln_moe_route(logits + t * E, (int)E, (int)K, o->norm_topk, sel + t * K, wsel + t * K);
-    memset(y, 0, (size_t)(T * H) * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        int64_t n = 0;
+        kiln_moe_route(h_logits + t * E, (int)E, (int)K, o->norm_topk, sel + t * K, wsel + t * K);
+    /* bucket the (token, weight) pairs per expert, tokens ascending inside a bucket */
+    int64_t nr = 0;
+    for (int64_t e = 0; e < E; e++) {
+        start[e] = nr;
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < K; j++)
                 if (sel[t * K + j] == e) {
-                    rows[n] = t;
-                    rw[n] = wsel[t * K + j];
-                    memcpy(xe + n * H, x + t * H, (size_t)H * sizeof(float));
-                    n++;
+                    h_rows[nr] = (int32_t)t;
+                    h_w[nr++] = wsel[t * K + j];
                 }
+    }
+    start[E] = nr;
+    for (int64_t t = 0; o->shared_ffn > 0 && t < T; t++) {
+        h_rows[nr] = (int32_t)t;
+        h_w[nr++] = 1.0f / (1.0f + expf(-h_logits[T * E + t]));
+    }
+    be->upload(be, d_rows, h_rows, (size_t)NR * sizeof(int32_t));
+    be->upload(be, d_w, h_w, (size_t)NR * sizeof(float));
+    be->zero(be, y, T * H);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = start[e + 1] - start[e];
         if (n == 0) continue; /* unselected experts are never read */
+        be->gather_rows(be, xe, x, d_rows + start[e], n, H);
         be->matmul(be, g, xe, n, &o->gate[e]);
         be->matmul(be, u, xe, n, &o->up[e]);
         be->silu_mul(be, g, g, u, n * o->ffn);
         be->matmul(be, ye, g, n, &o->down[e]);
-        for (int64_t r = 0; r < n; r++) {
-            float *dst = y + rows[r] * H;
-            const float *src = ye + r * H;
-            for (int64_t i = 0; i < H; i++) dst[i] += rw[r] * src[i];
-        }
+        be->scatter_add_rows(be, y, ye, d_rows + start[e], d_w + start[e], n, H);
     }
     if (o->shared_ffn > 0) {
         be->matmul(be, g, x, T, &o->sh_gate);
         be->matmul(be, u, x, T, &o->sh_up);
         be->silu_mul(be, g, g, u, T * o->shared_ffn);
         be->matmul(be, ye, g, T, &o->sh_down);
-        be->matmul(be, logits, x, T, &o->sh_router); /* [T, 1] */
-        for (int64_t t = 0; t < T; t++) {
-            float s = 1.0f / (1.0f + expf(-logits[t]));
-            for (int64_t i = 0; i < H; i++) y[t * H + i] += s * ye[t * H + i];
-        }
+        be->scatter_add_rows(be, y, ye, d_rows + start[E], d_w + start[E], T, H);
     }
 done:
-    free(logits);
+    free(h_logits);
     free(sel);
     free(wsel);
-    free(rows);
-    free(rw);
-    free(xe);
-    free(g);
-    free(u);
-    free(ye);
+    free(h_rows);
+    free(h_w);
+    free(start);
     return st;
 }

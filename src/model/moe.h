@@ -3,7 +3,7 @@
  * shared expert scaled by sigmoid(shared_expert_gate(x)). Experts load from the HF layout
  * (`<prefix>.experts.N.{gate,up,down}_proj`) or mlx-lm's stacked one
  * (`<prefix>.switch_mlp.{gate,up,down}_proj` [E, out, in], read as per-expert row views).
- * Only the experts a token selects are read. CPU only. */
+ * Only the experts a token selects are read. Runs on any backend (routing on the host). */
 #ifndef KILN_MODEL_MOE_H
 #define KILN_MODEL_MOE_H
 
@@ -29,9 +29,10 @@ kiln_status kiln_moe_load(kiln_model *m, const char *prefix, int hidden, int n_e
                           int ffn, bool norm_topk, int shared_ffn, kiln_moe *out);
 void kiln_moe_free(kiln_model *m, kiln_moe *moe);
 
-/* y[T, hidden] = moe(x[T, hidden]). y must not alias x. */
+/* y[T, hidden] = moe(x[T, hidden]) on the model's backend (y, x in its memory; work: backend
+ * scratch kept across calls). y must not alias x. */
 kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *moe, float *y, const float *x,
-                             int64_t T);
+                             int64_t T, kiln_scratch *work);
 
 /* Router math on one token: probs[E] = softmax(logits); picks top_k (ties -> lower index) into
  * idx[k] with weights w[k] (renormalised if norm_topk). Exposed for tests. */

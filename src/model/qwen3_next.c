@@ -8,8 +8,9 @@
  * beta = sigmoid(b), gated RMSNorm with silu(z), out_proj); mlp: dense SwiGLU or moe.c.
  * Norms are (1+w) in the qwen3_next/3.5 HF layout; mlx-lm stores them as 1+w (conv1d as
  * [C, K, 1]), so they are applied plainly there. The conv and recurrent states live in each
- * sequence's cache (layer_state), so batching and truncate(0) work per sequence. CPU only. */
-#include "model/deltanet.h"
+ * sequence's cache (layer_state, in the backend's memory), so batching and truncate(0) work per
+ * sequence. The forward is written against the backend op table, so it runs on the CPU and on
+ * CUDA alike. */
 #include "model/model.h"
 #include "model/moe.h"
 
@@ -41,9 +42,9 @@ typedef struct qn_layer {
     kiln_matrix in_a;     /* qwen3_5: [nv, hidden] */
     kiln_matrix in_b;     /* qwen3_5: [nv, hidden] */
     kiln_matrix out_proj; /* [hidden, nv*dv] */
-    float *conv_w;        /* host [conv_dim, K] */
-    float *neg_a;         /* host [nv]: -exp(A_log) */
-    float *dt_bias;       /* host [nv] */
+    float *conv_w;        /* backend [conv_dim, K] */
+    float *neg_a;         /* backend [nv]: -exp(A_log) */
+    float *dt_bias;       /* backend [nv] */
     float *gnorm;         /* [dv] gated-norm weight (plain w) */
     /* MLP */
     bool moe;
@@ -62,9 +63,10 @@ typedef struct qn_state {
     kiln_matrix embed;   /* [vocab, hidden] */
     kiln_matrix lm_head; /* [vocab, hidden] */
     bool tied;
-    float *final_norm; /* [hidden] */
-    float *inv_freq;   /* [rot/2] */
-    qn_layer *layers;  /* [n_layers] */
+    float *final_norm;                  /* [hidden] */
+    float *inv_freq;                    /* [rot/2] */
+    qn_layer *layers;                   /* [n_layers] */
+    kiln_scratch act, ids, moe, logits; /* backend scratch kept across forwards */
 } qn_state;
 
 static bool qn_matches(const kiln_config *cfg) {
@@ -73,8 +75,8 @@ static bool qn_matches(const kiln_config *cfg) {
            strcmp(cfg->model_type, "qwen3_moe") == 0;
 }
 
-static void free_host(float **p) {
-    free(*p);
+static void free_backend(kiln_backend *be, float **p) {
+    if (*p) be->free(be, *p);
     *p = NULL;
 }
 
@@ -92,11 +94,15 @@ static void qn_free(kiln_model *m) {
         for (size_t j = 0; j < sizeof mats / sizeof mats[0]; j++)
             kiln_weights_free_matrix(m, mats[j]);
         if (L->moe) kiln_moe_free(m, &L->sparse);
-        free_host(&L->conv_w);
-        free_host(&L->neg_a);
-        free_host(&L->dt_bias);
+        free_backend(m->be, &L->conv_w);
+        free_backend(m->be, &L->neg_a);
+        free_backend(m->be, &L->dt_bias);
     }
     free(s->layers);
+    kiln_scratch_free(m->be, &s->act);
+    kiln_scratch_free(m->be, &s->ids);
+    kiln_scratch_free(m->be, &s->moe);
+    kiln_scratch_free(m->be, &s->logits);
     kiln_weights_free_matrix(m, &s->embed);
     if (!s->tied) kiln_weights_free_matrix(m, &s->lm_head);
     kiln_weights_free_vector(m, s->final_norm);
@@ -105,8 +111,10 @@ static void qn_free(kiln_model *m) {
     m->family_state = NULL;
 }
 
-/* Reads a float tensor of n elements (any shape) to a malloc'd host f32 array. */
+/* Reads a float tensor of n elements (any shape) to a malloc'd host f32 array; transform (may be
+ * NULL) maps every value before it goes to the backend. */
 static kiln_status host_floats(kiln_model *m, const char *name, int64_t n, float **out) {
+    *out = NULL;
     const kiln_st_tensor *t = kiln_st_find(m->archive, name);
     if (!t) return kiln_error(KILN_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->dir, name);
     if (t->numel != n)
@@ -133,6 +141,23 @@ static kiln_status host_floats(kiln_model *m, const char *name, int64_t n, float
     }
     *out = h;
     return KILN_OK;
+}
+
+static float neg_exp(float x) {
+    return -expf(x);
+}
+
+/* A float tensor of n elements copied to backend memory as f32 (mapped through fn if not NULL). */
+static kiln_status backend_floats(kiln_model *m, const char *name, int64_t n, float (*fn)(float),
+                                  float **out) {
+    float *h = NULL;
+    *out = NULL;
+    KILN_TRY(host_floats(m, name, n, &h));
+    for (int64_t i = 0; fn && i < n; i++) h[i] = fn(h[i]);
+    *out = m->be->alloc(m->be, (size_t)n * sizeof(float));
+    if (*out) m->be->upload(m->be, *out, h, (size_t)n * sizeof(float));
+    free(h);
+    return *out ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of backend memory for '%s'", name);
 }
 
 static bool layer_is_linear(const kiln_config *c, int i) {
@@ -205,12 +230,11 @@ static kiln_status load_layer(kiln_model *m, qn_state *s, int i) {
         KILN_TRY(kiln_weights_matrix(m, n, H, vd, false, &L->out_proj));
         /* conv1d weight: HF [C, 1, K], mlx-lm [C, K, 1]: the same C*K values in the same order */
         snprintf(n, sizeof n, "%s.linear_attn.conv1d.weight", p);
-        KILN_TRY(host_floats(m, n, (int64_t)s->conv_dim * s->conv_k, &L->conv_w));
+        KILN_TRY(backend_floats(m, n, (int64_t)s->conv_dim * s->conv_k, NULL, &L->conv_w));
         snprintf(n, sizeof n, "%s.linear_attn.A_log", p);
-        KILN_TRY(host_floats(m, n, d->n_v_heads, &L->neg_a));
-        for (int h = 0; h < d->n_v_heads; h++) L->neg_a[h] = -expf(L->neg_a[h]);
+        KILN_TRY(backend_floats(m, n, d->n_v_heads, neg_exp, &L->neg_a));
         snprintf(n, sizeof n, "%s.linear_attn.dt_bias", p);
-        KILN_TRY(host_floats(m, n, d->n_v_heads, &L->dt_bias));
+        KILN_TRY(backend_floats(m, n, d->n_v_heads, NULL, &L->dt_bias));
         snprintf(n, sizeof n, "%s.linear_attn.norm.weight", p);
         KILN_TRY(kiln_weights_vector(m, n, d->dv, false, &L->gnorm));
     }
@@ -241,11 +265,6 @@ static int64_t state_floats(const qn_state *s) {
 
 static kiln_status qn_load(kiln_model *m) {
     const kiln_config *c = &m->cfg;
-    if (m->be->device != KILN_DEVICE_CPU)
-        return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "%s: model_type '%s' runs on the CPU backend only "
-                          "for now (use --device cpu)",
-                          m->dir, c->model_type);
     qn_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
     m->family_state = s;
@@ -331,22 +350,26 @@ static kiln_status qn_load(kiln_model *m) {
     return KILN_OK;
 }
 
-/* Per-forward buffers (host memory: this family runs on the CPU backend). */
+/* Per-forward activations, carved out of the backend scratch s->act (ids from s->ids). */
 typedef struct qn_acts {
-    float *x, *h;     /* [T, hidden] residual, normed */
-    float *q, *gate;  /* [T, n_heads*head_dim] (gate: attention output gate) */
-    float *qg;        /* [T, 2*n_heads*head_dim] raw gated q_proj output */
-    float *k, *v;     /* [T, n_kv_heads*head_dim] */
-    float *attn;      /* [T, max(n_heads*head_dim, nv*dv)] mixer output before projection */
-    float *proj;      /* [T, max(qkvz, conv_dim + nv*dv)] raw linear-attention projections */
-    float *mixed;     /* [T, conv_dim] conv input (q | k | v) */
-    float *conv;      /* [T, conv_dim] conv output */
-    float *z;         /* [T, nv*dv] */
-    float *ab;        /* [T, 2*nv] raw b/a */
-    float *gb;        /* [T, 2*nv] g (first nv) and beta (second nv) per token */
-    float *ff1, *ff2; /* [T, ffn] */
-    float *y;         /* [T, hidden] MoE output */
-    int32_t *pos;     /* [T] */
+    float *x, *h;       /* [T, hidden] residual, normed */
+    float *q, *gate;    /* [T, n_heads*head_dim] (gate: attention output gate) */
+    float *qg;          /* [T, 2*n_heads*head_dim] raw gated q_proj output */
+    float *k, *v;       /* [T, n_kv_heads*head_dim] */
+    float *attn;        /* [T, max(n_heads*head_dim, nv*dv)] mixer output before projection */
+    float *proj;        /* [T, conv_dim + nv*dv] raw fused in_proj_qkvz output */
+    float *mixed;       /* [T, conv_dim] conv input (q | k | v) */
+    float *conv;        /* [T, conv_dim] conv output */
+    float *z;           /* [T, nv*dv] */
+    float *ba;          /* [T, 2*nv] raw fused in_proj_ba output (b, a interleaved per group) */
+    float *b_in, *a_in; /* [T, nv] each: the beta and decay inputs */
+    float *g, *beta;    /* [T, nv] each: log decay and beta per token and value head */
+    float *qn, *kn;     /* [T, nk*dk] each: q and k split out of the conv output, L2-normed */
+    float *vn;          /* [T, nv*dv] v split out of the conv output */
+    float *ff1, *ff2;   /* [T, ffn] */
+    float *y;           /* [T, hidden] MoE output */
+    float *rows;        /* [R, hidden] rows that need logits */
+    int32_t *tok, *pos; /* [T] each */
 } qn_acts;
 
 /* Gated DeltaNet mixer for T stacked tokens of all entries: h -> a->attn [T, nv*dv]. */
@@ -355,86 +378,84 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
     kiln_backend *be = m->be;
     const kiln_gdn_dims *d = &s->gdn;
     const int nk = d->n_k_heads, nv = d->n_v_heads, dk = d->dk, dv = d->dv, r = nv / nk;
-    const int C = s->conv_dim, VD = nv * dv, KD = nk * dk;
+    const int64_t C = s->conv_dim, VD = (int64_t)nv * dv, KD = (int64_t)nk * dk;
     if (s->fused_proj) {
-        const int G = 2 * dk + 2 * r * dv; /* per key-head group: q k v z */
+        /* in_proj_qkvz rows are grouped per key head: q[dk] k[dk] v[r*dv] z[r*dv]; in_proj_ba
+         * per key head: b[r] a[r]. Split them into q|k|v (conv input), z, b and a. */
+        const int64_t G = 2 * dk + 2 * (int64_t)r * dv, W = nk * G;
         be->matmul(be, a->proj, a->h, T, &L->in_qkvz);
-        be->matmul(be, a->ab, a->h, T, &L->in_ba);
-        for (int64_t t = 0; t < T; t++) {
-            const float *src = a->proj + t * (int64_t)nk * G;
-            float *mx = a->mixed + t * C, *z = a->z + t * VD;
-            for (int g = 0; g < nk; g++) {
-                const float *grp = src + (int64_t)g * G;
-                memcpy(mx + g * dk, grp, (size_t)dk * sizeof(float));
-                memcpy(mx + KD + g * dk, grp + dk, (size_t)dk * sizeof(float));
-                memcpy(mx + 2 * KD + g * r * dv, grp + 2 * dk, (size_t)r * dv * sizeof(float));
-                memcpy(z + g * r * dv, grp + 2 * dk + r * dv, (size_t)r * dv * sizeof(float));
-            }
-            /* ba per group: b[r], a[r] -> gb holds b (first nv) then a (second nv) */
-            const float *ba = a->ab + t * 2 * nv;
-            float tmp[2 * 256];
-            for (int g = 0; g < nk; g++)
-                for (int i = 0; i < r; i++) {
-                    tmp[g * r + i] = ba[g * 2 * r + i];
-                    tmp[nv + g * r + i] = ba[g * 2 * r + r + i];
-                }
-            memcpy(a->ab + t * 2 * nv, tmp, (size_t)(2 * nv) * sizeof(float));
-        }
+        be->matmul(be, a->ba, a->h, T, &L->in_ba);
+        /* one batched copy per piece: i = token, j = key-head group */
+        const int64_t rv = (int64_t)r * dv;
+        be->copy3d(be, a->mixed, C, dk, a->proj, W, G, T, nk, dk);
+        be->copy3d(be, a->mixed + KD, C, dk, a->proj + dk, W, G, T, nk, dk);
+        be->copy3d(be, a->mixed + 2 * KD, C, rv, a->proj + 2 * dk, W, G, T, nk, rv);
+        be->copy3d(be, a->z, VD, rv, a->proj + 2 * dk + rv, W, G, T, nk, rv);
+        be->copy3d(be, a->b_in, nv, r, a->ba, 2 * nv, 2 * r, T, nk, r);
+        be->copy3d(be, a->a_in, nv, r, a->ba + r, 2 * nv, 2 * r, T, nk, r);
     } else {
         be->matmul(be, a->mixed, a->h, T, &L->in_qkv);
         be->matmul(be, a->z, a->h, T, &L->in_z);
-        /* b then a, [T, nv] each, interleaved into ab rows */
-        be->matmul(be, a->proj, a->h, T, &L->in_b);
-        be->matmul(be, a->proj + T * nv, a->h, T, &L->in_a);
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(a->ab + t * 2 * nv, a->proj + t * nv, (size_t)nv * sizeof(float));
-            memcpy(a->ab + t * 2 * nv + nv, a->proj + T * nv + t * nv, (size_t)nv * sizeof(float));
-        }
+        be->matmul(be, a->b_in, a->h, T, &L->in_b);
+        be->matmul(be, a->a_in, a->h, T, &L->in_a);
     }
-    /* gates: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) */
-    for (int64_t t = 0; t < T; t++) {
-        const float *b = a->ab + t * 2 * nv, *av = b + nv;
-        float *g = a->gb + t * 2 * nv, *beta = g + nv;
-        for (int h = 0; h < nv; h++) {
-            float xa = av[h] + L->dt_bias[h];
-            float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-            g[h] = L->neg_a[h] * sp;
-            beta[h] = 1.0f / (1.0f + expf(-b[h]));
-        }
-    }
-    /* per sequence: conv with its state, then the delta rule with its state */
-    float *gg = a->ff1, *bb = a->ff2; /* [n, nv] contiguous copies of g and beta */
+    /* g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) */
+    be->gdn_gates(be, a->g, a->beta, a->a_in, a->b_in, T, nv, L->neg_a, L->dt_bias);
+    /* per sequence: the causal conv with its state ([K-1, C], then S [nv, dk, dv]) */
     for (int i = 0, t0 = 0; i < n_entries; t0 += e[i].n_tokens, i++) {
-        const int n = e[i].n_tokens;
-        float *st = e[i].seq->kv->vt->layer_state(e[i].seq->kv, l);
-        float *conv_state = st, *S = st + (int64_t)(s->conv_k - 1) * C;
-        float *cv = a->conv + (int64_t)t0 * C;
-        kiln_gdn_conv(cv, a->mixed + (int64_t)t0 * C, n, C, L->conv_w, s->conv_k, conv_state);
-        /* split q | k | v into contiguous [n, nk, dk], [n, nk, dk], [n, nv, dv] */
-        float *qb = a->proj, *kb = a->proj + (int64_t)n * KD, *vb = a->proj + (int64_t)2 * n * KD;
-        for (int j = 0; j < n; j++) {
-            memcpy(qb + (int64_t)j * KD, cv + (int64_t)j * C, (size_t)KD * sizeof(float));
-            memcpy(kb + (int64_t)j * KD, cv + (int64_t)j * C + KD, (size_t)KD * sizeof(float));
-            memcpy(vb + (int64_t)j * VD, cv + (int64_t)j * C + 2 * KD, (size_t)VD * sizeof(float));
-            memcpy(gg + (int64_t)j * nv, a->gb + (int64_t)(t0 + j) * 2 * nv,
-                   (size_t)nv * sizeof(float));
-            memcpy(bb + (int64_t)j * nv, a->gb + (int64_t)(t0 + j) * 2 * nv + nv,
-                   (size_t)nv * sizeof(float));
-        }
-        kiln_gdn_l2norm(qb, (int64_t)n * nk, dk, 1e-6f);
-        kiln_gdn_l2norm(kb, (int64_t)n * nk, dk, 1e-6f);
-        float *out = a->attn + (int64_t)t0 * VD;
-        if (n == 1)
-            kiln_gdn_recurrent(d, n, qb, kb, vb, gg, bb, S, out, be->pool);
-        else
-            kiln_gdn_chunked(d, n, 64, qb, kb, vb, gg, bb, S, out, be->pool);
+        float *conv_state = e[i].seq->kv->vt->layer_state(e[i].seq->kv, l);
+        be->gdn_conv(be, a->conv + t0 * C, a->mixed + t0 * C, e[i].n_tokens, (int)C, L->conv_w,
+                     s->conv_k, conv_state);
+    }
+    /* split q | k | v into contiguous [T, nk, dk], [T, nk, dk], [T, nv, dv]; L2-norm q and k */
+    be->copy2d(be, a->qn, KD, a->conv, C, T, KD);
+    be->copy2d(be, a->kn, KD, a->conv + KD, C, T, KD);
+    be->copy2d(be, a->vn, VD, a->conv + 2 * KD, C, T, VD);
+    be->l2norm(be, a->qn, T * nk, dk, 1e-6f);
+    be->l2norm(be, a->kn, T * nk, dk, 1e-6f);
+    for (int i = 0, t0 = 0; i < n_entries; t0 += e[i].n_tokens, i++) {
+        float *S = e[i].seq->kv->vt->layer_state(e[i].seq->kv, l) + (s->conv_k - 1) * C;
+        be->gdn_delta(be, d, e[i].n_tokens, a->qn + t0 * KD, a->kn + t0 * KD, a->vn + t0 * VD,
+                      a->g + (int64_t)t0 * nv, a->beta + (int64_t)t0 * nv, S, a->attn + t0 * VD);
     }
     /* gated RMSNorm per value head: norm(o) * w * silu(z) */
     be->rmsnorm(be, a->attn, a->attn, L->gnorm, T * nv, dv, s->eps, false);
-    for (int64_t i = 0; i < T * VD; i++) {
-        float zv = a->z[i];
-        a->attn[i] *= zv / (1.0f + expf(-zv));
+    be->silu_mul(be, a->attn, a->z, a->attn, T * VD);
+}
+
+/* Full attention (gated in qwen3_next / 3.5) for T stacked tokens: h -> a->attn [T, QD]. */
+static void attention_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_batch_entry *e,
+                            int n_entries, int64_t T, qn_acts *a, kiln_kv **kvs, int *kv_n) {
+    kiln_backend *be = m->be;
+    const int64_t QD = (int64_t)s->n_heads * s->head_dim,
+                  KVD = (int64_t)s->n_kv_heads * s->head_dim, hd = s->head_dim;
+    if (s->gated_attn) {
+        /* q_proj rows per head: q[hd] then gate[hd] */
+        be->matmul(be, a->qg, a->h, T, &L->wq);
+        be->copy2d(be, a->q, hd, a->qg, 2 * hd, T * s->n_heads, hd);
+        be->copy2d(be, a->gate, hd, a->qg + hd, 2 * hd, T * s->n_heads, hd);
+    } else {
+        be->matmul(be, a->q, a->h, T, &L->wq);
     }
+    be->matmul(be, a->k, a->h, T, &L->wk);
+    be->matmul(be, a->v, a->h, T, &L->wv);
+    be->rmsnorm(be, a->q, a->q, L->q_norm, T * s->n_heads, s->head_dim, s->eps, s->norm_plus_one);
+    be->rmsnorm(be, a->k, a->k, L->k_norm, T * s->n_kv_heads, s->head_dim, s->eps,
+                s->norm_plus_one);
+    be->rope(be, a->q, a->pos, T, s->n_heads, s->head_dim, s->rot, s->inv_freq);
+    be->rope(be, a->k, a->pos, T, s->n_kv_heads, s->head_dim, s->rot, s->inv_freq);
+    kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)};
+    if (kvs) {
+        kvs[0]->vt->store_attend_batch(kvs, kv_n, n_entries, l, a->k, a->v, a->q, a->attn, &ap,
+                                       be->pool);
+    } else {
+        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+            kiln_kv *kv = e[i].seq->kv;
+            kv->vt->store(kv, l, a->k + t * KVD, a->v + t * KVD, e[i].n_tokens);
+            kv->vt->attend(kv, l, a->q + t * QD, e[i].n_tokens, a->attn + t * QD, &ap, be->pool);
+        }
+    }
+    if (s->gated_attn) be->sigmoid_mul(be, a->attn, a->attn, a->gate, T * QD);
 }
 
 static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
@@ -446,30 +467,19 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
     const kiln_gdn_dims *d = &s->gdn;
     const int64_t H = s->hidden, QD = (int64_t)s->n_heads * s->head_dim,
                   KVD = (int64_t)s->n_kv_heads * s->head_dim, VD = (int64_t)d->n_v_heads * d->dv,
-                  C = s->conv_dim, r = d->n_k_heads ? d->n_v_heads / d->n_k_heads : 0;
-    int64_t F = s->ffn > 0 ? s->ffn : 1;
-    if (F < 2 * d->n_v_heads) F = 2 * d->n_v_heads;
-    int64_t PROJ = d->n_k_heads * (2 * d->dk + 2 * r * d->dv);
-    if (PROJ < C + VD) PROJ = C + VD;
-    if (PROJ < 2 * (int64_t)d->n_v_heads) PROJ = 2 * (int64_t)d->n_v_heads;
+                  KD = (int64_t)d->n_k_heads * d->dk, C = s->conv_dim, NV = d->n_v_heads;
+    const int64_t F = s->ffn > 0 ? s->ffn : 1;
     const int64_t AW = QD > VD ? QD : VD;
     for (int i = 0; i < n_entries; i++)
         KILN_TRY(e[i].seq->kv->vt->reserve(e[i].seq->kv, e[i].n_tokens));
 
-    size_t floats = (size_t)(T * (2 * H + 2 * QD + 2 * QD + 2 * KVD + AW + PROJ + 2 * C + VD +
-                                  4 * d->n_v_heads + 2 * F + H) +
-                             (R ? R * H : 0));
-    float *buf = calloc(floats, sizeof(float));
-    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
-    int32_t *tok = malloc((size_t)T * sizeof(int32_t));
-    if (!buf || !pos || !tok) {
-        free(buf);
-        free(pos);
-        free(tok);
-        return kiln_error(KILN_ERR_OOM, "%s: out of memory for %lld tokens", m->dir, (long long)T);
-    }
+    size_t floats = (size_t)(T * (2 * H + 4 * QD + 2 * KVD + AW + (C + VD) + 2 * C + VD + 6 * NV +
+                                  2 * KD + VD + 2 * F + H) +
+                             R * H);
+    KILN_TRY(kiln_scratch_reserve(be, &s->act, floats * sizeof(float)));
+    KILN_TRY(kiln_scratch_reserve(be, &s->ids, (size_t)(2 * T) * sizeof(int32_t)));
     qn_acts a;
-    float *p = buf;
+    float *p = s->act.ptr;
     a.x = p, p += T * H;
     a.h = p, p += T * H;
     a.q = p, p += T * QD;
@@ -478,24 +488,46 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
     a.k = p, p += T * KVD;
     a.v = p, p += T * KVD;
     a.attn = p, p += T * AW;
-    a.proj = p, p += T * PROJ;
+    a.proj = p, p += T * (C + VD);
     a.mixed = p, p += T * C;
     a.conv = p, p += T * C;
     a.z = p, p += T * VD;
-    a.ab = p, p += 2 * T * d->n_v_heads;
-    a.gb = p, p += 2 * T * d->n_v_heads;
+    a.ba = p, p += 2 * T * NV;
+    a.b_in = p, p += T * NV;
+    a.a_in = p, p += T * NV;
+    a.g = p, p += T * NV;
+    a.beta = p, p += T * NV;
+    a.qn = p, p += T * KD;
+    a.kn = p, p += T * KD;
+    a.vn = p, p += T * VD;
     a.ff1 = p, p += T * F;
     a.ff2 = p, p += T * F;
     a.y = p, p += T * H;
-    float *rows = p;
-    a.pos = pos;
+    a.rows = p;
+    a.tok = s->ids.ptr;
+    a.pos = a.tok + T;
+
+    int32_t *host_ids = malloc((size_t)(2 * T) * sizeof(int32_t));
+    /* one store + attend call per attention layer for the whole batch when the caches offer it */
+    const kiln_kv_vtable *bvt = e[0].seq->kv->vt;
+    bool batch_kv = bvt->store_attend_batch != NULL;
+    for (int i = 1; batch_kv && i < n_entries; i++) batch_kv = e[i].seq->kv->vt == bvt;
+    kiln_kv **kvs = batch_kv ? malloc((size_t)n_entries * sizeof *kvs) : NULL;
+    int *kv_n = batch_kv ? malloc((size_t)n_entries * sizeof *kv_n) : NULL;
+    if (!host_ids || (batch_kv && (!kvs || !kv_n))) {
+        free(host_ids), free(kvs), free(kv_n);
+        return kiln_error(KILN_ERR_OOM, "%s: out of memory for %lld tokens", m->dir, (long long)T);
+    }
+    for (int i = 0; batch_kv && i < n_entries; i++) kvs[i] = e[i].seq->kv, kv_n[i] = e[i].n_tokens;
     for (int i = 0, t = 0; i < n_entries; i++)
         for (int j = 0; j < e[i].n_tokens; j++, t++) {
-            tok[t] = e[i].tokens[j];
-            pos[t] = e[i].seq->kv->len + j;
+            host_ids[t] = e[i].tokens[j];
+            host_ids[T + t] = e[i].seq->kv->len + j;
         }
-    be->embed(be, a.x, tok, T, &s->embed);
-    kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)};
+    be->upload(be, a.tok, host_ids, (size_t)(2 * T) * sizeof(int32_t));
+    free(host_ids);
+
+    be->embed(be, a.x, a.tok, T, &s->embed);
     kiln_status st = KILN_OK;
     for (int l = 0; l < s->n_layers && st == KILN_OK; l++) {
         qn_layer *L = &s->layers[l];
@@ -504,40 +536,13 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
             linear_mixer(m, s, L, l, e, n_entries, T, &a);
             be->matmul(be, a.h, a.attn, T, &L->out_proj);
         } else {
-            if (s->gated_attn) {
-                be->matmul(be, a.qg, a.h, T, &L->wq);
-                const int hd = s->head_dim;
-                for (int64_t t = 0; t < T; t++)
-                    for (int h = 0; h < s->n_heads; h++) {
-                        const float *src = a.qg + (t * s->n_heads + h) * 2 * hd;
-                        memcpy(a.q + (t * s->n_heads + h) * hd, src, (size_t)hd * sizeof(float));
-                        memcpy(a.gate + (t * s->n_heads + h) * hd, src + hd,
-                               (size_t)hd * sizeof(float));
-                    }
-            } else {
-                be->matmul(be, a.q, a.h, T, &L->wq);
-            }
-            be->matmul(be, a.k, a.h, T, &L->wk);
-            be->matmul(be, a.v, a.h, T, &L->wv);
-            be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, s->head_dim, s->eps,
-                        s->norm_plus_one);
-            be->rmsnorm(be, a.k, a.k, L->k_norm, T * s->n_kv_heads, s->head_dim, s->eps,
-                        s->norm_plus_one);
-            be->rope(be, a.q, a.pos, T, s->n_heads, s->head_dim, s->rot, s->inv_freq);
-            be->rope(be, a.k, a.pos, T, s->n_kv_heads, s->head_dim, s->rot, s->inv_freq);
-            for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
-                kiln_kv *kv = e[i].seq->kv;
-                kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
-                kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
-            }
-            if (s->gated_attn)
-                for (int64_t i = 0; i < T * QD; i++) a.attn[i] *= 1.0f / (1.0f + expf(-a.gate[i]));
+            attention_mixer(m, s, L, l, e, n_entries, T, &a, kvs, kv_n);
             be->matmul(be, a.h, a.attn, T, &L->wo);
         }
         be->add(be, a.x, a.x, a.h, T * H);
         be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, s->norm_plus_one);
         if (L->moe) {
-            st = kiln_moe_forward(m, &L->sparse, a.y, a.h, T);
+            st = kiln_moe_forward(m, &L->sparse, a.y, a.h, T, &s->moe);
             if (st == KILN_OK) be->add(be, a.x, a.x, a.y, T * H);
         } else {
             be->matmul(be, a.ff1, a.h, T, &L->w_gate);
@@ -547,22 +552,17 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
             be->add(be, a.x, a.x, a.h, T * H);
         }
     }
-    if (st == KILN_OK) {
-        for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
-        const kiln_logits_head head = {.hidden = H,
-                                       .vocab = s->vocab,
-                                       .final_norm = s->final_norm,
-                                       .eps = s->eps,
-                                       .plus_one = s->norm_plus_one,
-                                       .lm_head = &s->lm_head};
-        kiln_scratch logits = {0};
-        st = kiln_logits_head_run(m, &head, e, n_entries, a.x, rows, &logits);
-        kiln_scratch_free(be, &logits);
-    }
-    free(buf);
-    free(pos);
-    free(tok);
-    return st;
+    free(kvs);
+    free(kv_n);
+    if (st != KILN_OK) return st;
+    for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+    const kiln_logits_head head = {.hidden = H,
+                                   .vocab = s->vocab,
+                                   .final_norm = s->final_norm,
+                                   .eps = s->eps,
+                                   .plus_one = s->norm_plus_one,
+                                   .lm_head = &s->lm_head};
+    return kiln_logits_head_run(m, &head, e, n_entries, a.x, a.rows, &s->logits);
 }
 
 const kiln_family kiln_family_qwen3_next = {

@@ -2,6 +2,7 @@
  * Weights stay in the mmap'd file (upload_matrix copies only the small f32 bias); activations
  * live in ordinary heap memory. */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_deltanet.h"
 #include "backend/cpu/cpu_ops.h"
 #include "kv/kv_factory.h"
 #include "util/status.h"
@@ -89,6 +90,48 @@ static void cpu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t
     kiln_cpu_qk_norm_rope(q, k, pos, n, n_heads, n_kv_heads, head_dim, rot_dim, inv_freq, q_norm,
                           k_norm, eps);
 }
+static void cpu_copy2d(kiln_backend *be, float *dst, int64_t ds, const float *src, int64_t ss,
+                       int64_t rows, int64_t cols) {
+    kiln_cpu_copy2d(dst, ds, src, ss, rows, cols);
+}
+static void cpu_copy3d(kiln_backend *be, float *dst, int64_t d0, int64_t d1, const float *src,
+                       int64_t s0, int64_t s1, int64_t n0, int64_t n1, int64_t cols) {
+    kiln_cpu_copy3d(dst, d0, d1, src, s0, s1, n0, n1, cols);
+}
+static void cpu_zero(kiln_backend *be, float *x, int64_t n) {
+    kiln_cpu_zero(x, n);
+}
+static void cpu_sigmoid_mul(kiln_backend *be, float *y, const float *x, const float *g, int64_t n) {
+    kiln_cpu_sigmoid_mul(y, x, g, n);
+}
+static void cpu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps) {
+    kiln_gdn_l2norm(x, rows, dim, eps);
+}
+static void cpu_gdn_conv(kiln_backend *be, float *out, const float *x, int64_t n, int channels,
+                         const float *w, int kernel, float *state) {
+    kiln_gdn_conv(out, x, n, channels, w, kernel, state);
+}
+static void cpu_gdn_gates(kiln_backend *be, float *g, float *beta, const float *a, const float *b,
+                          int64_t n, int nv, const float *neg_a, const float *dt_bias) {
+    kiln_cpu_gdn_gates(g, beta, a, b, n, nv, neg_a, dt_bias);
+}
+/* decode steps run the recurrence, prefill the chunked WY form (chunks of 64) */
+static void cpu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
+                          const float *k, const float *v, const float *g, const float *beta,
+                          float *state, float *out) {
+    if (n == 1)
+        kiln_gdn_recurrent(d, n, q, k, v, g, beta, state, out, be->pool);
+    else
+        kiln_gdn_chunked(d, n, 64, q, k, v, g, beta, state, out, be->pool);
+}
+static void cpu_gather_rows(kiln_backend *be, float *dst, const float *src, const int32_t *rows,
+                            int64_t n, int64_t width) {
+    kiln_cpu_gather_rows(dst, src, rows, n, width);
+}
+static void cpu_scatter_add_rows(kiln_backend *be, float *y, const float *src, const int32_t *rows,
+                                 const float *w, int64_t n, int64_t width) {
+    kiln_cpu_scatter_add_rows(y, src, rows, w, n, width);
+}
 static kiln_status cpu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                               const kiln_kv_options *opts, int max_tokens, kiln_kv **out) {
     return kiln_kv_cpu_new(layers, n_layers, opts, max_tokens, out);
@@ -123,6 +166,16 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->matmul_multi = cpu_matmul_multi;
     be->add_rmsnorm = cpu_add_rmsnorm;
     be->qk_norm_rope = cpu_qk_norm_rope;
+    be->copy2d = cpu_copy2d;
+    be->copy3d = cpu_copy3d;
+    be->zero = cpu_zero;
+    be->sigmoid_mul = cpu_sigmoid_mul;
+    be->l2norm = cpu_l2norm;
+    be->gdn_conv = cpu_gdn_conv;
+    be->gdn_gates = cpu_gdn_gates;
+    be->gdn_delta = cpu_gdn_delta;
+    be->gather_rows = cpu_gather_rows;
+    be->scatter_add_rows = cpu_scatter_add_rows;
     be->kv_new = cpu_kv_new;
     *out = be;
     return KILN_OK;

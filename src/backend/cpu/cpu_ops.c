@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_ops.h"
 
 #include <math.h>
+#include <string.h>
 
 void kiln_cpu_embed(float *out, const int32_t *ids, int64_t n, const kiln_matrix *w) {
     const kiln_cpu_kernels *kernels = kiln_cpu_kernels_active();
@@ -140,4 +141,82 @@ void kiln_cpu_softmax(float *x, int64_t n) {
     }
     float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void kiln_cpu_copy2d(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                     int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)cols * sizeof(float));
+}
+
+void kiln_cpu_copy3d(float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                     int64_t src_s1, int64_t n0, int64_t n1, int64_t cols) {
+    for (int64_t i = 0; i < n0; i++)
+        for (int64_t j = 0; j < n1; j++)
+            memcpy(dst + i * dst_s0 + j * dst_s1, src + i * src_s0 + j * src_s1,
+                   (size_t)cols * sizeof(float));
+}
+
+void kiln_cpu_zero(float *x, int64_t n) {
+    if (n > 0) memset(x, 0, (size_t)n * sizeof(float));
+}
+
+void kiln_cpu_sigmoid_mul(float *y, const float *x, const float *gate, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * (1.0f / (1.0f + expf(-gate[i])));
+}
+
+void kiln_cpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int64_t n,
+                        int n_v_heads, const float *neg_a, const float *dt_bias) {
+    for (int64_t t = 0; t < n; t++)
+        for (int h = 0; h < n_v_heads; h++) {
+            const int64_t i = t * n_v_heads + h;
+            float xa = a[i] + dt_bias[h];
+            float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+            g[i] = neg_a[h] * sp;
+            beta[i] = 1.0f / (1.0f + expf(-b[i]));
+        }
+}
+
+void kiln_cpu_gdn_delta_ref(const kiln_gdn_dims *d, int64_t n, const float *q, const float *k,
+                            const float *v, const float *g, const float *beta, float *S,
+                            float *out) {
+    const int nk = d->n_k_heads, nv = d->n_v_heads, dk = d->dk, dv = d->dv, r = nv / nk;
+    const float scale = 1.0f / sqrtf((float)dk);
+    for (int h = 0; h < nv; h++) {
+        float *Sh = S + (int64_t)h * dk * dv; /* [dk, dv] */
+        const int kh = h / r;
+        for (int64_t t = 0; t < n; t++) {
+            const float *qt = q + (t * nk + kh) * dk, *kt = k + (t * nk + kh) * dk;
+            const float *vt = v + (t * nv + h) * dv;
+            float *ot = out + (t * nv + h) * dv;
+            const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
+            for (int c = 0; c < dv; c++) {
+                float kS = 0; /* (S^T k)[c] before the decay */
+                for (int i = 0; i < dk; i++) kS += kt[i] * Sh[(int64_t)i * dv + c];
+                const float delta = bt * (vt[c] - decay * kS);
+                float o = 0;
+                for (int i = 0; i < dk; i++) {
+                    float *s = &Sh[(int64_t)i * dv + c];
+                    *s = decay * *s + kt[i] * delta;
+                    o += qt[i] * *s;
+                }
+                ot[c] = o * scale;
+            }
+        }
+    }
+}
+
+void kiln_cpu_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t n,
+                          int64_t width) {
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + i * width, src + (int64_t)rows[i] * width, (size_t)width * sizeof(float));
+}
+
+void kiln_cpu_scatter_add_rows(float *y, const float *src, const int32_t *rows,
+                               const float *weights, int64_t n, int64_t width) {
+    for (int64_t i = 0; i < n; i++) {
+        float *dst = y + (int64_t)rows[i] * width;
+        const float *s = src + i * width;
+        for (int64_t c = 0; c < width; c++) dst[c] += weights[i] * s[c];
+    }
 }

@@ -6,6 +6,7 @@
 #ifndef KILN_BACKEND_CPU_OPS_H
 #define KILN_BACKEND_CPU_OPS_H
 
+#include "backend/backend.h"
 #include "backend/matrix.h"
 #include "util/threadpool.h"
 
@@ -72,5 +73,38 @@ float kiln_cpu_dot(const float *a, const float *b, int64_t n);
 void kiln_cpu_axpy(float *y, float a, const float *x, int64_t n);
 /* In-place softmax over x[n]; returns nothing. */
 void kiln_cpu_softmax(float *x, int64_t n);
+
+/* ---- hybrid (Gated DeltaNet) and MoE ops: each of these is its own plain-C reference ---- */
+
+/* dst[r * dst_stride + c] = src[r * src_stride + c] for r < rows, c < cols (strided block copy:
+ * splits and interleaves of projection outputs). dst and src must not overlap. */
+void kiln_cpu_copy2d(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                     int64_t rows, int64_t cols);
+/* dst[i * dst_s0 + j * dst_s1 + c] = src[i * src_s0 + j * src_s1 + c] for i < n0, j < n1,
+ * c < cols (a batch of strided block copies in one call: per-group splits of fused projections).
+ * dst and src must not overlap. */
+void kiln_cpu_copy3d(float *dst, int64_t dst_s0, int64_t dst_s1, const float *src, int64_t src_s0,
+                     int64_t src_s1, int64_t n0, int64_t n1, int64_t cols);
+/* x[i] = 0 over n elements. */
+void kiln_cpu_zero(float *x, int64_t n);
+/* y[i] = x[i] * sigmoid(gate[i]) (attention output gate). y may alias x. */
+void kiln_cpu_sigmoid_mul(float *y, const float *x, const float *gate, int64_t n);
+/* Per head h < n_v_heads of each of n tokens (a, b, g, beta all [n, n_v_heads]):
+ * g = neg_a[h] * softplus(a + dt_bias[h]) (log decay, neg_a = -exp(A_log)), beta = sigmoid(b). */
+void kiln_cpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int64_t n,
+                        int n_v_heads, const float *neg_a, const float *dt_bias);
+/* Gated delta rule, token by token (the oracle for every backend's gdn_delta; the CPU backend
+ * itself runs kiln_gdn_recurrent / kiln_gdn_chunked of cpu_deltanet.h). Per value head h (key
+ * head h / (n_v/n_k)), state S [n_v, dk, dv]: S = e^g S; d = beta (v - S^T k); S += k d^T;
+ * o = S^T q / sqrt(dk). q, k [n, n_k, dk]; v, out [n, n_v, dv]; g, beta [n, n_v]. */
+void kiln_cpu_gdn_delta_ref(const kiln_gdn_dims *d, int64_t n, const float *q, const float *k,
+                            const float *v, const float *g, const float *beta, float *S,
+                            float *out);
+/* dst[i, :] = src[rows[i], :] for i < n (rows of `width` floats). */
+void kiln_cpu_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t n,
+                          int64_t width);
+/* y[rows[i], :] += weights[i] * src[i, :] for i < n; rows must be distinct within one call. */
+void kiln_cpu_scatter_add_rows(float *y, const float *src, const int32_t *rows,
+                               const float *weights, int64_t n, int64_t width);
 
 #endif

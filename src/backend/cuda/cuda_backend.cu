@@ -483,6 +483,16 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->matmul_multi = kcu_matmul_multi;
     be->add_rmsnorm = kcu_add_rmsnorm;
     be->qk_norm_rope = kcu_qk_norm_rope;
+    be->copy2d = kcu_copy2d;
+    be->copy3d = kcu_copy3d;
+    be->zero = kcu_zero;
+    be->sigmoid_mul = kcu_sigmoid_mul;
+    be->l2norm = kcu_l2norm;
+    be->gdn_conv = kcu_gdn_conv;
+    be->gdn_gates = kcu_gdn_gates;
+    be->gdn_delta = kcu_gdn_delta;
+    be->gather_rows = kcu_gather_rows;
+    be->scatter_add_rows = kcu_scatter_add_rows;
     be->kv_new = kcu_kv_new;
     if (st->prof_on) {
         be->matmul = prof_matmul;

@@ -26,6 +26,24 @@ void kcu_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_h
 void kcu_silu_mul(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
 void kcu_gelu_tanh_mul(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
 void kcu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
+void kcu_copy2d(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
+                int64_t src_stride, int64_t rows, int64_t cols);
+void kcu_copy3d(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,
+                int64_t src_s0, int64_t src_s1, int64_t n0, int64_t n1, int64_t cols);
+void kcu_zero(kiln_backend *be, float *x, int64_t n);
+void kcu_sigmoid_mul(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
+void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps);
+void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int64_t n, int channels,
+                  const float *w, int kernel, float *state);
+void kcu_gdn_gates(kiln_backend *be, float *g, float *beta, const float *a, const float *b,
+                   int64_t n, int n_v_heads, const float *neg_a, const float *dt_bias);
+void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
+                   const float *k, const float *v, const float *g, const float *beta, float *state,
+                   float *out);
+void kcu_gather_rows(kiln_backend *be, float *dst, const float *src, const int32_t *rows, int64_t n,
+                     int64_t width);
+void kcu_scatter_add_rows(kiln_backend *be, float *y, const float *src, const int32_t *rows,
+                          const float *weights, int64_t n, int64_t width);
 kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                        const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
 
@@ -55,6 +73,9 @@ void kiln_cuda_set_gemm_split(int on);
 void kiln_cuda_set_graph_mode(int mode);
 /* Decode steps replayed from a kept graph, summed over every CUDA backend of the process. */
 long long kiln_cuda_graph_replays(void);
+/* gdn_delta kernel: 1 forces the simple one (a thread per value column, S in global memory), 0
+ * the register-resident one where dk allows (dk = 16, 32, 64, 128). Default: env KILN_CUDA_GDN. */
+void kiln_cuda_set_gdn_simple(int on);
 /* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
 void *kiln_cuda_stream(kiln_backend *be);
 

@@ -1,7 +1,9 @@
 /* kv_cache.cu — the device KV cache: contiguous per sequence, one K and one V buffer per
  * attention layer ([capacity, n_kv_heads*head_dim]), f32, f16 or bf16 storage, grown by doubling
- * up to max_tokens. Sliding-window layers keep every token (attention limits the window); a ring
- * buffer would save memory there. attend() runs attention.cu's kernel on the buffers in place. */
+ * up to max_tokens; recurrent layers (Gated DeltaNet) get their fixed f32 state in device memory
+ * (layer_state), zeroed at creation and by truncate(0). Sliding-window layers keep every token
+ * (attention limits the window); a ring buffer would save memory there. attend() runs
+ * attention.cu's kernel on the buffers in place. */
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "util/hash.h"
@@ -15,6 +17,7 @@ typedef struct kcu_kv {
     int dtype; /* KILN_DT_F32 / F16 / BF16 */
     int max_tokens, cap;
     void **k, **v; /* [n_layers] device buffers (NULL for non-attention layers) */
+    float **state; /* [n_layers] device [state_floats] of recurrent layers (else NULL) */
 } kcu_kv;
 
 static size_t elem_size(int dt) {
@@ -66,8 +69,11 @@ static void kv_free(kiln_kv *base) {
         if (kv->k && kv->k[l]) kv->be->free(kv->be, kv->k[l]);
         if (kv->v && kv->v[l]) kv->be->free(kv->be, kv->v[l]);
     }
+    for (int l = 0; kv->state && l < base->n_layers; l++)
+        if (kv->state[l]) kv->be->free(kv->be, kv->state[l]);
     free(kv->k);
     free(kv->v);
+    free(kv->state);
     free(base->layers);
     free(kv);
 }
@@ -258,11 +264,31 @@ static void kv_commit(kiln_kv *base, int n) {
 }
 
 static kiln_status kv_truncate(kiln_kv *base, int len) {
+    kcu_kv *kv = (kcu_kv *)base;
     if (len < 0 || len > base->len)
         return kiln_error(KILN_ERR_INVALID_ARG, "cuda kv: truncate to %d of %d tokens", len,
                           base->len);
+    bool has_state = false;
+    for (int l = 0; l < base->n_layers; l++) has_state |= kv->state[l] != NULL;
+    if (has_state && len != 0 && len != base->len)
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "cuda kv: a recurrent state cannot be rolled back to %d of %d tokens "
+                          "(only to 0)",
+                          len, base->len);
+    if (len == 0 && has_state) {
+        kcu_state *st = kcu_st(kv->be);
+        for (int l = 0; l < base->n_layers; l++)
+            if (kv->state[l])
+                KCU_CHECK(st, cudaMemsetAsync(kv->state[l], 0,
+                                              (size_t)base->layers[l].state_floats * sizeof(float),
+                                              st->stream));
+    }
     base->len = len;
     return KILN_OK;
+}
+
+static float *kv_layer_state(kiln_kv *base, int layer) {
+    return ((kcu_kv *)base)->state[layer];
 }
 
 static int64_t kv_bytes_used(const kiln_kv *base) {
@@ -274,7 +300,10 @@ static int64_t kv_bytes_used(const kiln_kv *base) {
             per_tok += (int64_t)d->n_kv_heads * (d->head_dim + d->v_head_dim) *
                        (int64_t)elem_size(kv->dtype);
     }
-    return per_tok * kv->cap;
+    int64_t state = 0;
+    for (int l = 0; l < base->n_layers; l++)
+        if (kv->state[l]) state += base->layers[l].state_floats * (int64_t)sizeof(float);
+    return per_tok * kv->cap + state;
 }
 
 static const kiln_kv_vtable kcu_kv_vt = {
@@ -286,6 +315,7 @@ static const kiln_kv_vtable kcu_kv_vt = {
     .commit = kv_commit,
     .truncate = kv_truncate,
     .bytes_used = kv_bytes_used,
+    .layer_state = kv_layer_state,
     .store_attend_batch = kv_store_attend_batch,
     .graph_key = kv_graph_key,
 };
@@ -320,10 +350,11 @@ extern "C" kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *la
     kv->base.layers = (kiln_kv_layer_desc *)malloc(sizeof(kiln_kv_layer_desc) * (size_t)n_layers);
     kv->k = (void **)calloc((size_t)n_layers, sizeof(void *));
     kv->v = (void **)calloc((size_t)n_layers, sizeof(void *));
+    kv->state = (float **)calloc((size_t)n_layers, sizeof(float *));
     kv->be = be;
     kv->dtype = dt;
     kv->max_tokens = max_tokens;
-    if (!kv->base.layers || !kv->k || !kv->v) {
+    if (!kv->base.layers || !kv->k || !kv->v || !kv->state) {
         kv_free(&kv->base);
         return kiln_error(KILN_ERR_OOM, "out of memory");
     }
@@ -334,6 +365,20 @@ extern "C" kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *la
             kv_free(&kv->base);
             return kiln_error(KILN_ERR_UNSUPPORTED, "cuda kv: layer %d head_dim %d/%d", l,
                               d->head_dim, d->v_head_dim);
+        }
+        /* recurrent layers (Gated DeltaNet conv + delta state): zeroed device memory */
+        if (!d->is_attention && d->state_floats > 0) {
+            size_t bytes = (size_t)d->state_floats * sizeof(float);
+            kcu_state *st = kcu_st(be);
+            kv->state[l] = (float *)be->alloc(be, bytes);
+            if (!kv->state[l] ||
+                !KCU_CHECK(st, cudaMemsetAsync(kv->state[l], 0, bytes, st->stream))) {
+                kv_free(&kv->base);
+                return kiln_error(KILN_ERR_OOM,
+                                  "cuda kv: no device memory for the %lld-byte "
+                                  "recurrent state of layer %d",
+                                  (long long)bytes, l);
+            }
         }
     }
     *out = &kv->base;

@@ -1,20 +1,15 @@
-/* deltanet.h — the Gated DeltaNet token mixer's CPU kernels (Qwen3-Next, Qwen3.5 linear layers):
- * the depthwise causal conv1d with SiLU and a carried conv state, L2 normalisation, and the gated
- * delta rule in two equivalent forms — the per-token recurrence (decode) and the chunked WY form
- * (prefill, chunks of 64). Per value head h (key head h / (n_v/n_k)), with state S [dk, dv]:
- *   S = exp(g) S;  d = beta (v - S^T k);  S += k d^T;  o = S^T (q / sqrt(dk)).
- * All f32. */
-#ifndef KILN_MODEL_DELTANET_H
-#define KILN_MODEL_DELTANET_H
+/* cpu_deltanet.h — the Gated DeltaNet token mixer's CPU kernels (Qwen3-Next, Qwen3.5 linear
+ * layers): the depthwise causal conv1d with SiLU and a carried conv state, L2 normalisation, and
+ * the gated delta rule in two equivalent forms — the per-token recurrence (decode) and the chunked
+ * WY form (prefill, chunks of 64). Per value head h (key head h / (n_v/n_k)), with state S [dk,
+ * dv]: S = exp(g) S;  d = beta (v - S^T k);  S += k d^T;  o = S^T (q / sqrt(dk)). All f32. */
+#ifndef KILN_BACKEND_CPU_DELTANET_H
+#define KILN_BACKEND_CPU_DELTANET_H
 
+#include "backend/backend.h" /* kiln_gdn_dims */
 #include "util/threadpool.h"
 
 #include <stdint.h>
-
-typedef struct kiln_gdn_dims {
-    int n_k_heads, n_v_heads; /* n_v_heads is a multiple of n_k_heads */
-    int dk, dv;               /* key / value head dims */
-} kiln_gdn_dims;
 
 /* Depthwise causal conv over n tokens of C channels, then SiLU:
  * out[t, c] = silu(sum_j w[c, j] * x[t - (K-1) + j, c]); rows before t = 0 come from state

@@ -1,11 +1,11 @@
-/* deltanet.c — CPU Gated DeltaNet kernels (see deltanet.h). The chunked form follows the WY
+/* cpu_deltanet.c — CPU Gated DeltaNet kernels (see cpu_deltanet.h). The chunked form follows the WY
  * representation: inside a chunk of L tokens with cumulative log decay c_i,
  *   A = -(beta_i k_i . k_j) e^{c_i - c_j} (j < i), T = (I - A')^{-1} by forward substitution,
  *   U = T (beta v), W = T (beta k e^{c}),  v' = U - W S,
  *   o_i = e^{c_i} q_i S + sum_{j<=i} (q_i . k_j) e^{c_i - c_j} v'_j,
  *   S <- e^{c_L} S + sum_j e^{c_L - c_j} k_j v'_j^T.
  * Heads are independent, so both forms run heads in parallel on the pool. */
-#include "model/deltanet.h"
+#include "backend/cpu/cpu_deltanet.h"
 
 #include "backend/cpu/cpu_ops.h"
 

@@ -1,0 +1,36 @@
+/* test_parity_cuda_hybrid.c — test_families.c's Qwen hybrid and MoE fixtures on the GPU:
+ * qwen3_next (Gated DeltaNet + gated attention + MoE with a shared expert), qwen3_5_text (unfused
+ * DeltaNet projections, dense MLP) and qwen3_moe (attention + MoE), HF bf16 and MLX 4/8-bit,
+ * loaded with device = KILN_DEVICE_CUDA. Through fixture_parity_check, as test_parity_cuda.c does
+ * for the Llama family: logits of one full forward (DeltaNet prefill over all tokens) and of
+ * token-by-token decoding (recurrent state in device memory) match transformers' float32 logits
+ * within relative L2 1e-3, the greedy continuation matches (a flip at a near-tie is reported, not
+ * failed), and a batch of three sequences with their own recurrent states gives each the logits it
+ * gets alone. Without a GPU the test exits 77 with the reason. */
+#include "kiln.h"
+#ifdef KILN_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
+#include "fixture_parity.h"
+#include "test_util.h"
+
+#define TOL 1e-3
+
+static const char *fixtures[] = {
+    "qwen3_next", "qwen3_next-mlx-q4g32", "qwen3_next-mlx-q8g64", "qwen3_5_text",
+    "qwen3_moe",  "qwen3_moe-mlx-q4g32",  "qwen3_moe-mlx-q8g64",
+};
+
+int main(void) {
+#ifndef KILN_HAVE_CUDA
+    (void)fixtures; /* compiled everywhere, run only with CUDA */
+    return test_skip("built without CUDA (no nvcc at configure time)");
+#else
+    char why[200];
+    if (kiln_cuda_device_count(why, sizeof why) == 0) return test_skip(why);
+    const fixture_parity_opts o = {.device = KILN_DEVICE_CUDA, .tol = TOL, .allow_near_tie = true};
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
+        fixture_parity_check(fixtures[i], &o);
+    return test_finish();
+#endif
+}
