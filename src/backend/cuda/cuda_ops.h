@@ -74,7 +74,8 @@ void kiln_cuda_set_graph_mode(int mode);
 /* Decode steps replayed from a kept graph, summed over every CUDA backend of the process. */
 long long kiln_cuda_graph_replays(void);
 /* gdn_delta kernel: 1 forces the simple one (a thread per value column, S in global memory), 0
- * the register-resident one where dk allows (dk = 16, 32, 64, 128). Default: env KILN_CUDA_GDN. */
+ * the register-resident one where dk allows (dk = 16, 32, 64, 128). Default: env KILN_CUDA_GDN (2:
+ * the register kernel, not yet run on a GPU; otherwise the simple one). */
 void kiln_cuda_set_gdn_simple(int on);
 /* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
 void *kiln_cuda_stream(kiln_backend *be);

@@ -252,7 +252,9 @@ static void launch_delta_reg(kcu_state *st, const kiln_gdn_dims *d, int64_t n, c
         n, d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
 }
 
-/* KILN_CUDA_GDN=1 forces the column-per-thread kernel (benchmarks, tests) */
+/* The column-per-thread kernel is the default: it is the one that passed on the H200. The
+ * register-resident kernel (KILN_CUDA_GDN=2) has test_cuda_ops cases against the CPU reference
+ * but has not run on a GPU yet, so it stays opt-in until it has. */
 static int gdn_force_simple = -1;
 
 extern "C" void kiln_cuda_set_gdn_simple(int on) {
@@ -271,7 +273,7 @@ extern "C" void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t 
     }
     if (gdn_force_simple < 0) {
         const char *e = getenv("KILN_CUDA_GDN");
-        gdn_force_simple = e && strcmp(e, "1") == 0;
+        gdn_force_simple = !(e && strcmp(e, "2") == 0);
     }
     const int R = d->dk % 4 == 0 ? d->dk / 4 : 0;
     if (!gdn_force_simple && (R == 4 || R == 8 || R == 16 || R == 32)) {
