@@ -135,6 +135,21 @@ __device__ __forceinline__ float kcu_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+/* Sum of v over the block (blockDim.x a multiple of 32, <= 1024), returned to every thread:
+ * warp sums, then warp 0 sums the warps' partials. part: 33 floats of shared memory. */
+__device__ __forceinline__ float kcu_block_sum(float v, float *part) {
+    v = kcu_warp_sum(v);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+        s = kcu_warp_sum(s);
+        if (lane == 0) part[32] = s;
+    }
+    __syncthreads();
+    return part[32];
+}
 __device__ __forceinline__ float kcu_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -4,21 +4,6 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
-/* Sum of v over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it. */
-__device__ __forceinline__ float block_sum(float v, float *part /* [33] shared */) {
-    v = kcu_warp_sum(v);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-        s = kcu_warp_sum(s);
-        if (lane == 0) part[32] = s;
-    }
-    __syncthreads();
-    return part[32];
-}
-
 /* One block per row: x += h, then y = rmsnorm(x) * (w | 1+w). Each thread rereads only the
  * elements it wrote itself. */
 __global__ void k_add_rmsnorm(float *x, const float *h, float *y, const float *w, int64_t dim,
@@ -33,7 +18,7 @@ __global__ void k_add_rmsnorm(float *x, const float *h, float *y, const float *w
         xr[i] = v;
         ss += v * v;
     }
-    float inv = rsqrtf(block_sum(ss, part) / (float)dim + eps);
+    float inv = rsqrtf(kcu_block_sum(ss, part) / (float)dim + eps);
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
         float g = w ? (plus_one ? 1.0f + w[i] : w[i]) : 1.0f;
         yr[i] = xr[i] * inv * g;
@@ -71,7 +56,7 @@ __global__ void k_qk_norm_rope(float *q, float *k, const int32_t *pos, int n_hea
         ss += v * v;
     }
     if (nw) {
-        float inv = rsqrtf(block_sum(ss, part) / (float)head_dim + eps);
+        float inv = rsqrtf(kcu_block_sum(ss, part) / (float)head_dim + eps);
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) sh[i] = sh[i] * inv * nw[i];
     }
     __syncthreads();

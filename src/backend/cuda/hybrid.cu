@@ -62,21 +62,11 @@ extern "C" void kcu_sigmoid_mul(kiln_backend *be, float *y, const float *x, cons
 
 /* one block (128 threads) per row */
 __global__ void k_l2norm(float *x, int dim, float eps) {
-    __shared__ float part[32];
+    __shared__ float part[33];
     float *xr = x + (int64_t)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = kcu_warp_sum(ss);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float v = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-        v = kcu_warp_sum(v);
-        if (lane == 0) part[0] = v;
-    }
-    __syncthreads();
-    float inv = 1.0f / sqrtf(part[0] + eps);
+    float inv = 1.0f / sqrtf(kcu_block_sum(ss, part) + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) xr[i] *= inv;
 }
 

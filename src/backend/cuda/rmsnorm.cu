@@ -5,22 +5,12 @@
 
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int64_t dim, float eps,
                           int plus_one) {
-    __shared__ float part[32];
+    __shared__ float part[33];
     const float *xr = x + blockIdx.x * dim;
     float *yr = y + blockIdx.x * dim;
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = kcu_warp_sum(ss);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float v = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-        v = kcu_warp_sum(v);
-        if (lane == 0) part[0] = v;
-    }
-    __syncthreads();
-    float inv = rsqrtf(part[0] / (float)dim + eps);
+    float inv = rsqrtf(kcu_block_sum(ss, part) / (float)dim + eps);
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
         float g = w ? (plus_one ? 1.0f + w[i] : w[i]) : 1.0f;
         yr[i] = xr[i] * inv * g;
