@@ -320,6 +320,34 @@ static void test_dot_axpy(void) {
     }
 }
 
+/* dot_rows / axpy_rows: bit for bit what dot / axpy give row by row (the attention relies on it:
+ * the paged cache's attention calls dot / axpy per key and must match the contiguous one), for
+ * lengths around the 16-lane, 4-row and 128-column blocking, row strides that leave rows off a
+ * 64-byte boundary, and 0 rows. */
+static void test_dot_axpy_rows(void) {
+    static const int64_t ns[] = {1, 7, 16, 33, 64, 100, 128, 130, 256};
+    static const int64_t counts[] = {0, 1, 3, 4, 5, 9};
+    for (size_t t = 0; t < sizeof ns / sizeof *ns; t++)
+        for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+            int64_t n = ns[t], count = counts[c], stride = n + 3; /* rows start off-alignment */
+            float *a = rand_vec(n, 1.0f), *rows = rand_vec(count * stride + 1, 1.0f);
+            float *coef = rand_vec(count + 1, 1.0f), *y0 = rand_vec(n, 1.0f);
+            float *out = malloc(sizeof(float) * (size_t)(count + 1));
+            float *y1 = malloc(sizeof(float) * (size_t)n), *y2 = malloc(sizeof(float) * (size_t)n);
+            const float *r = rows + 1;
+            kiln_cpu_dot_rows(out, a, r, stride, count, n);
+            int bad = 0;
+            for (int64_t i = 0; i < count; i++) bad += out[i] != kiln_cpu_dot(a, r + i * stride, n);
+            memcpy(y1, y0, sizeof(float) * (size_t)n), memcpy(y2, y0, sizeof(float) * (size_t)n);
+            kiln_cpu_axpy_rows(y1, coef, r, stride, count, n);
+            for (int64_t i = 0; i < count; i++) kiln_cpu_axpy(y2, coef[i], r + i * stride, n);
+            bad += memcmp(y1, y2, sizeof(float) * (size_t)n) != 0;
+            CHECK_MSG(bad == 0, "dot_rows / axpy_rows [%s] n=%lld count=%lld: %d differ",
+                      kiln_cpu_simd_name(), (long long)n, (long long)count, bad);
+            free(a), free(rows), free(coef), free(y0), free(out), free(y1), free(y2);
+        }
+}
+
 static void test_rmsnorm(void) {
     /* closed form on a small vector: mean(x^2) = 7.5 */
     float x4[4] = {1, 2, 3, 4}, w4[4] = {0.5f, -1, 2, 0}, y4[4];
@@ -438,6 +466,7 @@ int main(void) {
         test_matmul_dense(pools[1]);
         test_embed();
         test_dot_axpy();
+        test_dot_axpy_rows();
         test_rmsnorm();
         test_activations();
         test_rope();

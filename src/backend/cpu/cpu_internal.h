@@ -149,6 +149,12 @@ typedef struct kiln_cpu_kernels {
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n);
     kiln_tile_t_fn tile_t; /* NULL: the packed-block GEMM with tile */
+    /* Many dots / axpys in one call, bit for bit what dot / axpy give row by row (NULL: that
+     * loop): the attention inner loops. */
+    void (*dot_rows)(float *out, const float *a, const float *rows, int64_t stride, int64_t count,
+                     int64_t n);
+    void (*axpy_rows)(float *y, const float *coef, const float *rows, int64_t stride, int64_t count,
+                      int64_t n);
 } kiln_cpu_kernels;
 
 /* The kernels of the active level. */
@@ -183,5 +189,9 @@ void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, fl
 void kiln_tile_t_avx512(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
 float kiln_dot_avx512(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx512(float *y, float a, const float *x, int64_t n);
+void kiln_dot_rows_avx512(float *out, const float *a, const float *rows, int64_t stride,
+                          int64_t count, int64_t n);
+void kiln_axpy_rows_avx512(float *y, const float *coef, const float *rows, int64_t stride,
+                           int64_t count, int64_t n);
 
 #endif

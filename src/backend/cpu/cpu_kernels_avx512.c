@@ -410,14 +410,14 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
  * spreads them over the lanes (no store/reload of converted scales), dx comes per lane from xdl,
  * and the bias term b*sum(x) of the same 16 groups is accumulated in a second vector. With three
  * parts a lane's sums are combined in int32 as ((d0 << 7) + d1) << 7 + d2. */
-static ALWAYS_INLINE __m512i q_dot_part(__m512i lo, __m512i hi, const int8_t *xp, int64_t half,
-                                        __mmask64 m, const bool masked, const int bits) {
-    __m512i d;
+static ALWAYS_INLINE __m512i q_dot_part(__m512i d, __m512i lo, __m512i hi, const int8_t *xp,
+                                        int64_t half, __mmask64 m, const bool masked,
+                                        const int bits) {
     if (!masked) {
-        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp));
+        d = _mm512_dpbusd_epi32(d, lo, _mm512_loadu_si512(xp));
         if (bits == 4) d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xp + half));
     } else { /* short last step */
-        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_maskz_loadu_epi8(m, xp));
+        d = _mm512_dpbusd_epi32(d, lo, _mm512_maskz_loadu_epi8(m, xp));
         if (bits == 4) d = _mm512_dpbusd_epi32(d, hi, _mm512_maskz_loadu_epi8(m, xp + half));
     }
     return d;
@@ -427,12 +427,10 @@ static ALWAYS_INLINE __m512i q_dot_part(__m512i lo, __m512i hi, const int8_t *xp
 static ALWAYS_INLINE __m512i q_dot_parts(__m512i lo, __m512i hi, const int8_t *xq, int64_t part,
                                          int64_t half, __mmask64 m, const bool masked,
                                          const int parts, const int bits) {
-    __m512i d = q_dot_part(lo, hi, xq, half, m, masked, bits);
-    if (parts == 3) {
-        __m512i d1 = q_dot_part(lo, hi, xq + part, half, m, masked, bits);
-        __m512i d2 = q_dot_part(lo, hi, xq + 2 * part, half, m, masked, bits);
-        d = _mm512_add_epi32(_mm512_slli_epi32(d, 14),
-                             _mm512_add_epi32(_mm512_slli_epi32(d1, 7), d2));
+    __m512i d = q_dot_part(_mm512_setzero_si512(), lo, hi, xq, half, m, masked, bits);
+    if (parts == 3) { /* one chain: ((d0 << 7) + d1) << 7 + d2, no adds */
+        d = q_dot_part(_mm512_slli_epi32(d, 7), lo, hi, xq + part, half, m, masked, bits);
+        d = q_dot_part(_mm512_slli_epi32(d, 7), lo, hi, xq + 2 * part, half, m, masked, bits);
     }
     return d;
 }
@@ -767,4 +765,71 @@ void kiln_axpy_avx512(float *y, float a, const float *x, int64_t n) {
         __m512 yv = _mm512_maskz_loadu_ps(m, y + i);
         _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), yv));
     }
+}
+
+/* Four kiln_dot_avx512 at once (the same two chains and reduction per row, so each result is bit
+ * for bit dot's; the four reductions overlap instead of running back to back). */
+static ALWAYS_INLINE void dot4_avx512(float *out, const float *a, const float *const *b,
+                                      const int R, int64_t n) {
+    __m512 acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc0[q] = acc1[q] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 a0 = _mm512_loadu_ps(a + i), a1 = _mm512_loadu_ps(a + i + 16);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            acc0[q] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[q] + i), acc0[q]);
+            acc1[q] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b[q] + i + 16), acc1[q]);
+        }
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 a0 = _mm512_maskz_loadu_ps(m, a + i);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc0[q] =
+            _mm512_fmadd_ps(a0, _mm512_maskz_loadu_ps(m, b[q] + i), acc0[q]);
+    }
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) out[q] =
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0[q], acc1[q]));
+}
+
+void kiln_dot_rows_avx512(float *out, const float *a, const float *rows, int64_t stride,
+                          int64_t count, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        const float *b[4] = {rows + i * stride, rows + (i + 1) * stride, rows + (i + 2) * stride,
+                             rows + (i + 3) * stride};
+        dot4_avx512(out + i, a, b, 4, n);
+    }
+    for (; i < count; i++) {
+        const float *b[1] = {rows + i * stride};
+        dot4_avx512(out + i, a, b, 1, n);
+    }
+}
+
+/* y[c0 .. c0 + 16*NV) (masked past n) += coef[i] * rows[i] for every row in order, y held in
+ * registers: per element the same FMAs in the same order as kiln_axpy_avx512 row by row. */
+static ALWAYS_INLINE void axpy_rows_chunk(float *y, const float *coef, const float *rows,
+                                          int64_t stride, int64_t count, int64_t n, int64_t c0,
+                                          const int NV) {
+    __m512 acc[8];
+    __mmask16 m[8];
+    _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {
+        int64_t left = n - c0 - 16 * v;
+        m[v] = left <= 0 ? 0 : tail_mask(left);
+        acc[v] = _mm512_maskz_loadu_ps(m[v], y + c0 + 16 * v);
+    }
+    for (int64_t i = 0; i < count; i++) {
+        const __m512 av = _mm512_set1_ps(coef[i]);
+        const float *r = rows + i * stride + c0;
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[v] =
+            _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m[v], r + 16 * v), acc[v]);
+    }
+    _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)
+        _mm512_mask_storeu_ps(y + c0 + 16 * v, m[v], acc[v]);
+}
+
+void kiln_axpy_rows_avx512(float *y, const float *coef, const float *rows, int64_t stride,
+                           int64_t count, int64_t n) {
+    int64_t c0 = 0;
+    for (; c0 + 128 <= n; c0 += 128) axpy_rows_chunk(y, coef, rows, stride, count, n, c0, 8);
+    for (; c0 < n; c0 += 64) axpy_rows_chunk(y, coef, rows, stride, count, n, c0, 4);
 }

@@ -59,6 +59,13 @@ void kiln_cpu_scale(float *x, float s, int64_t n);
 float kiln_cpu_dot(const float *a, const float *b, int64_t n);
 /* y[i] += a * x[i] (attention value accumulation). */
 void kiln_cpu_axpy(float *y, float a, const float *x, int64_t n);
+/* out[i] = kiln_cpu_dot(a, rows + i*stride, n) for i < count, bit for bit (attention scores). */
+void kiln_cpu_dot_rows(float *out, const float *a, const float *rows, int64_t stride, int64_t count,
+                       int64_t n);
+/* kiln_cpu_axpy(y, coef[i], rows + i*stride, n) for i = 0, 1, .., count-1 in that order, bit for
+ * bit (attention value sums; y stays in registers across the rows). */
+void kiln_cpu_axpy_rows(float *y, const float *coef, const float *rows, int64_t stride,
+                        int64_t count, int64_t n);
 /* In-place softmax over x[n]; returns nothing. */
 void kiln_cpu_softmax(float *x, int64_t n);
 
