@@ -143,6 +143,13 @@ static void test_matmul_quant(kiln_threadpool *pool) {
             if (err > quant_worst) quant_worst = err;
             free_matrix(&w);
         }
+    /* group 16: the 4-bit prefill decoder's 32-code fast path does not apply (generic decoder) */
+    for (int bits = 4; bits <= 8; bits += 4) {
+        kiln_matrix w = make_matrix(19, 16 * 7, 0, bits, 16, KILN_DT_BF16, true);
+        double err = check_matmul(pool, &w, bits == 4 ? "q4g16" : "q8g16");
+        if (err > quant_worst) quant_worst = err;
+        free_matrix(&w);
+    }
 }
 
 /* A row's GEMV result must not depend on the batch (n = 1..4) or the thread count: the server
@@ -165,6 +172,12 @@ static void test_gemv_batch_invariant(kiln_threadpool *pool) {
         /* the same weights 8 and 24 bytes past a cache line (safetensors offsets): same result */
         size_t bytes = (size_t)kiln_matrix_bytes(&w);
         if (bits) bytes = (size_t)(w.rows * kiln_matrix_row_code_bytes(&w));
+        /* and the panel GEMM (prefill; its weight decoding reads the rows unaligned) */
+        enum { NG = 40 };
+        float *xg = rand_vec(NG * w.cols, 1.0f);
+        float *yg = malloc(sizeof(float) * (size_t)(NG * w.rows));
+        float *yg2 = malloc(sizeof(float) * (size_t)(NG * w.rows));
+        kiln_cpu_matmul(pool, yg, xg, NG, &w);
         for (int off = 8; off <= 24; off += 16) {
             char *buf = aligned_alloc(64, (bytes + off + 63) / 64 * 64);
             memcpy(buf + off, w.data, bytes);
@@ -174,9 +187,13 @@ static void test_gemv_batch_invariant(kiln_threadpool *pool) {
             CHECK_MSG(!memcmp(y1, yn, sizeof(float) * (size_t)w.rows),
                       "[%s] bits=%d: weights at offset %d give different results",
                       kiln_cpu_simd_name(), bits, off);
+            kiln_cpu_matmul(pool, yg2, xg, NG, &ws);
+            CHECK_MSG(!memcmp(yg, yg2, sizeof(float) * (size_t)(NG * w.rows)),
+                      "[%s] bits=%d: GEMM n=%d with weights at offset %d gives different results",
+                      kiln_cpu_simd_name(), bits, NG, off);
             free(buf);
         }
-        free(x), free(y1), free(yn);
+        free(x), free(y1), free(yn), free(xg), free(yg), free(yg2);
         free_matrix(&w);
     }
 }

@@ -94,16 +94,52 @@ void kiln_decode_avx512(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len
     if (!kiln_matrix_is_quantized(w)) {
         const void *row =
             (const uint8_t *)w->data + r * w->cols * (int64_t)kiln_dtype_size(w->dtype);
-        for (int64_t k = 0; k < len; k += 16) {
+        int64_t k = 0;
+        if (w->dtype == KILN_DT_BF16) /* plain loads: masked ones stall in a stream */
+            for (; k + 16 <= len; k += 16)
+                _mm512_storeu_ps(out + k,
+                                 _mm512_castsi512_ps(_mm512_slli_epi32(
+                                     _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                         (const __m256i *)((const uint16_t *)row + k0 + k))),
+                                     16)));
+        for (; k < len; k += 16) {
             __mmask16 m = tail_mask(len - k);
             _mm512_mask_storeu_ps(out + k, m, load_dense16(row, w->dtype, k0 + k, m));
         }
         return;
     }
-    code_decoder d = make_decoder(w);
     int64_t groups_per_row = w->cols / w->group_size;
     const uint8_t *p =
         (const uint8_t *)w->data + r * kiln_matrix_row_code_bytes(w) + k0 * w->bits / 8;
+    if ((w->bits == 4 && w->group_size % 32 == 0) || w->bits == 8) {
+        /* the common widths without the generic decoder: 8-bit codes zero-extended, 4-bit
+         * codes as the low and high nibbles of 16 bytes interleaved back into code order (only
+         * the row's own bytes are read) */
+        const __m128i low4 = _mm_set1_epi8(15);
+        for (int64_t k = 0; k < len; k += w->group_size) {
+            int64_t g = r * groups_per_row + (k0 + k) / w->group_size;
+            __m512 s = _mm512_set1_ps(group_value(w->scales, w->scale_dtype, g));
+            __m512 b = _mm512_set1_ps(group_value(w->biases, w->scale_dtype, g));
+            if (w->bits == 8) {
+                for (int j = 0; j < w->group_size; j += 16, p += 16)
+                    _mm512_storeu_ps(out + k + j,
+                                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                         _mm_loadu_si128((const __m128i *)p))),
+                                                     s, b));
+                continue;
+            }
+            for (int j = 0; j < w->group_size; j += 32, p += 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)p);
+                __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+                __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+                __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+                _mm512_storeu_ps(out + k + j, _mm512_fmadd_ps(c0, s, b));
+                _mm512_storeu_ps(out + k + j + 16, _mm512_fmadd_ps(c1, s, b));
+            }
+        }
+        return;
+    }
+    code_decoder d = make_decoder(w);
     for (int64_t k = 0; k < len; k += w->group_size) {
         int64_t g = r * groups_per_row + (k0 + k) / w->group_size;
         __m512 s = _mm512_set1_ps(group_value(w->scales, w->scale_dtype, g));
@@ -261,7 +297,7 @@ static ALWAYS_INLINE void store_sums(float *y, const int64_t *rr, const int R, c
  * does not follow; so a thread's rows [r0, r1) are cut into R equal runs read in parallel, R
  * long sequential streams (rr[q] = the current row of run q); the rows left over run singly.
  * GEMV_PREFETCH: bytes ahead in each stream to prefetch in software (0: none). */
-#define GEMV_PREFETCH 1024
+#define GEMV_PREFETCH 2048
 #define GEMV_STREAMS(R, BODY_R, BODY_1)                                                            \
     do {                                                                                           \
         int64_t len_ = (r1 - r0) / (R), rr[4];                                                     \
