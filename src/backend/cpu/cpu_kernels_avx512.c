@@ -869,3 +869,65 @@ void kiln_axpy_rows_avx512(float *y, const float *coef, const float *rows, int64
     for (; c0 + 128 <= n; c0 += 128) axpy_rows_chunk(y, coef, rows, stride, count, n, c0, 8);
     for (; c0 < n; c0 += 64) axpy_rows_chunk(y, coef, rows, stride, count, n, c0, 4);
 }
+
+void kiln_pack_x_bf16_avx512(const float *x, int64_t np, int64_t cols, uint32_t *xt) {
+    const int64_t pairs = cols / 2;
+    for (int64_t i = 0; i < KILN_GEMM_XP; i++) {
+        if (i >= np) {
+            for (int64_t kk = 0; kk < pairs; kk++) xt[kk * KILN_GEMM_XP + i] = 0;
+            continue;
+        }
+        const float *xi = x + i * cols;
+        int64_t kk = 0;
+        for (; kk + 16 <= pairs; kk += 16) { /* 32 values -> 16 pairs */
+            __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xi + 2 * kk + 16),
+                                             _mm512_loadu_ps(xi + 2 * kk));
+            _Alignas(64) uint32_t tmp[16];
+            _mm512_store_si512(tmp, (__m512i)b);
+            for (int t = 0; t < 16; t++) xt[(kk + t) * KILN_GEMM_XP + i] = tmp[t];
+        }
+        for (; kk < pairs; kk++) {
+            __m128bh b = _mm_cvtneps_pbh(_mm_setr_ps(xi[2 * kk], xi[2 * kk + 1], 0.0f, 0.0f));
+            uint32_t v;
+            memcpy(&v, &b, sizeof v);
+            xt[kk * KILN_GEMM_XP + i] = v;
+        }
+    }
+}
+
+void kiln_f32_to_bf16_avx512(const float *src, int64_t n, uint16_t *dst) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(dst + i, m,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+
+/* WR x XP tile on bf16 pairs: per pair of k, XP/16 x vectors and WR broadcast weight pairs, each
+ * vdpbf16ps two multiply-adds per lane (twice the f32 FMA tile's rate). */
+void kiln_tile_bf16_avx512(int64_t pairs, const uint32_t *xt, const uint16_t *const *wrows,
+                           float *c) {
+    enum { WR = KILN_GEMM_WR, XV = KILN_GEMM_XP / 16 };
+    __m512 acc[WR][XV];
+    _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < pairs; kk++) {
+        __m512bh xv[XV];
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) xv[v] =
+            (__m512bh)_mm512_load_si512(xt + kk * KILN_GEMM_XP + 16 * v);
+        _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++) {
+            uint32_t wp;
+            memcpy(&wp, wrows[j] + 2 * kk, sizeof wp);
+            __m512bh wv = (__m512bh)_mm512_set1_epi32((int)wp);
+            _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] =
+                _mm512_dpbf16_ps(acc[j][v], wv, xv[v]);
+        }
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++)
+            _mm512_storeu_ps(c + j * KILN_GEMM_XP + 16 * v, acc[j][v]);
+}
