@@ -280,6 +280,44 @@ static void test_gemm_fast(kiln_threadpool *pool) {
     }
 }
 
+/* Fast bf16 GEMV (n = 1, 3): within 1e-5 of the bf16 model and unlike exact, for rows that start
+ * on a cache line, 8 bytes past one (the aligned-block reads) and a width with a 32-element tail.
+ */
+static void test_gemv_bf16_fast(kiln_threadpool *pool) {
+    if (strcmp(kiln_cpu_matmul_mode(), "fast") != 0) return;
+    static const int64_t widths[] = {256, 200};
+    for (int wi = 0; wi < 2; wi++)
+        for (int off = 0; off <= 8; off += 8) {
+            kiln_matrix w0 = make_matrix(23, widths[wi], KILN_DT_BF16, 0, 0, 0, false);
+            size_t bytes = (size_t)(w0.rows * w0.cols) * 2;
+            char *buf = aligned_alloc(64, (bytes + off + 63) / 64 * 64);
+            memcpy(buf + off, w0.data, bytes);
+            kiln_matrix w = w0;
+            w.data = buf + off;
+            for (int n = 1; n <= 3; n += 2) {
+                float *x = rand_vec(n * w.cols, 1.0f);
+                float *yf = malloc(sizeof(float) * (size_t)(n * w.rows));
+                float *ye = malloc(sizeof(float) * (size_t)(n * w.rows));
+                float *m32 = malloc(sizeof(float) * (size_t)(n * w.rows));
+                double *model = malloc(sizeof(double) * (size_t)(n * w.rows));
+                kiln_cpu_matmul(pool, yf, x, n, &w);
+                fast_gemm_model(&w, x, n, model);
+                for (int64_t i = 0; i < n * w.rows; i++) m32[i] = (float)model[i];
+                double merr = test_rel_l2(yf, m32, (size_t)(n * w.rows));
+                CHECK_MSG(merr <= 1e-5, "fast bf16 GEMV cols=%lld off=%d n=%d vs model: %g",
+                          (long long)w.cols, off, n, merr);
+                CHECK(kiln_cpu_matmul_mode_set("exact") == 0);
+                kiln_cpu_matmul(pool, ye, x, n, &w);
+                CHECK(kiln_cpu_matmul_mode_set("fast") == 0);
+                CHECK_MSG(memcmp(yf, ye, sizeof(float) * (size_t)(n * w.rows)) != 0,
+                          "fast bf16 GEMV cols=%lld equals the exact one", (long long)w.cols);
+                free(x), free(yf), free(ye), free(m32), free(model);
+            }
+            free(buf);
+            free_matrix(&w0);
+        }
+}
+
 /* The fast mode: bf16 and 4/8-bit weights (the ones it changes) at every group size and scale
  * dtype, n = 1..4 GEMV plus GEMM sizes, within 2e-2 of the reference. Where it is in effect the
  * GEMV must actually differ from the exact result (it is the int8 / bf16 kernel that ran). */
@@ -342,6 +380,7 @@ static void test_matmul_fast(kiln_threadpool *pool) {
         free_matrix(&w);
     }
     test_gemm_fast(pool);
+    test_gemv_bf16_fast(pool);
     if (active)
         CHECK_MSG(differs == gemvs, "fast mode active but %d/%d GEMVs equal the exact ones",
                   gemvs - differs, gemvs);

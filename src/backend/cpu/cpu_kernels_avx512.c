@@ -313,10 +313,11 @@ static ALWAYS_INLINE void store_sums(float *y, const int64_t *rr, const int R, c
 
 /* bf16 GEMV for a constant n on R consecutive rows at once (the x loads shared by the R rows,
  * R*2 independent accumulator chains per x row, R streams in flight), against xp (even/odd
- * permuted 32-blocks); the last cols % 32 elements against natural x. */
+ * permuted 32-blocks); the last cols % 32 elements against natural x. fast: the same streams and
+ * aligned-block reads, one vdpbf16ps per 32 weights against bf16 x (xb) instead. */
 static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                         const int R, const bool shifted, float *y, int64_t ldy,
-                                         const int64_t *rr) {
+                                         const int R, const bool shifted, const bool fast, float *y,
+                                         int64_t ldy, const int64_t *rr) {
     const int64_t cols = w->cols, full = cols / 32 * 32;
     const float *xp = px->xp, *x = px->x;
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
@@ -356,9 +357,15 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
             } else {
                 v = _mm512_loadu_si512(rows[q] + k);
             }
+            if (fast) { /* vdpbf16ps on the pairs as they are, against bf16 x */
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][q][0] = _mm512_dpbf16_ps(
+                    acc[i][q][0], (__m512bh)v, (__m512bh)_mm512_loadu_si512(px->xb + i * cols + k));
+                continue;
+            }
             we[q] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
             wo[q] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         }
+        if (fast) continue;
         _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
             __m512 xe = _mm512_loadu_ps(xp + i * cols + k);
             __m512 xo = _mm512_loadu_ps(xp + i * cols + k + 16);
@@ -368,7 +375,16 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
             }
         }
     }
-    for (int64_t k = full; k < cols; k += 16) {
+    for (int64_t k = full; fast && k < cols; k += 32) {
+        int64_t rem = cols - k;
+        __mmask32 m = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(m, rows[q] + k);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][q][0] = _mm512_dpbf16_ps(
+                acc[i][q][0], w0, (__m512bh)_mm512_maskz_loadu_epi16(m, px->xb + i * cols + k));
+        }
+    }
+    for (int64_t k = full; !fast && k < cols; k += 16) {
         __mmask16 m = tail_mask(cols - k);
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
             __m512 w0 = load_dense16(rows[q], KILN_DT_BF16, k, m);
@@ -387,12 +403,13 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
 /* bf16 GEMV for a constant n: 4 rows per pass for n <= 2, 2 for n = 3, 4 (register budget), single
  * rows for the remainder. */
 static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                    float *y, int64_t ldy, int64_t r0, int64_t r1) {
+                                    const bool fast, float *y, int64_t ldy, int64_t r0,
+                                    int64_t r1) {
     const int R = n <= 2 ? 4 : 2;
     int64_t m = (int64_t)((uintptr_t)w->data & 63);
     if (m == 0 || m % 4 || w->cols % 32) {
-        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, false, y, ldy, rr),
-                     gemv_bf16_rows(w, px, n, 1, false, y, ldy, rr));
+        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, false, fast, y, ldy, rr),
+                     gemv_bf16_rows(w, px, n, 1, false, fast, y, ldy, rr));
         return;
     }
     /* misaligned rows: aligned block reads, except the matrix's last row (its last block may
@@ -401,11 +418,11 @@ static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px,
     {
         int64_t r1_ = r1;
         r1 = r1s;
-        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, true, y, ldy, rr),
-                     gemv_bf16_rows(w, px, n, 1, true, y, ldy, rr));
+        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, true, fast, y, ldy, rr),
+                     gemv_bf16_rows(w, px, n, 1, true, fast, y, ldy, rr));
         r1 = r1_;
     }
-    for (int64_t r = r1s; r < r1; r++) gemv_bf16_rows(w, px, n, 1, false, y, ldy, &r);
+    for (int64_t r = r1s; r < r1; r++) gemv_bf16_rows(w, px, n, 1, false, fast, y, ldy, &r);
 }
 
 /* Dense (f16 / f32) GEMV for a constant n (1..4). */
@@ -563,37 +580,6 @@ static ALWAYS_INLINE void gemv_q48_int8(const kiln_matrix *w, const kiln_gemv_x 
                  gemv_q48_int8_rows(w, px, n, bits, parts, 1, idx_base, y, ldy, rr));
 }
 
-/* bf16 fast GEMV for a constant n: vdpbf16ps on bf16 weights and bf16-rounded x. */
-static ALWAYS_INLINE void gemv_bf16_fast(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                         float *y, int64_t ldy, int64_t r0, int64_t r1) {
-    const int64_t cols = w->cols;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *row = (const uint16_t *)w->data + r * cols;
-        __m512 acc[KILN_GEMV_MAX_N][2];
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
-            _mm512_setzero_ps();
-        int64_t k = 0;
-        for (; k + 64 <= cols; k += 64) {
-            __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
-            __m512bh w1 = (__m512bh)_mm512_loadu_si512(row + k + 32);
-            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                const uint16_t *xb = px->xb + i * cols + k;
-                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, (__m512bh)_mm512_loadu_si512(xb));
-                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, (__m512bh)_mm512_loadu_si512(xb + 32));
-            }
-        }
-        for (; k < cols; k += 32) {
-            int64_t rem = cols - k;
-            __mmask32 m = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
-            __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(m, row + k);
-            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = _mm512_dpbf16_ps(
-                acc[i][0], w0, (__m512bh)_mm512_maskz_loadu_epi16(m, px->xb + i * cols + k));
-        }
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
-    }
-}
-
 /* x quantized to int8 in blocks of 16 (finer than any weight group and a whole number of 32-bit
  * lanes, so a lane's integer sum has one x scale): dx = max|x|/127, xq = round(x/dx), in the
  * natural order (8-bit) or with each 128-block (a shorter last block likewise) holding its even
@@ -709,8 +695,8 @@ size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, boo
 #define Q48F(N, B)  gemv_q48_int8(w, px, N, B, 1, y, ldy, r0, r1)
 #define Q48S(N, B)  gemv_q48_int8(w, px, N, B, 3, y, ldy, r0, r1)
 #define QGEN(N, _)  gemv_quant(w, px->x, N, y, ldy, r0, r1)
-#define BF(N, _)    gemv_bf16(w, px, N, y, ldy, r0, r1)
-#define BFF(N, _)   gemv_bf16_fast(w, px, N, y, ldy, r0, r1)
+#define BF(N, _)    gemv_bf16(w, px, N, false, y, ldy, r0, r1)
+#define BFF(N, _)   gemv_bf16(w, px, N, true, y, ldy, r0, r1)
 #define DENSE(N, _) gemv_dense(w, px->x, N, y, ldy, r0, r1)
 
 void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
