@@ -615,8 +615,21 @@ static void quantize_x_int8(const float *x, int n, int64_t cols, int bits, int p
             int8_t *qi = q0 + p * xq_part;
             memset(qi + cols, 0, FAST_XQ_PAD);
             if (bits == 4) {
+                /* full 128-blocks: a byte shuffle puts each 16 bytes' evens before its odds, a
+                 * qword permute gathers the evens of both halves, then the odds */
+                const __m512i eo = _mm512_broadcast_i32x4(
+                    _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+                const __m512i ev = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+                const __m512i od = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+                int64_t k0 = 0;
+                for (; k0 + step <= cols; k0 += step) {
+                    __m512i a = _mm512_shuffle_epi8(_mm512_loadu_si512(qi + k0), eo);
+                    __m512i b = _mm512_shuffle_epi8(_mm512_loadu_si512(qi + k0 + 64), eo);
+                    _mm512_storeu_si512(qi + k0, _mm512_permutex2var_epi64(a, ev, b));
+                    _mm512_storeu_si512(qi + k0 + 64, _mm512_permutex2var_epi64(a, od, b));
+                }
                 int8_t tmp[128];
-                for (int64_t k = 0; k < cols; k += step) {
+                for (int64_t k = k0; k < cols; k += step) { /* a shorter last block */
                     int64_t len = cols - k < step ? cols - k : step;
                     for (int64_t t = 0; t < len / 2; t++) {
                         tmp[t] = qi[k + 2 * t];
