@@ -930,3 +930,51 @@ void kiln_tile_bf16_avx512(int64_t pairs, const uint32_t *xt, const uint16_t *co
         _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++)
             _mm512_storeu_ps(c + j * KILN_GEMM_XP + 16 * v, acc[j][v]);
 }
+
+/* r[16] (16 rows of 16) transposed in place: 4x4 blocks inside each 128-bit lane by two unpack
+ * rounds, then the lanes gathered across the four row groups by two shuffle_f32x4 rounds. */
+static ALWAYS_INLINE void transpose16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; c++) { /* lane L of r[4g + c]: column 4L + c of rows 4g .. 4g+3 */
+        __m512 ab0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        __m512 ab1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+        __m512 de0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        __m512 de1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_f32x4(ab0, de0, 0x88);
+        t[8 + c] = _mm512_shuffle_f32x4(ab0, de0, 0xdd);
+        t[4 + c] = _mm512_shuffle_f32x4(ab1, de1, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(ab1, de1, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+void kiln_pack_x_avx512(const float *x, int64_t np, int64_t cols, float *xt) {
+    const int64_t full = cols / 16 * 16;
+    for (int64_t k0 = 0; k0 < full; k0 += 16)
+        for (int i0 = 0; i0 < KILN_GEMM_XP; i0 += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] =
+                    i0 + i < np ? _mm512_loadu_ps(x + (i0 + i) * cols + k0) : _mm512_setzero_ps();
+            transpose16(r);
+            for (int c = 0; c < 16; c++) _mm512_store_ps(xt + (k0 + c) * KILN_GEMM_XP + i0, r[c]);
+        }
+    for (int64_t k = full; k < cols; k++) {
+        float *dst = xt + k * KILN_GEMM_XP;
+        int64_t i = 0;
+        for (; i < np; i++) dst[i] = x[i * cols + k];
+        for (; i < KILN_GEMM_XP; i++) dst[i] = 0.0f;
+    }
+}

@@ -131,6 +131,10 @@ static void pack_x_slice(void *ctx, int64_t p0, int64_t p1, int thread) {
         int64_t np =
             job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
         const float *xp = job->x + p * KILN_GEMM_XP * cols;
+        if (job->kernels->tile_t == kiln_tile_t_avx512) { /* 16x16 register transposes */
+            kiln_pack_x_avx512(xp, np, cols, xt);
+            continue;
+        }
         /* k outer: each xt line is written whole; the np source rows stay in L1 across 16 k */
         for (int64_t k = 0; k < cols; k++) {
             float *dst = xt + k * KILN_GEMM_XP;
