@@ -195,6 +195,9 @@ void kiln_axpy_avx512(float *y, float a, const float *x, int64_t n);
  * rows of one panel, zero pairs for rows past np; then c[j*XP + i] = sum over kk of vdpbf16ps of
  * W[j] and x[i] pairs, j < WR (rows past nrows read row 0 and are discarded by the caller). */
 void kiln_pack_x_bf16_avx512(const float *x, int64_t np, int64_t cols, uint32_t *xt);
+/* y[i*ldy + j] = c[j*XP + i] (+ bias[j]) for i < np, j < nr: a panel tile into y's rows. */
+void kiln_store_tile_avx512(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
+                            int64_t ldy);
 /* One x panel for the panel GEMM: xt[k*XP + i] = x[i, k] (i < np <= XP, zero rows past np). */
 void kiln_pack_x_avx512(const float *x, int64_t np, int64_t cols, float *xt);
 void kiln_f32_to_bf16_avx512(const float *src, int64_t n, uint16_t *dst);

@@ -978,3 +978,19 @@ void kiln_pack_x_avx512(const float *x, int64_t np, int64_t cols, float *xt) {
         for (; i < KILN_GEMM_XP; i++) dst[i] = 0.0f;
     }
 }
+
+void kiln_store_tile_avx512(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
+                            int64_t ldy) {
+    _Static_assert(KILN_GEMM_WR <= 16 && KILN_GEMM_XP == 32, "tile store shape");
+    const __mmask16 m = tail_mask(nr);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    for (int i0 = 0; i0 < KILN_GEMM_XP && i0 < np; i0 += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] =
+                j < KILN_GEMM_WR ? _mm512_loadu_ps(c + j * KILN_GEMM_XP + i0) : _mm512_setzero_ps();
+        transpose16(r); /* r[i] = c[0..15][i0 + i] */
+        for (int i = 0; i < 16 && i0 + i < np; i++)
+            _mm512_mask_storeu_ps(y + (i0 + i) * ldy, m, _mm512_add_ps(r[i], b));
+    }
+}

@@ -194,6 +194,11 @@ static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
             job->kernels->tile_t(cols, job->xt + p * cols * KILN_GEMM_XP, wd, ldw, c);
             int64_t np =
                 job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+            if (job->kernels->tile_t == kiln_tile_t_avx512) { /* transposed in registers */
+                kiln_store_tile_avx512(c, np, nr, w->bias ? w->bias + r0 : NULL,
+                                       job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
+                continue;
+            }
             for (int64_t i = 0; i < np; i++) {
                 float *yi = job->y + (p * KILN_GEMM_XP + i) * w->rows + r0;
                 for (int64_t j = 0; j < nr; j++)
