@@ -275,11 +275,8 @@ static void bf16_panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
             kiln_tile_bf16_avx512(pairs, job->xt + p * pairs * KILN_GEMM_XP, wrows, c);
             int64_t np =
                 job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
-            for (int64_t i = 0; i < np; i++) {
-                float *yi = job->y + (p * KILN_GEMM_XP + i) * w->rows + r0;
-                for (int64_t j = 0; j < nr; j++)
-                    yi[j] = c[j * KILN_GEMM_XP + i] + (w->bias ? w->bias[r0 + j] : 0.0f);
-            }
+            kiln_store_tile_avx512(c, np, nr, w->bias ? w->bias + r0 : NULL,
+                                   job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
         }
     }
     free(row), free(wb);
