@@ -143,6 +143,15 @@ static void test_matmul_quant(kiln_threadpool *pool) {
             if (err > quant_worst) quant_worst = err;
             free_matrix(&w);
         }
+    /* rows of 35 groups: two full 16-group scale windows (the int8 GEMV's 4-step quads) and a
+     * short one, at every group size the quads take */
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int gs = 32; gs <= 128; gs *= 2) {
+            kiln_matrix w = make_matrix(13, (int64_t)gs * 35, 0, bits, gs, KILN_DT_F16, gs == 64);
+            double err = check_matmul(pool, &w, "wide rows");
+            if (err > quant_worst) quant_worst = err;
+            free_matrix(&w);
+        }
     /* group 16: the 4-bit prefill decoder's 32-code fast path does not apply (generic decoder) */
     for (int bits = 4; bits <= 8; bits += 4) {
         kiln_matrix w = make_matrix(19, 16 * 7, 0, bits, 16, KILN_DT_BF16, true);
@@ -363,6 +372,14 @@ static void test_matmul_fast(kiln_threadpool *pool) {
             differs += memcmp(yf, ye, sizeof(float) * (size_t)(2 * rows)) != 0;
             gemvs++;
             free(x), free(yf), free(ye);
+            free_matrix(&w);
+        }
+    /* 35 groups per row: full scale windows (4-step quads) and a short one */
+    for (int b = 4; b <= 8; b += 4)
+        for (int gs = 32; gs <= 128; gs *= 2) {
+            kiln_matrix w = make_matrix(13, (int64_t)gs * 35, 0, b, gs, KILN_DT_BF16, gs == 32);
+            double err = check_matmul(pool, &w, "fast wide rows");
+            if (err > worst) worst = err;
             free_matrix(&w);
         }
     /* rows wider than the fast kernel's 512-group scale chunk, with a short last step */
