@@ -20,7 +20,8 @@ int kiln_cpu_simd_force(const char *level);
 
 /* Matmul mode: "exact" (default: f32 activations, matches the reference to ~1e-6) or "fast"
  * (decode GEMV quantizes activations to int8 in blocks of 16 for 4/8-bit weights and rounds them
- * to bf16 for bf16 weights, using AVX512-VNNI / AVX512-BF16; ~1e-3 relative error). NULL
+ * to bf16 for bf16 weights; prefill GEMM rounds x and the weights to bf16 and runs vdpbf16ps;
+ * AVX512-VNNI / AVX512-BF16; ~1e-3 relative error). NULL
  * re-reads env KILN_MATMUL. Returns 0, or -1 for an unknown name. Fast needs the AVX-512 level
  * and a CPU with VNNI and BF16; elsewhere the exact kernels run. */
 int kiln_cpu_matmul_mode_set(const char *mode);
