@@ -143,6 +143,22 @@ static void test_matmul_quant(kiln_threadpool *pool) {
             if (err > quant_worst) quant_worst = err;
             free_matrix(&w);
         }
+    /* rows of 35 groups: two full 16-group scale windows (the int8 GEMV's 4-step quads) and a
+     * short one, at every group size the quads take */
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int gs = 32; gs <= 128; gs *= 2) {
+            kiln_matrix w = make_matrix(13, (int64_t)gs * 35, 0, bits, gs, KILN_DT_F16, gs == 64);
+            double err = check_matmul(pool, &w, "wide rows");
+            if (err > quant_worst) quant_worst = err;
+            free_matrix(&w);
+        }
+    /* group 16: the 4-bit prefill decoder's 32-code fast path does not apply (generic decoder) */
+    for (int bits = 4; bits <= 8; bits += 4) {
+        kiln_matrix w = make_matrix(19, 16 * 7, 0, bits, 16, KILN_DT_BF16, true);
+        double err = check_matmul(pool, &w, bits == 4 ? "q4g16" : "q8g16");
+        if (err > quant_worst) quant_worst = err;
+        free_matrix(&w);
+    }
 }
 
 /* A row's GEMV result must not depend on the batch (n = 1..4) or the thread count: the server
@@ -165,6 +181,12 @@ static void test_gemv_batch_invariant(kiln_threadpool *pool) {
         /* the same weights 8 and 24 bytes past a cache line (safetensors offsets): same result */
         size_t bytes = (size_t)kiln_matrix_bytes(&w);
         if (bits) bytes = (size_t)(w.rows * kiln_matrix_row_code_bytes(&w));
+        /* and the panel GEMM (prefill; its weight decoding reads the rows unaligned) */
+        enum { NG = 40 };
+        float *xg = rand_vec(NG * w.cols, 1.0f);
+        float *yg = malloc(sizeof(float) * (size_t)(NG * w.rows));
+        float *yg2 = malloc(sizeof(float) * (size_t)(NG * w.rows));
+        kiln_cpu_matmul(pool, yg, xg, NG, &w);
         for (int off = 8; off <= 24; off += 16) {
             char *buf = aligned_alloc(64, (bytes + off + 63) / 64 * 64);
             memcpy(buf + off, w.data, bytes);
@@ -174,9 +196,13 @@ static void test_gemv_batch_invariant(kiln_threadpool *pool) {
             CHECK_MSG(!memcmp(y1, yn, sizeof(float) * (size_t)w.rows),
                       "[%s] bits=%d: weights at offset %d give different results",
                       kiln_cpu_simd_name(), bits, off);
+            kiln_cpu_matmul(pool, yg2, xg, NG, &ws);
+            CHECK_MSG(!memcmp(yg, yg2, sizeof(float) * (size_t)(NG * w.rows)),
+                      "[%s] bits=%d: GEMM n=%d with weights at offset %d gives different results",
+                      kiln_cpu_simd_name(), bits, NG, off);
             free(buf);
         }
-        free(x), free(y1), free(yn);
+        free(x), free(y1), free(yn), free(xg), free(yg), free(yg2);
         free_matrix(&w);
     }
 }
@@ -207,6 +233,98 @@ static void fast_model(const kiln_matrix *w, const float *x, double *out) {
         out[r] = acc + (w->bias ? w->bias[r] : 0.0);
     }
     free(xh);
+}
+
+/* The fast GEMM's model (prefill, n > 16): every weight (s*q + b as one f32 fma for quantized
+ * ones) and x rounded to bf16, products summed in double, plus the bias. out[n, rows]. */
+static void fast_gemm_model(const kiln_matrix *w, const float *x, int64_t n, double *out) {
+    const uint8_t *codes = w->data;
+    int64_t groups = kiln_matrix_is_quantized(w) ? w->cols / w->group_size : 0;
+    for (int64_t r = 0; r < w->rows; r++)
+        for (int64_t i = 0; i < n; i++) {
+            double acc = 0.0;
+            for (int64_t c = 0; c < w->cols; c++) {
+                float wv;
+                if (groups) {
+                    int64_t g = r * groups + c / w->group_size;
+                    float q =
+                        (float)kiln_q_code_test(codes + r * w->cols * w->bits / 8, c, w->bits);
+                    wv = fmaf(q, (float)kiln_q_scale_test(w->scales, w->scale_dtype, g),
+                              (float)kiln_q_scale_test(w->biases, w->scale_dtype, g));
+                } else {
+                    wv = kiln_bf16_to_f32(((const uint16_t *)w->data)[r * w->cols + c]);
+                }
+                acc += (double)kiln_bf16_to_f32(kiln_f32_to_bf16(wv)) *
+                       (double)kiln_bf16_to_f32(kiln_f32_to_bf16(x[i * w->cols + c]));
+            }
+            out[i * w->rows + r] = acc + (w->bias ? w->bias[r] : 0.0);
+        }
+}
+
+/* Fast GEMM (n = 40: two x panels, the second partial) on bf16 / 4-bit / 8-bit weights: within
+ * 1e-5 of its bf16 model, and not equal to the exact GEMM (it is the bf16 kernel that ran). */
+static void test_gemm_fast(kiln_threadpool *pool) {
+    if (strcmp(kiln_cpu_matmul_mode(), "fast") != 0) return; /* the level lacks it */
+    enum { N = 40 };
+    for (int b = 0; b <= 8; b += 4) {
+        kiln_matrix w = b ? make_matrix(29, 192, 0, b, 64, KILN_DT_BF16, true)
+                          : make_matrix(29, 198, KILN_DT_BF16, 0, 0, 0, true);
+        float *x = rand_vec(N * w.cols, 1.0f);
+        float *yf = malloc(sizeof(float) * (size_t)(N * w.rows));
+        float *ye = malloc(sizeof(float) * (size_t)(N * w.rows));
+        float *m32 = malloc(sizeof(float) * (size_t)(N * w.rows));
+        double *model = malloc(sizeof(double) * (size_t)(N * w.rows));
+        kiln_cpu_matmul(pool, yf, x, N, &w);
+        fast_gemm_model(&w, x, N, model);
+        for (int64_t i = 0; i < N * w.rows; i++) m32[i] = (float)model[i];
+        double merr = test_rel_l2(yf, m32, (size_t)(N * w.rows));
+        CHECK_MSG(merr <= 1e-5, "fast GEMM bits=%d vs its bf16 model: rel err %g", b, merr);
+        CHECK(kiln_cpu_matmul_mode_set("exact") == 0);
+        kiln_cpu_matmul(pool, ye, x, N, &w);
+        CHECK(kiln_cpu_matmul_mode_set("fast") == 0);
+        CHECK_MSG(memcmp(yf, ye, sizeof(float) * (size_t)(N * w.rows)) != 0,
+                  "fast GEMM bits=%d equals the exact one", b);
+        free(x), free(yf), free(ye), free(m32), free(model);
+        free_matrix(&w);
+    }
+}
+
+/* Fast bf16 GEMV (n = 1, 3): within 1e-5 of the bf16 model and unlike exact, for rows that start
+ * on a cache line, 8 bytes past one (the aligned-block reads) and a width with a 32-element tail.
+ */
+static void test_gemv_bf16_fast(kiln_threadpool *pool) {
+    if (strcmp(kiln_cpu_matmul_mode(), "fast") != 0) return;
+    static const int64_t widths[] = {256, 200};
+    for (int wi = 0; wi < 2; wi++)
+        for (int off = 0; off <= 8; off += 8) {
+            kiln_matrix w0 = make_matrix(23, widths[wi], KILN_DT_BF16, 0, 0, 0, false);
+            size_t bytes = (size_t)(w0.rows * w0.cols) * 2;
+            char *buf = aligned_alloc(64, (bytes + off + 63) / 64 * 64);
+            memcpy(buf + off, w0.data, bytes);
+            kiln_matrix w = w0;
+            w.data = buf + off;
+            for (int n = 1; n <= 3; n += 2) {
+                float *x = rand_vec(n * w.cols, 1.0f);
+                float *yf = malloc(sizeof(float) * (size_t)(n * w.rows));
+                float *ye = malloc(sizeof(float) * (size_t)(n * w.rows));
+                float *m32 = malloc(sizeof(float) * (size_t)(n * w.rows));
+                double *model = malloc(sizeof(double) * (size_t)(n * w.rows));
+                kiln_cpu_matmul(pool, yf, x, n, &w);
+                fast_gemm_model(&w, x, n, model);
+                for (int64_t i = 0; i < n * w.rows; i++) m32[i] = (float)model[i];
+                double merr = test_rel_l2(yf, m32, (size_t)(n * w.rows));
+                CHECK_MSG(merr <= 1e-5, "fast bf16 GEMV cols=%lld off=%d n=%d vs model: %g",
+                          (long long)w.cols, off, n, merr);
+                CHECK(kiln_cpu_matmul_mode_set("exact") == 0);
+                kiln_cpu_matmul(pool, ye, x, n, &w);
+                CHECK(kiln_cpu_matmul_mode_set("fast") == 0);
+                CHECK_MSG(memcmp(yf, ye, sizeof(float) * (size_t)(n * w.rows)) != 0,
+                          "fast bf16 GEMV cols=%lld equals the exact one", (long long)w.cols);
+                free(x), free(yf), free(ye), free(m32), free(model);
+            }
+            free(buf);
+            free_matrix(&w0);
+        }
 }
 
 /* The fast mode: bf16 and 4/8-bit weights (the ones it changes) at every group size and scale
@@ -256,6 +374,14 @@ static void test_matmul_fast(kiln_threadpool *pool) {
             free(x), free(yf), free(ye);
             free_matrix(&w);
         }
+    /* 35 groups per row: full scale windows (4-step quads) and a short one */
+    for (int b = 4; b <= 8; b += 4)
+        for (int gs = 32; gs <= 128; gs *= 2) {
+            kiln_matrix w = make_matrix(13, (int64_t)gs * 35, 0, b, gs, KILN_DT_BF16, gs == 32);
+            double err = check_matmul(pool, &w, "fast wide rows");
+            if (err > worst) worst = err;
+            free_matrix(&w);
+        }
     /* rows wider than the fast kernel's 512-group scale chunk, with a short last step */
     for (int b = 4; b <= 8; b += 4) {
         kiln_matrix w = make_matrix(5, 32 * 512 + 96, 0, b, 32, KILN_DT_F16, false);
@@ -270,6 +396,8 @@ static void test_matmul_fast(kiln_threadpool *pool) {
         if (err > worst) worst = err;
         free_matrix(&w);
     }
+    test_gemm_fast(pool);
+    test_gemv_bf16_fast(pool);
     if (active)
         CHECK_MSG(differs == gemvs, "fast mode active but %d/%d GEMVs equal the exact ones",
                   gemvs - differs, gemvs);
@@ -318,6 +446,34 @@ static void test_dot_axpy(void) {
                   kiln_cpu_simd_name(), (long long)n);
         free(a), free(b), free(y), free(expect);
     }
+}
+
+/* dot_rows / axpy_rows: bit for bit what dot / axpy give row by row (the attention relies on it:
+ * the paged cache's attention calls dot / axpy per key and must match the contiguous one), for
+ * lengths around the 16-lane, 4-row and 128-column blocking, row strides that leave rows off a
+ * 64-byte boundary, and 0 rows. */
+static void test_dot_axpy_rows(void) {
+    static const int64_t ns[] = {1, 7, 16, 33, 64, 100, 128, 130, 256};
+    static const int64_t counts[] = {0, 1, 3, 4, 5, 9};
+    for (size_t t = 0; t < sizeof ns / sizeof *ns; t++)
+        for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+            int64_t n = ns[t], count = counts[c], stride = n + 3; /* rows start off-alignment */
+            float *a = rand_vec(n, 1.0f), *rows = rand_vec(count * stride + 1, 1.0f);
+            float *coef = rand_vec(count + 1, 1.0f), *y0 = rand_vec(n, 1.0f);
+            float *out = malloc(sizeof(float) * (size_t)(count + 1));
+            float *y1 = malloc(sizeof(float) * (size_t)n), *y2 = malloc(sizeof(float) * (size_t)n);
+            const float *r = rows + 1;
+            kiln_cpu_dot_rows(out, a, r, stride, count, n);
+            int bad = 0;
+            for (int64_t i = 0; i < count; i++) bad += out[i] != kiln_cpu_dot(a, r + i * stride, n);
+            memcpy(y1, y0, sizeof(float) * (size_t)n), memcpy(y2, y0, sizeof(float) * (size_t)n);
+            kiln_cpu_axpy_rows(y1, coef, r, stride, count, n);
+            for (int64_t i = 0; i < count; i++) kiln_cpu_axpy(y2, coef[i], r + i * stride, n);
+            bad += memcmp(y1, y2, sizeof(float) * (size_t)n) != 0;
+            CHECK_MSG(bad == 0, "dot_rows / axpy_rows [%s] n=%lld count=%lld: %d differ",
+                      kiln_cpu_simd_name(), (long long)n, (long long)count, bad);
+            free(a), free(rows), free(coef), free(y0), free(out), free(y1), free(y2);
+        }
 }
 
 static void test_rmsnorm(void) {
@@ -438,6 +594,7 @@ int main(void) {
         test_matmul_dense(pools[1]);
         test_embed();
         test_dot_axpy();
+        test_dot_axpy_rows();
         test_rmsnorm();
         test_activations();
         test_rope();

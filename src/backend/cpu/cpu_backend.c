@@ -57,38 +57,109 @@ static void cpu_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t 
                       const kiln_matrix *w) {
     kiln_cpu_embed(out, ids, n, w);
 }
+/* The elementwise and per-row ops below run on the pool when they have at least PAR_MIN
+ * elements (prefill; a decode step's vectors stay on the caller, where a pool round would cost
+ * more than it saves). Each element / row is computed exactly as by the serial kernel, so the
+ * results do not depend on the split. */
+#define PAR_MIN   32768
+#define PAR_GRAIN 4096 /* elements per slice unit of the elementwise ops */
+
+typedef struct {
+    float *y;
+    const float *a, *b, *w;
+    const int32_t *pos;
+    int64_t dim;
+    float eps;
+    bool plus_one;
+    int n_heads, head_dim, rot_dim;
+    int op; /* 0 rmsnorm, 1 rope, 2 silu_mul, 3 gelu_tanh_mul, 4 add */
+} rowwise_job;
+
+static void rowwise_slice(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const rowwise_job *j = ctx;
+    switch (j->op) {
+    case 0: /* rows [b, e) */
+        kiln_cpu_rmsnorm(j->y + b * j->dim, j->a + b * j->dim, j->w, e - b, j->dim, j->eps,
+                         j->plus_one);
+        break;
+    case 1: /* tokens [b, e) */
+        kiln_cpu_rope(j->y + b * j->n_heads * j->head_dim, j->pos + b, e - b, j->n_heads,
+                      j->head_dim, j->rot_dim, j->w);
+        break;
+    case 2:
+        kiln_cpu_silu_mul(j->y + b, j->a + b, j->b + b, e - b);
+        break;
+    case 3:
+        kiln_cpu_gelu_tanh_mul(j->y + b, j->a + b, j->b + b, e - b);
+        break;
+    default:
+        kiln_cpu_add(j->y + b, j->a + b, j->b + b, e - b);
+        break;
+    }
+}
+
 static void cpu_rmsnorm(kiln_backend *be, float *y, const float *x, const float *w, int64_t n,
                         int64_t dim, float eps, bool plus_one) {
-    kiln_cpu_rmsnorm(y, x, w, n, dim, eps, plus_one);
+    if (n < 2 || n * dim < PAR_MIN) {
+        kiln_cpu_rmsnorm(y, x, w, n, dim, eps, plus_one);
+        return;
+    }
+    rowwise_job j = {.y = y, .a = x, .w = w, .dim = dim, .eps = eps, .plus_one = plus_one, .op = 0};
+    kiln_parallel_for(be->pool, n, 1, rowwise_slice, &j);
 }
 static void cpu_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads,
                      int head_dim, int rot_dim, const float *inv_freq) {
-    kiln_cpu_rope(x, pos, n, n_heads, head_dim, rot_dim, inv_freq);
+    if (n < 2 || n * n_heads * head_dim < PAR_MIN) {
+        kiln_cpu_rope(x, pos, n, n_heads, head_dim, rot_dim, inv_freq);
+        return;
+    }
+    rowwise_job j = {.y = x,
+                     .w = inv_freq,
+                     .pos = pos,
+                     .n_heads = n_heads,
+                     .head_dim = head_dim,
+                     .rot_dim = rot_dim,
+                     .op = 1};
+    kiln_parallel_for(be->pool, n, 1, rowwise_slice, &j);
+}
+static void elementwise(kiln_backend *be, int op, float *y, const float *a, const float *b,
+                        int64_t n) {
+    rowwise_job j = {.y = y, .a = a, .b = b, .op = op};
+    if (n < PAR_MIN)
+        rowwise_slice(&j, 0, n, 0);
+    else
+        kiln_parallel_for(be->pool, n, PAR_GRAIN, rowwise_slice, &j);
 }
 static void cpu_silu_mul(kiln_backend *be, float *y, const float *g, const float *u, int64_t n) {
-    kiln_cpu_silu_mul(y, g, u, n);
+    elementwise(be, 2, y, g, u, n);
 }
 static void cpu_gelu_tanh_mul(kiln_backend *be, float *y, const float *g, const float *u,
                               int64_t n) {
-    kiln_cpu_gelu_tanh_mul(y, g, u, n);
+    elementwise(be, 3, y, g, u, n);
 }
 static void cpu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n) {
-    kiln_cpu_add(y, a, b, n);
+    elementwise(be, 4, y, a, b, n);
 }
 static void cpu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
                              int64_t n, const kiln_matrix *const *ws) {
     for (int i = 0; i < count; i++) kiln_cpu_matmul(be->pool, ys[i], x, n, ws[i]);
 }
+/* The fused ops run the unfused ones in order (so on the pool at prefill sizes): the CPU gains
+ * nothing from fusing them and keeps its results bit for bit. */
 static void cpu_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y, const float *w,
                             int64_t n, int64_t dim, float eps, bool plus_one) {
-    kiln_cpu_add_rmsnorm(x, h, y, w, n, dim, eps, plus_one);
+    cpu_add(be, x, x, h, n * dim);
+    cpu_rmsnorm(be, y, x, w, n, dim, eps, plus_one);
 }
 static void cpu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
                              int n_heads, int n_kv_heads, int head_dim, int rot_dim,
                              const float *inv_freq, const float *q_norm, const float *k_norm,
                              float eps) {
-    kiln_cpu_qk_norm_rope(q, k, pos, n, n_heads, n_kv_heads, head_dim, rot_dim, inv_freq, q_norm,
-                          k_norm, eps);
+    if (q_norm) cpu_rmsnorm(be, q, q, q_norm, n * n_heads, head_dim, eps, false);
+    if (k_norm) cpu_rmsnorm(be, k, k, k_norm, n * n_kv_heads, head_dim, eps, false);
+    cpu_rope(be, q, pos, n, n_heads, head_dim, rot_dim, inv_freq);
+    cpu_rope(be, k, pos, n, n_kv_heads, head_dim, rot_dim, inv_freq);
 }
 static void cpu_copy2d(kiln_backend *be, float *dst, int64_t ds, const float *src, int64_t ss,
                        int64_t rows, int64_t cols) {

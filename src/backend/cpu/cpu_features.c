@@ -17,7 +17,8 @@ static const kiln_cpu_kernels kernels_by_level[] = {
     [KILN_SIMD_AVX2] = {kiln_decode_avx2, kiln_gemv_prepare_avx2, kiln_gemv_avx2, kiln_tile_avx2,
                         kiln_dot_avx2, kiln_axpy_avx2},
     [KILN_SIMD_AVX512] = {kiln_decode_avx512, kiln_gemv_prepare_avx512, kiln_gemv_avx512,
-                          kiln_tile_avx512, kiln_dot_avx512, kiln_axpy_avx512, kiln_tile_t_avx512},
+                          kiln_tile_avx512, kiln_dot_avx512, kiln_axpy_avx512, kiln_tile_t_avx512,
+                          kiln_dot_rows_avx512, kiln_axpy_rows_avx512},
 };
 
 /* -1 = not decided yet. */

@@ -149,6 +149,12 @@ typedef struct kiln_cpu_kernels {
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n);
     kiln_tile_t_fn tile_t; /* NULL: the packed-block GEMM with tile */
+    /* Many dots / axpys in one call, bit for bit what dot / axpy give row by row (NULL: that
+     * loop): the attention inner loops. */
+    void (*dot_rows)(float *out, const float *a, const float *rows, int64_t stride, int64_t count,
+                     int64_t n);
+    void (*axpy_rows)(float *y, const float *coef, const float *rows, int64_t stride, int64_t count,
+                      int64_t n);
 } kiln_cpu_kernels;
 
 /* The kernels of the active level. */
@@ -183,5 +189,23 @@ void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, fl
 void kiln_tile_t_avx512(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
 float kiln_dot_avx512(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx512(float *y, float a, const float *x, int64_t n);
+/* Fast mode (AVX512-BF16) panel GEMM pieces (bf16 weights with an even number of columns read in
+ * place, quantized ones decoded and rounded to bf16 first, f32_to_bf16 = round to nearest even):
+ * xt[kk*XP + i] = the bf16 pair (x[i, 2kk], x[i, 2kk+1]) (rounded to nearest even) for the np <= XP
+ * rows of one panel, zero pairs for rows past np; then c[j*XP + i] = sum over kk of vdpbf16ps of
+ * W[j] and x[i] pairs, j < WR (rows past nrows read row 0 and are discarded by the caller). */
+void kiln_pack_x_bf16_avx512(const float *x, int64_t np, int64_t cols, uint32_t *xt);
+/* y[i*ldy + j] = c[j*XP + i] (+ bias[j]) for i < np, j < nr: a panel tile into y's rows. */
+void kiln_store_tile_avx512(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
+                            int64_t ldy);
+/* One x panel for the panel GEMM: xt[k*XP + i] = x[i, k] (i < np <= XP, zero rows past np). */
+void kiln_pack_x_avx512(const float *x, int64_t np, int64_t cols, float *xt);
+void kiln_f32_to_bf16_avx512(const float *src, int64_t n, uint16_t *dst);
+void kiln_tile_bf16_avx512(int64_t pairs, const uint32_t *xt, const uint16_t *const *wrows,
+                           float *c);
+void kiln_dot_rows_avx512(float *out, const float *a, const float *rows, int64_t stride,
+                          int64_t count, int64_t n);
+void kiln_axpy_rows_avx512(float *y, const float *coef, const float *rows, int64_t stride,
+                           int64_t count, int64_t n);
 
 #endif

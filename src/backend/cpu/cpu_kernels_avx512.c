@@ -94,16 +94,52 @@ void kiln_decode_avx512(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len
     if (!kiln_matrix_is_quantized(w)) {
         const void *row =
             (const uint8_t *)w->data + r * w->cols * (int64_t)kiln_dtype_size(w->dtype);
-        for (int64_t k = 0; k < len; k += 16) {
+        int64_t k = 0;
+        if (w->dtype == KILN_DT_BF16) /* plain loads: masked ones stall in a stream */
+            for (; k + 16 <= len; k += 16)
+                _mm512_storeu_ps(out + k,
+                                 _mm512_castsi512_ps(_mm512_slli_epi32(
+                                     _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                         (const __m256i *)((const uint16_t *)row + k0 + k))),
+                                     16)));
+        for (; k < len; k += 16) {
             __mmask16 m = tail_mask(len - k);
             _mm512_mask_storeu_ps(out + k, m, load_dense16(row, w->dtype, k0 + k, m));
         }
         return;
     }
-    code_decoder d = make_decoder(w);
     int64_t groups_per_row = w->cols / w->group_size;
     const uint8_t *p =
         (const uint8_t *)w->data + r * kiln_matrix_row_code_bytes(w) + k0 * w->bits / 8;
+    if ((w->bits == 4 && w->group_size % 32 == 0) || w->bits == 8) {
+        /* the common widths without the generic decoder: 8-bit codes zero-extended, 4-bit
+         * codes as the low and high nibbles of 16 bytes interleaved back into code order (only
+         * the row's own bytes are read) */
+        const __m128i low4 = _mm_set1_epi8(15);
+        for (int64_t k = 0; k < len; k += w->group_size) {
+            int64_t g = r * groups_per_row + (k0 + k) / w->group_size;
+            __m512 s = _mm512_set1_ps(group_value(w->scales, w->scale_dtype, g));
+            __m512 b = _mm512_set1_ps(group_value(w->biases, w->scale_dtype, g));
+            if (w->bits == 8) {
+                for (int j = 0; j < w->group_size; j += 16, p += 16)
+                    _mm512_storeu_ps(out + k + j,
+                                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                         _mm_loadu_si128((const __m128i *)p))),
+                                                     s, b));
+                continue;
+            }
+            for (int j = 0; j < w->group_size; j += 32, p += 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)p);
+                __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+                __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+                __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+                _mm512_storeu_ps(out + k + j, _mm512_fmadd_ps(c0, s, b));
+                _mm512_storeu_ps(out + k + j + 16, _mm512_fmadd_ps(c1, s, b));
+            }
+        }
+        return;
+    }
+    code_decoder d = make_decoder(w);
     for (int64_t k = 0; k < len; k += w->group_size) {
         int64_t g = r * groups_per_row + (k0 + k) / w->group_size;
         __m512 s = _mm512_set1_ps(group_value(w->scales, w->scale_dtype, g));
@@ -261,7 +297,7 @@ static ALWAYS_INLINE void store_sums(float *y, const int64_t *rr, const int R, c
  * does not follow; so a thread's rows [r0, r1) are cut into R equal runs read in parallel, R
  * long sequential streams (rr[q] = the current row of run q); the rows left over run singly.
  * GEMV_PREFETCH: bytes ahead in each stream to prefetch in software (0: none). */
-#define GEMV_PREFETCH 1024
+#define GEMV_PREFETCH 2048
 #define GEMV_STREAMS(R, BODY_R, BODY_1)                                                            \
     do {                                                                                           \
         int64_t len_ = (r1 - r0) / (R), rr[4];                                                     \
@@ -277,10 +313,11 @@ static ALWAYS_INLINE void store_sums(float *y, const int64_t *rr, const int R, c
 
 /* bf16 GEMV for a constant n on R consecutive rows at once (the x loads shared by the R rows,
  * R*2 independent accumulator chains per x row, R streams in flight), against xp (even/odd
- * permuted 32-blocks); the last cols % 32 elements against natural x. */
+ * permuted 32-blocks); the last cols % 32 elements against natural x. fast: the same streams and
+ * aligned-block reads, one vdpbf16ps per 32 weights against bf16 x (xb) instead. */
 static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                         const int R, const bool shifted, float *y, int64_t ldy,
-                                         const int64_t *rr) {
+                                         const int R, const bool shifted, const bool fast, float *y,
+                                         int64_t ldy, const int64_t *rr) {
     const int64_t cols = w->cols, full = cols / 32 * 32;
     const float *xp = px->xp, *x = px->x;
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
@@ -320,9 +357,15 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
             } else {
                 v = _mm512_loadu_si512(rows[q] + k);
             }
+            if (fast) { /* vdpbf16ps on the pairs as they are, against bf16 x */
+                _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][q][0] = _mm512_dpbf16_ps(
+                    acc[i][q][0], (__m512bh)v, (__m512bh)_mm512_loadu_si512(px->xb + i * cols + k));
+                continue;
+            }
             we[q] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
             wo[q] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         }
+        if (fast) continue;
         _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
             __m512 xe = _mm512_loadu_ps(xp + i * cols + k);
             __m512 xo = _mm512_loadu_ps(xp + i * cols + k + 16);
@@ -332,7 +375,16 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
             }
         }
     }
-    for (int64_t k = full; k < cols; k += 16) {
+    for (int64_t k = full; fast && k < cols; k += 32) {
+        int64_t rem = cols - k;
+        __mmask32 m = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(m, rows[q] + k);
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][q][0] = _mm512_dpbf16_ps(
+                acc[i][q][0], w0, (__m512bh)_mm512_maskz_loadu_epi16(m, px->xb + i * cols + k));
+        }
+    }
+    for (int64_t k = full; !fast && k < cols; k += 16) {
         __mmask16 m = tail_mask(cols - k);
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
             __m512 w0 = load_dense16(rows[q], KILN_DT_BF16, k, m);
@@ -351,12 +403,13 @@ static ALWAYS_INLINE void gemv_bf16_rows(const kiln_matrix *w, const kiln_gemv_x
 /* bf16 GEMV for a constant n: 4 rows per pass for n <= 2, 2 for n = 3, 4 (register budget), single
  * rows for the remainder. */
 static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                    float *y, int64_t ldy, int64_t r0, int64_t r1) {
+                                    const bool fast, float *y, int64_t ldy, int64_t r0,
+                                    int64_t r1) {
     const int R = n <= 2 ? 4 : 2;
     int64_t m = (int64_t)((uintptr_t)w->data & 63);
     if (m == 0 || m % 4 || w->cols % 32) {
-        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, false, y, ldy, rr),
-                     gemv_bf16_rows(w, px, n, 1, false, y, ldy, rr));
+        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, false, fast, y, ldy, rr),
+                     gemv_bf16_rows(w, px, n, 1, false, fast, y, ldy, rr));
         return;
     }
     /* misaligned rows: aligned block reads, except the matrix's last row (its last block may
@@ -365,11 +418,11 @@ static ALWAYS_INLINE void gemv_bf16(const kiln_matrix *w, const kiln_gemv_x *px,
     {
         int64_t r1_ = r1;
         r1 = r1s;
-        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, true, y, ldy, rr),
-                     gemv_bf16_rows(w, px, n, 1, true, y, ldy, rr));
+        GEMV_STREAMS(R, gemv_bf16_rows(w, px, n, R, true, fast, y, ldy, rr),
+                     gemv_bf16_rows(w, px, n, 1, true, fast, y, ldy, rr));
         r1 = r1_;
     }
-    for (int64_t r = r1s; r < r1; r++) gemv_bf16_rows(w, px, n, 1, false, y, ldy, &r);
+    for (int64_t r = r1s; r < r1; r++) gemv_bf16_rows(w, px, n, 1, false, fast, y, ldy, &r);
 }
 
 /* Dense (f16 / f32) GEMV for a constant n (1..4). */
@@ -410,14 +463,14 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const float *x, const
  * spreads them over the lanes (no store/reload of converted scales), dx comes per lane from xdl,
  * and the bias term b*sum(x) of the same 16 groups is accumulated in a second vector. With three
  * parts a lane's sums are combined in int32 as ((d0 << 7) + d1) << 7 + d2. */
-static ALWAYS_INLINE __m512i q_dot_part(__m512i lo, __m512i hi, const int8_t *xp, int64_t half,
-                                        __mmask64 m, const bool masked, const int bits) {
-    __m512i d;
+static ALWAYS_INLINE __m512i q_dot_part(__m512i d, __m512i lo, __m512i hi, const int8_t *xp,
+                                        int64_t half, __mmask64 m, const bool masked,
+                                        const int bits) {
     if (!masked) {
-        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xp));
+        d = _mm512_dpbusd_epi32(d, lo, _mm512_loadu_si512(xp));
         if (bits == 4) d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xp + half));
     } else { /* short last step */
-        d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_maskz_loadu_epi8(m, xp));
+        d = _mm512_dpbusd_epi32(d, lo, _mm512_maskz_loadu_epi8(m, xp));
         if (bits == 4) d = _mm512_dpbusd_epi32(d, hi, _mm512_maskz_loadu_epi8(m, xp + half));
     }
     return d;
@@ -427,12 +480,10 @@ static ALWAYS_INLINE __m512i q_dot_part(__m512i lo, __m512i hi, const int8_t *xp
 static ALWAYS_INLINE __m512i q_dot_parts(__m512i lo, __m512i hi, const int8_t *xq, int64_t part,
                                          int64_t half, __mmask64 m, const bool masked,
                                          const int parts, const int bits) {
-    __m512i d = q_dot_part(lo, hi, xq, half, m, masked, bits);
-    if (parts == 3) {
-        __m512i d1 = q_dot_part(lo, hi, xq + part, half, m, masked, bits);
-        __m512i d2 = q_dot_part(lo, hi, xq + 2 * part, half, m, masked, bits);
-        d = _mm512_add_epi32(_mm512_slli_epi32(d, 14),
-                             _mm512_add_epi32(_mm512_slli_epi32(d1, 7), d2));
+    __m512i d = q_dot_part(_mm512_setzero_si512(), lo, hi, xq, half, m, masked, bits);
+    if (parts == 3) { /* one chain: ((d0 << 7) + d1) << 7 + d2, no adds */
+        d = q_dot_part(_mm512_slli_epi32(d, 7), lo, hi, xq + part, half, m, masked, bits);
+        d = q_dot_part(_mm512_slli_epi32(d, 7), lo, hi, xq + 2 * part, half, m, masked, bits);
     }
     return d;
 }
@@ -529,37 +580,6 @@ static ALWAYS_INLINE void gemv_q48_int8(const kiln_matrix *w, const kiln_gemv_x 
                  gemv_q48_int8_rows(w, px, n, bits, parts, 1, idx_base, y, ldy, rr));
 }
 
-/* bf16 fast GEMV for a constant n: vdpbf16ps on bf16 weights and bf16-rounded x. */
-static ALWAYS_INLINE void gemv_bf16_fast(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
-                                         float *y, int64_t ldy, int64_t r0, int64_t r1) {
-    const int64_t cols = w->cols;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *row = (const uint16_t *)w->data + r * cols;
-        __m512 acc[KILN_GEMV_MAX_N][2];
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
-            _mm512_setzero_ps();
-        int64_t k = 0;
-        for (; k + 64 <= cols; k += 64) {
-            __m512bh w0 = (__m512bh)_mm512_loadu_si512(row + k);
-            __m512bh w1 = (__m512bh)_mm512_loadu_si512(row + k + 32);
-            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
-                const uint16_t *xb = px->xb + i * cols + k;
-                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, (__m512bh)_mm512_loadu_si512(xb));
-                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, (__m512bh)_mm512_loadu_si512(xb + 32));
-            }
-        }
-        for (; k < cols; k += 32) {
-            int64_t rem = cols - k;
-            __mmask32 m = rem >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << rem) - 1);
-            __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(m, row + k);
-            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = _mm512_dpbf16_ps(
-                acc[i][0], w0, (__m512bh)_mm512_maskz_loadu_epi16(m, px->xb + i * cols + k));
-        }
-        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
-    }
-}
-
 /* x quantized to int8 in blocks of 16 (finer than any weight group and a whole number of 32-bit
  * lanes, so a lane's integer sum has one x scale): dx = max|x|/127, xq = round(x/dx), in the
  * natural order (8-bit) or with each 128-block (a shorter last block likewise) holding its even
@@ -595,8 +615,21 @@ static void quantize_x_int8(const float *x, int n, int64_t cols, int bits, int p
             int8_t *qi = q0 + p * xq_part;
             memset(qi + cols, 0, FAST_XQ_PAD);
             if (bits == 4) {
+                /* full 128-blocks: a byte shuffle puts each 16 bytes' evens before its odds, a
+                 * qword permute gathers the evens of both halves, then the odds */
+                const __m512i eo = _mm512_broadcast_i32x4(
+                    _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+                const __m512i ev = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+                const __m512i od = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+                int64_t k0 = 0;
+                for (; k0 + step <= cols; k0 += step) {
+                    __m512i a = _mm512_shuffle_epi8(_mm512_loadu_si512(qi + k0), eo);
+                    __m512i b = _mm512_shuffle_epi8(_mm512_loadu_si512(qi + k0 + 64), eo);
+                    _mm512_storeu_si512(qi + k0, _mm512_permutex2var_epi64(a, ev, b));
+                    _mm512_storeu_si512(qi + k0 + 64, _mm512_permutex2var_epi64(a, od, b));
+                }
                 int8_t tmp[128];
-                for (int64_t k = 0; k < cols; k += step) {
+                for (int64_t k = k0; k < cols; k += step) { /* a shorter last block */
                     int64_t len = cols - k < step ? cols - k : step;
                     for (int64_t t = 0; t < len / 2; t++) {
                         tmp[t] = qi[k + 2 * t];
@@ -675,8 +708,8 @@ size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, boo
 #define Q48F(N, B)  gemv_q48_int8(w, px, N, B, 1, y, ldy, r0, r1)
 #define Q48S(N, B)  gemv_q48_int8(w, px, N, B, 3, y, ldy, r0, r1)
 #define QGEN(N, _)  gemv_quant(w, px->x, N, y, ldy, r0, r1)
-#define BF(N, _)    gemv_bf16(w, px, N, y, ldy, r0, r1)
-#define BFF(N, _)   gemv_bf16_fast(w, px, N, y, ldy, r0, r1)
+#define BF(N, _)    gemv_bf16(w, px, N, false, y, ldy, r0, r1)
+#define BFF(N, _)   gemv_bf16(w, px, N, true, y, ldy, r0, r1)
 #define DENSE(N, _) gemv_dense(w, px->x, N, y, ldy, r0, r1)
 
 void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
@@ -766,5 +799,198 @@ void kiln_axpy_avx512(float *y, float a, const float *x, int64_t n) {
         __mmask16 m = tail_mask(n - i);
         __m512 yv = _mm512_maskz_loadu_ps(m, y + i);
         _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), yv));
+    }
+}
+
+/* Four kiln_dot_avx512 at once (the same two chains and reduction per row, so each result is bit
+ * for bit dot's; the four reductions overlap instead of running back to back). */
+static ALWAYS_INLINE void dot4_avx512(float *out, const float *a, const float *const *b,
+                                      const int R, int64_t n) {
+    __m512 acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc0[q] = acc1[q] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 a0 = _mm512_loadu_ps(a + i), a1 = _mm512_loadu_ps(a + i + 16);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            acc0[q] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[q] + i), acc0[q]);
+            acc1[q] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b[q] + i + 16), acc1[q]);
+        }
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 a0 = _mm512_maskz_loadu_ps(m, a + i);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc0[q] =
+            _mm512_fmadd_ps(a0, _mm512_maskz_loadu_ps(m, b[q] + i), acc0[q]);
+    }
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) out[q] =
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0[q], acc1[q]));
+}
+
+void kiln_dot_rows_avx512(float *out, const float *a, const float *rows, int64_t stride,
+                          int64_t count, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        const float *b[4] = {rows + i * stride, rows + (i + 1) * stride, rows + (i + 2) * stride,
+                             rows + (i + 3) * stride};
+        dot4_avx512(out + i, a, b, 4, n);
+    }
+    for (; i < count; i++) {
+        const float *b[1] = {rows + i * stride};
+        dot4_avx512(out + i, a, b, 1, n);
+    }
+}
+
+/* y[c0 .. c0 + 16*NV) (masked past n) += coef[i] * rows[i] for every row in order, y held in
+ * registers: per element the same FMAs in the same order as kiln_axpy_avx512 row by row. */
+static ALWAYS_INLINE void axpy_rows_chunk(float *y, const float *coef, const float *rows,
+                                          int64_t stride, int64_t count, int64_t n, int64_t c0,
+                                          const int NV) {
+    __m512 acc[8];
+    __mmask16 m[8];
+    _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {
+        int64_t left = n - c0 - 16 * v;
+        m[v] = left <= 0 ? 0 : tail_mask(left);
+        acc[v] = _mm512_maskz_loadu_ps(m[v], y + c0 + 16 * v);
+    }
+    for (int64_t i = 0; i < count; i++) {
+        const __m512 av = _mm512_set1_ps(coef[i]);
+        const float *r = rows + i * stride + c0;
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[v] =
+            _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m[v], r + 16 * v), acc[v]);
+    }
+    _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)
+        _mm512_mask_storeu_ps(y + c0 + 16 * v, m[v], acc[v]);
+}
+
+void kiln_axpy_rows_avx512(float *y, const float *coef, const float *rows, int64_t stride,
+                           int64_t count, int64_t n) {
+    int64_t c0 = 0;
+    for (; c0 + 128 <= n; c0 += 128) axpy_rows_chunk(y, coef, rows, stride, count, n, c0, 8);
+    for (; c0 < n; c0 += 64) axpy_rows_chunk(y, coef, rows, stride, count, n, c0, 4);
+}
+
+void kiln_pack_x_bf16_avx512(const float *x, int64_t np, int64_t cols, uint32_t *xt) {
+    const int64_t pairs = cols / 2;
+    for (int64_t i = 0; i < KILN_GEMM_XP; i++) {
+        if (i >= np) {
+            for (int64_t kk = 0; kk < pairs; kk++) xt[kk * KILN_GEMM_XP + i] = 0;
+            continue;
+        }
+        const float *xi = x + i * cols;
+        int64_t kk = 0;
+        for (; kk + 16 <= pairs; kk += 16) { /* 32 values -> 16 pairs */
+            __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xi + 2 * kk + 16),
+                                             _mm512_loadu_ps(xi + 2 * kk));
+            _Alignas(64) uint32_t tmp[16];
+            _mm512_store_si512(tmp, (__m512i)b);
+            for (int t = 0; t < 16; t++) xt[(kk + t) * KILN_GEMM_XP + i] = tmp[t];
+        }
+        for (; kk < pairs; kk++) {
+            __m128bh b = _mm_cvtneps_pbh(_mm_setr_ps(xi[2 * kk], xi[2 * kk + 1], 0.0f, 0.0f));
+            uint32_t v;
+            memcpy(&v, &b, sizeof v);
+            xt[kk * KILN_GEMM_XP + i] = v;
+        }
+    }
+}
+
+void kiln_f32_to_bf16_avx512(const float *src, int64_t n, uint16_t *dst) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(dst + i, m,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+
+/* WR x XP tile on bf16 pairs: per pair of k, XP/16 x vectors and WR broadcast weight pairs, each
+ * vdpbf16ps two multiply-adds per lane (twice the f32 FMA tile's rate). */
+void kiln_tile_bf16_avx512(int64_t pairs, const uint32_t *xt, const uint16_t *const *wrows,
+                           float *c) {
+    enum { WR = KILN_GEMM_WR, XV = KILN_GEMM_XP / 16 };
+    __m512 acc[WR][XV];
+    _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < pairs; kk++) {
+        __m512bh xv[XV];
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) xv[v] =
+            (__m512bh)_mm512_load_si512(xt + kk * KILN_GEMM_XP + 16 * v);
+        _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++) {
+            uint32_t wp;
+            memcpy(&wp, wrows[j] + 2 * kk, sizeof wp);
+            __m512bh wv = (__m512bh)_mm512_set1_epi32((int)wp);
+            _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] =
+                _mm512_dpbf16_ps(acc[j][v], wv, xv[v]);
+        }
+    }
+    _Pragma("GCC unroll 16") for (int j = 0; j < WR; j++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++)
+            _mm512_storeu_ps(c + j * KILN_GEMM_XP + 16 * v, acc[j][v]);
+}
+
+/* r[16] (16 rows of 16) transposed in place: 4x4 blocks inside each 128-bit lane by two unpack
+ * rounds, then the lanes gathered across the four row groups by two shuffle_f32x4 rounds. */
+static ALWAYS_INLINE void transpose16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; c++) { /* lane L of r[4g + c]: column 4L + c of rows 4g .. 4g+3 */
+        __m512 ab0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        __m512 ab1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+        __m512 de0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        __m512 de1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+        t[c] = _mm512_shuffle_f32x4(ab0, de0, 0x88);
+        t[8 + c] = _mm512_shuffle_f32x4(ab0, de0, 0xdd);
+        t[4 + c] = _mm512_shuffle_f32x4(ab1, de1, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(ab1, de1, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+void kiln_pack_x_avx512(const float *x, int64_t np, int64_t cols, float *xt) {
+    const int64_t full = cols / 16 * 16;
+    for (int64_t k0 = 0; k0 < full; k0 += 16)
+        for (int i0 = 0; i0 < KILN_GEMM_XP; i0 += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] =
+                    i0 + i < np ? _mm512_loadu_ps(x + (i0 + i) * cols + k0) : _mm512_setzero_ps();
+            transpose16(r);
+            for (int c = 0; c < 16; c++) _mm512_store_ps(xt + (k0 + c) * KILN_GEMM_XP + i0, r[c]);
+        }
+    for (int64_t k = full; k < cols; k++) {
+        float *dst = xt + k * KILN_GEMM_XP;
+        int64_t i = 0;
+        for (; i < np; i++) dst[i] = x[i * cols + k];
+        for (; i < KILN_GEMM_XP; i++) dst[i] = 0.0f;
+    }
+}
+
+void kiln_store_tile_avx512(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
+                            int64_t ldy) {
+    _Static_assert(KILN_GEMM_WR <= 16 && KILN_GEMM_XP == 32, "tile store shape");
+    const __mmask16 m = tail_mask(nr);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    for (int i0 = 0; i0 < KILN_GEMM_XP && i0 < np; i0 += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++)
+            r[j] =
+                j < KILN_GEMM_WR ? _mm512_loadu_ps(c + j * KILN_GEMM_XP + i0) : _mm512_setzero_ps();
+        transpose16(r); /* r[i] = c[0..15][i0 + i] */
+        for (int i = 0; i < 16 && i0 + i < np; i++)
+            _mm512_mask_storeu_ps(y + (i0 + i) * ldy, m, _mm512_add_ps(r[i], b));
     }
 }

@@ -131,6 +131,10 @@ static void pack_x_slice(void *ctx, int64_t p0, int64_t p1, int thread) {
         int64_t np =
             job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
         const float *xp = job->x + p * KILN_GEMM_XP * cols;
+        if (job->kernels->tile_t == kiln_tile_t_avx512) { /* 16x16 register transposes */
+            kiln_pack_x_avx512(xp, np, cols, xt);
+            continue;
+        }
         /* k outer: each xt line is written whole; the np source rows stay in L1 across 16 k */
         for (int64_t k = 0; k < cols; k++) {
             float *dst = xt + k * KILN_GEMM_XP;
@@ -157,7 +161,10 @@ static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
     (void)thread;
     panel_job *job = ctx;
     const kiln_matrix *w = job->w;
-    const int64_t cols = w->cols, ldw = (cols + 15) & ~(int64_t)15;
+    /* rows of wd one cache line more than a multiple of 64 bytes apart: at a multiple of 4 KB
+     * (cols = 1024, 2048, ...) the WR weights the tile reads per k all fall in one L1 set, which
+     * holds fewer lines than that with x streaming through it (164 -> 220 GFLOP/s per core) */
+    const int64_t cols = w->cols, ldw = ((cols + 15) & ~(int64_t)15) + 16;
     const int64_t panels = (job->n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
     float *wd = aligned_alloc(64, (size_t)(KILN_GEMM_WR * ldw) * sizeof(float));
     if (!wd) {
@@ -187,6 +194,11 @@ static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
             job->kernels->tile_t(cols, job->xt + p * cols * KILN_GEMM_XP, wd, ldw, c);
             int64_t np =
                 job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+            if (job->kernels->tile_t == kiln_tile_t_avx512) { /* transposed in registers */
+                kiln_store_tile_avx512(c, np, nr, w->bias ? w->bias + r0 : NULL,
+                                       job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
+                continue;
+            }
             for (int64_t i = 0; i < np; i++) {
                 float *yi = job->y + (p * KILN_GEMM_XP + i) * w->rows + r0;
                 for (int64_t j = 0; j < nr; j++)
@@ -195,6 +207,98 @@ static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
         }
     }
     free(wd);
+}
+
+/* ---- fast mode: bf16 panel GEMM (bf16 weights, AVX512-BF16) ---------------------------------- */
+
+typedef struct {
+    const kiln_matrix *w;
+    const float *x; /* [n, cols] */
+    float *y;       /* [n, rows] */
+    int64_t n;
+    uint32_t *xt; /* [panels][cols/2][XP] bf16 pairs */
+    bool failed;  /* a slice had no memory for its decoded rows */
+} bf16_panel_job;
+
+static void pack_x_bf16_slice(void *ctx, int64_t p0, int64_t p1, int thread) {
+    (void)thread;
+    const bf16_panel_job *job = ctx;
+    const int64_t cols = job->w->cols;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t np =
+            job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+        kiln_pack_x_bf16_avx512(job->x + p * KILN_GEMM_XP * cols, np, cols,
+                                job->xt + p * (cols / 2) * KILN_GEMM_XP);
+    }
+}
+
+/* Blocks [b0, b1) of WR weight rows, read in place (bf16 pairs), one tile per panel. */
+static void bf16_panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    bf16_panel_job *job = ctx;
+    const kiln_matrix *w = job->w;
+    const int64_t cols = w->cols, pairs = cols / 2;
+    const int64_t panels = (job->n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
+    const bool decode = kiln_matrix_is_quantized(w);
+    /* quantized rows: decoded to f32, then rounded to bf16 rows 32 elements more than a multiple
+     * of 64 bytes apart (see panel_slice) */
+    const int64_t ldb = ((cols + 31) & ~(int64_t)31) + 32;
+    float *row = NULL;
+    uint16_t *wb = NULL;
+    if (decode) {
+        row = aligned_alloc(64, (size_t)((cols + 15) & ~(int64_t)15) * sizeof(float));
+        wb = aligned_alloc(64, (size_t)(KILN_GEMM_WR * ldb) * sizeof(uint16_t));
+        if (!row || !wb) {
+            free(row), free(wb);
+            job->failed = true;
+            return;
+        }
+    }
+    _Alignas(64) float c[KILN_GEMM_WR * KILN_GEMM_XP];
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t r0 = b * KILN_GEMM_WR;
+        int64_t nr = w->rows - r0 < KILN_GEMM_WR ? w->rows - r0 : KILN_GEMM_WR;
+        const uint16_t *wrows[KILN_GEMM_WR];
+        for (int64_t j = 0; j < KILN_GEMM_WR; j++) { /* rows past nr repeat row r0 (discarded) */
+            int64_t r = r0 + (j < nr ? j : 0);
+            if (decode) {
+                if (j < nr) {
+                    kiln_cpu_kernels_active()->decode(w, r, 0, cols, row);
+                    kiln_f32_to_bf16_avx512(row, cols, wb + j * ldb);
+                }
+                wrows[j] = wb + (j < nr ? j : 0) * ldb;
+            } else {
+                wrows[j] = (const uint16_t *)w->data + r * cols;
+            }
+        }
+        for (int64_t p = 0; p < panels; p++) {
+            kiln_tile_bf16_avx512(pairs, job->xt + p * pairs * KILN_GEMM_XP, wrows, c);
+            int64_t np =
+                job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+            kiln_store_tile_avx512(c, np, nr, w->bias ? w->bias + r0 : NULL,
+                                   job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
+        }
+    }
+    free(row), free(wb);
+}
+
+/* Fast-mode GEMM (x and the weights as bf16, vdpbf16ps): bf16 weights read in place, quantized
+ * ones decoded per block of WR rows. Returns false when it does not apply or out of memory (then
+ * the exact GEMM runs and overwrites whatever was written). */
+static bool gemm_bf16_fast(kiln_threadpool *pool, float *y, const float *x, int64_t n,
+                           const kiln_matrix *w) {
+    if ((w->dtype != KILN_DT_BF16 && !kiln_matrix_is_quantized(w)) || w->cols % 2 ||
+        !kiln_cpu_matmul_fast_active() || kiln_cpu_simd_level() != KILN_SIMD_AVX512)
+        return false;
+    int64_t panels = (n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
+    uint32_t *xt =
+        aligned_alloc(64, (size_t)(panels * (w->cols / 2) * KILN_GEMM_XP) * sizeof(uint32_t));
+    if (!xt) return false;
+    bf16_panel_job job = {w, x, y, n, xt, false};
+    kiln_parallel_for(pool, panels, 1, pack_x_bf16_slice, &job);
+    kiln_parallel_for(pool, (w->rows + KILN_GEMM_WR - 1) / KILN_GEMM_WR, 1, bf16_panel_slice, &job);
+    free(xt);
+    return !job.failed;
 }
 
 /* Returns false (nothing written) when out of memory. */
@@ -249,6 +353,7 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
         kiln_parallel_for(pool, w->rows, 16, gemv_slice, &job);
         if (scratch != stack) free(scratch);
     } else {
+        if (gemm_bf16_fast(pool, y, x, n, w)) return;
         if (job.kernels->tile_t && gemm_panels(pool, job.kernels, y, x, n, w)) return;
         int64_t blocks = (w->rows + KILN_GEMM_NR - 1) / KILN_GEMM_NR;
         kiln_parallel_for(pool, blocks, 1, gemm_slice, &job);

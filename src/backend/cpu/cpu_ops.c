@@ -130,6 +130,26 @@ void kiln_cpu_axpy(float *y, float a, const float *x, int64_t n) {
     kiln_cpu_kernels_active()->axpy(y, a, x, n);
 }
 
+void kiln_cpu_dot_rows(float *out, const float *a, const float *rows, int64_t stride, int64_t count,
+                       int64_t n) {
+    const kiln_cpu_kernels *k = kiln_cpu_kernels_active();
+    if (k->dot_rows) {
+        k->dot_rows(out, a, rows, stride, count, n);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) out[i] = k->dot(a, rows + i * stride, n);
+}
+
+void kiln_cpu_axpy_rows(float *y, const float *coef, const float *rows, int64_t stride,
+                        int64_t count, int64_t n) {
+    const kiln_cpu_kernels *k = kiln_cpu_kernels_active();
+    if (k->axpy_rows) {
+        k->axpy_rows(y, coef, rows, stride, count, n);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++) k->axpy(y, coef[i], rows + i * stride, n);
+}
+
 void kiln_cpu_softmax(float *x, int64_t n) {
     if (n <= 0) return;
     float max = x[0];

@@ -21,7 +21,8 @@ int kiln_cpu_simd_force(const char *level);
 
 /* Matmul mode: "exact" (default: f32 activations, matches the reference to ~1e-6) or "fast"
  * (decode GEMV quantizes activations to int8 in blocks of 16 for 4/8-bit weights and rounds them
- * to bf16 for bf16 weights, using AVX512-VNNI / AVX512-BF16; ~1e-3 relative error). NULL
+ * to bf16 for bf16 weights; prefill GEMM rounds x and the weights to bf16 and runs vdpbf16ps;
+ * AVX512-VNNI / AVX512-BF16; ~1e-3 relative error). NULL
  * re-reads env KILN_MATMUL. Returns 0, or -1 for an unknown name. Fast needs the AVX-512 level
  * and a CPU with VNNI and BF16; elsewhere the exact kernels run. */
 int kiln_cpu_matmul_mode_set(const char *mode);
@@ -71,6 +72,13 @@ void kiln_cpu_scale(float *x, float s, int64_t n);
 float kiln_cpu_dot(const float *a, const float *b, int64_t n);
 /* y[i] += a * x[i] (attention value accumulation). */
 void kiln_cpu_axpy(float *y, float a, const float *x, int64_t n);
+/* out[i] = kiln_cpu_dot(a, rows + i*stride, n) for i < count, bit for bit (attention scores). */
+void kiln_cpu_dot_rows(float *out, const float *a, const float *rows, int64_t stride, int64_t count,
+                       int64_t n);
+/* kiln_cpu_axpy(y, coef[i], rows + i*stride, n) for i = 0, 1, .., count-1 in that order, bit for
+ * bit (attention value sums; y stays in registers across the rows). */
+void kiln_cpu_axpy_rows(float *y, const float *coef, const float *rows, int64_t stride,
+                        int64_t count, int64_t n);
 /* In-place softmax over x[n]; returns nothing. */
 void kiln_cpu_softmax(float *x, int64_t n);
 
