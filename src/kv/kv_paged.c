@@ -178,9 +178,10 @@ typedef struct paged_job {
 enum { TILE_Q = 16 }; /* queries sharing one decode of each key / value row */
 
 /* One work item: kv head g and a tile of up to TILE_Q queries, with every query head of the GQA
- * group. Each key and value row is decoded once for the whole tile; for every (query, head) the
- * scores, the softmax sums and the weighted sum of values run in increasing key order, exactly as
- * in kiln_attention_contiguous. */
+ * group. The key and value rows of one block are decoded once for the whole tile (kblk / vblk,
+ * or read in place for plain f32), then every (query, head) takes them through dot_rows /
+ * axpy_rows; the scores, the softmax sums and the weighted sum of values run in increasing key
+ * order, exactly as in kiln_attention_contiguous. */
 static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const paged_job *j = ctx;
@@ -196,7 +197,8 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
     const bool v_direct = f->v.kind == KV_CODEC_F32 && !f->v.rotate;
     const int rows = TILE_Q * group;
     float *scores = malloc((size_t)rows * (size_t)(n_keys > 0 ? n_keys : 1) * sizeof(float));
-    float *buf = malloc((size_t)(hd + vhd + rows * hd) * sizeof(float));
+    /* kblk [B, hd], vblk [B, vhd], qrot [rows, hd], coef [B] */
+    float *buf = malloc((size_t)(B * hd + B * vhd + rows * hd + B) * sizeof(float));
     float *mx = malloc((size_t)rows * 2 * sizeof(float));
     const float **qv = malloc((size_t)rows * sizeof *qv);
     if (!scores || !buf || !mx || !qv) { /* cannot happen in practice; leaves out untouched */
@@ -206,7 +208,8 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
         free(qv);
         return;
     }
-    float *kbuf = buf, *vbuf = buf + hd, *qrot = buf + hd + vhd;
+    float *kblk = buf, *vblk = buf + (size_t)B * hd, *qrot = vblk + (size_t)B * vhd;
+    float *coef = qrot + (size_t)rows * hd;
     float *inv = mx + rows;
     const int n_tiles = (j->n + TILE_Q - 1) / TILE_Q;
     for (int64_t w = begin; w < end; w++) {
@@ -230,25 +233,40 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
             qv[r] = q;
             mx[r] = -INFINITY;
         }
-        for (int kp = lo; kp <= pos_hi; kp++) {
-            const uint8_t *rec =
-                kv_pool_block(pool, table[kp / B]) + ((size_t)(kp % B) * H + (size_t)g) * f->k_rec;
-            const float *kv;
+        /* keys block by block: kp0..kp1 lie in one block */
+        for (int kp0 = lo; kp0 <= pos_hi;) {
+            const int kp1 = kp0 - kp0 % B + B - 1 < pos_hi ? kp0 - kp0 % B + B - 1 : pos_hi;
+            const int cnt = kp1 - kp0 + 1;
+            const uint8_t *rec0 = kv_pool_block(pool, table[kp0 / B]) +
+                                  ((size_t)(kp0 % B) * H + (size_t)g) * f->k_rec;
+            const float *krows;
+            int64_t kstride; /* floats between consecutive keys' rows */
             if (k_direct) {
-                kv = (const float *)(const void *)rec;
+                krows = (const float *)(const void *)rec0;
+                kstride = (int64_t)H * f->k_rec / (int64_t)sizeof(float);
             } else {
-                kv_codec_decode(&f->k, rec, hd, kbuf);
-                kv = kbuf;
+                for (int i = 0; i < cnt; i++)
+                    kv_codec_decode(&f->k, rec0 + (size_t)i * H * f->k_rec, hd,
+                                    kblk + (size_t)i * hd);
+                krows = kblk;
+                kstride = hd;
             }
             for (int r = 0; r < nt * group; r++) {
                 int pos = c->base.len + t0 + r / group;
                 int first = d->window > 0 ? pos - d->window + 1 : 0;
-                if (kp < first || kp > pos) continue;
-                float s = kiln_cpu_dot(qv[r], kv, hd) * j->p->scale;
-                if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
-                scores[(size_t)r * n_keys + kp] = s;
-                if (s > mx[r]) mx[r] = s;
+                int a = kp0 > first ? kp0 : first, b = kp1 < pos ? kp1 : pos;
+                if (a > b) continue;
+                float *sc = scores + (size_t)r * n_keys;
+                kiln_cpu_dot_rows(sc + a, qv[r], krows + (int64_t)(a - kp0) * kstride, kstride,
+                                  b - a + 1, hd);
+                for (int kp = a; kp <= b; kp++) {
+                    float s = sc[kp] * j->p->scale;
+                    if (j->p->softcap > 0) s = j->p->softcap * tanhf(s / j->p->softcap);
+                    sc[kp] = s;
+                    if (s > mx[r]) mx[r] = s;
+                }
             }
+            kp0 = kp1 + 1;
         }
         for (int r = 0; r < nt * group; r++) {
             int pos = c->base.len + t0 + r / group;
@@ -262,23 +280,35 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
             }
             inv[r] = 1.0f / sm;
         }
-        for (int kp = lo; kp <= pos_hi; kp++) {
-            const uint8_t *rec = kv_pool_block(pool, table[kp / B]) + f->v_offset +
-                                 ((size_t)(kp % B) * H + (size_t)g) * f->v_rec;
-            const float *vv;
+        for (int kp0 = lo; kp0 <= pos_hi;) {
+            const int kp1 = kp0 - kp0 % B + B - 1 < pos_hi ? kp0 - kp0 % B + B - 1 : pos_hi;
+            const int cnt = kp1 - kp0 + 1;
+            const uint8_t *rec0 = kv_pool_block(pool, table[kp0 / B]) + f->v_offset +
+                                  ((size_t)(kp0 % B) * H + (size_t)g) * f->v_rec;
+            const float *vrows;
+            int64_t vstride;
             if (v_direct) {
-                vv = (const float *)(const void *)rec;
+                vrows = (const float *)(const void *)rec0;
+                vstride = (int64_t)H * f->v_rec / (int64_t)sizeof(float);
             } else {
-                kv_codec_decode(&f->v, rec, vhd, vbuf);
-                vv = vbuf;
+                for (int i = 0; i < cnt; i++)
+                    kv_codec_decode(&f->v, rec0 + (size_t)i * H * f->v_rec, vhd,
+                                    vblk + (size_t)i * vhd);
+                vrows = vblk;
+                vstride = vhd;
             }
             for (int r = 0; r < nt * group; r++) {
                 int t = t0 + r / group, h = g * group + r % group, pos = c->base.len + t;
                 int first = d->window > 0 ? pos - d->window + 1 : 0;
-                if (kp < first || kp > pos) continue;
+                int a = kp0 > first ? kp0 : first, b = kp1 < pos ? kp1 : pos;
+                if (a > b) continue;
+                for (int kp = a; kp <= b; kp++)
+                    coef[kp - a] = scores[(size_t)r * n_keys + kp] * inv[r];
                 float *o = j->out + (int64_t)t * n_heads * vhd + (int64_t)h * vhd;
-                kiln_cpu_axpy(o, scores[(size_t)r * n_keys + kp] * inv[r], vv, vhd);
+                kiln_cpu_axpy_rows(o, coef, vrows + (int64_t)(a - kp0) * vstride, vstride,
+                                   b - a + 1, vhd);
             }
+            kp0 = kp1 + 1;
         }
         if (f->v.rotate) /* once per output row, not per key */
             for (int r = 0; r < nt * group; r++) {
