@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""hf_to_gguf.py — write a Qwen3 Hugging Face folder (config.json + bf16 safetensors) as a bf16 GGUF
+"""hf_to_gguf.py — write a Qwen3 or Llama Hugging Face folder (config.json + bf16 safetensors) as a bf16 GGUF
 for llama.cpp, using only numpy and llama.cpp's own gguf-py (pass its path with --gguf-py).
 
 llama.cpp's convert_hf_to_gguf.py imports torch, which this machine cannot install (only Debian apt
@@ -8,7 +8,9 @@ tensors renamed through gguf-py's TensorNameMap (2-D weights bf16 as stored, 1-D
 upstream converter does), and a byte-level BPE tokenizer ("gpt2", pre "gpt-2") taken from
 tokenizer.json. When the config's vocab is larger than the tokenizer's (the random-weight model),
 the vocabulary is padded with unused control tokens so llama.cpp accepts it; llama-bench only feeds
-random token ids, so the tokenizer content does not affect its timings.
+random token ids, so the tokenizer content does not affect its timings. Llama's q/k projections are
+written as stored (upstream permutes their rows for llama.cpp's RoPE layout): right for timing a
+random-weight model, wrong for using a real one.
 
 Nothing here is llama.cpp code; gguf-py is imported from the llama.cpp tree built outside the repo.
 """
@@ -56,9 +58,10 @@ def main():
     import gguf
 
     cfg = json.load(open(os.path.join(args.model, "config.json")))
-    if cfg.get("model_type") != "qwen3":
-        raise SystemExit("only qwen3 is supported")
-    arch = gguf.MODEL_ARCH.QWEN3
+    archs = {"qwen3": gguf.MODEL_ARCH.QWEN3, "llama": gguf.MODEL_ARCH.LLAMA}
+    if cfg.get("model_type") not in archs:
+        raise SystemExit("only qwen3 and llama are supported")
+    arch = archs[cfg["model_type"]]
     L = cfg["num_hidden_layers"]
     H = cfg["num_attention_heads"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // H
@@ -77,6 +80,7 @@ def main():
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_freq_base(float(rope))
+    w.add_rope_dimension_count(hd)
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
 
     # tokenizer: byte-level BPE as "gpt2"
