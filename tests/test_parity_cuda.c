@@ -26,21 +26,25 @@ static const char *fixtures[] = {
 };
 
 #ifdef KILN_HAVE_CUDA
-/* A model whose backend has decode-step graphs on (1) or off (0). */
+/* A model whose backend has decode-step graphs and programmatic dependent launches on (1) or
+ * both off (0: every op launched in plain stream order). */
 static kiln_model *load_with_graphs(const char *dir, int on) {
     kiln_cuda_set_graph_mode(on);
+    kiln_cuda_set_pdl_mode(on);
     kiln_load_options lo;
     kiln_load_options_default(&lo);
     lo.device = KILN_DEVICE_CUDA;
     kiln_model *m = NULL;
     CHECK_OK(kiln_model_load(dir, &lo, &m));
     kiln_cuda_set_graph_mode(-1);
+    kiln_cuda_set_pdl_mode(-1);
     return m;
 }
 
-/* Two sequences (one alone, then both as a batch of two) decode 300 steps with graphs off and on:
- * the logits must be the same bits at every step, and most steps must have been replays. The
- * lengths cross the attention buckets (128, 256, ...) and the cache's growth from 256 rows. */
+/* Two sequences (one alone, then both as a batch of two) decode 300 steps with graphs + PDL off
+ * and on: the logits must be the same bits at every step (a kernel reading before its PDL wait
+ * would show up as a difference), and most steps must have been replays. The lengths cross the
+ * attention buckets (128, 256, ...) and the cache's growth from 256 rows. */
 static void graph_replay_check(const char *name) {
     char rel[256], dir[4000];
     snprintf(rel, sizeof rel, "fixtures/%s", name);

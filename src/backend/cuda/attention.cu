@@ -57,6 +57,7 @@ __device__ __forceinline__ void load16(const void *base, int64_t off, int dt, bo
 
 template <int DPL, int RPW>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__ att_launch L) {
+    KCU_PDL_ENTER();
     const int si = blockIdx.z / L.splits, z = blockIdx.z - si * L.splits;
     const att_seq &S = L.s[si];
     const int ROWS = ATT_WARPS * RPW, row0 = blockIdx.x * ROWS, G = L.group;
@@ -219,6 +220,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
 
 /* One block per (row, kv head, seq): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M). */
 __global__ void k_attn_merge(const __grid_constant__ att_launch L, int splits) {
+    KCU_PDL_ENTER();
     const kcu_attn_args &a = L.a;
     const att_seq &S = L.s[blockIdx.z];
     int row = blockIdx.x, kvh = blockIdx.y, vhd = a.v_head_dim, G = L.group;
@@ -256,7 +258,7 @@ template <int DPL, int RPW> static void launch(kcu_state *st, const att_launch &
             return;
         raised = smem;
     }
-    k_attn<DPL, RPW><<<grid, ATT_WARPS * 32, smem, st->stream>>>(L);
+    KCU_LAUNCH(st, (k_attn<DPL, RPW>), grid, ATT_WARPS * 32, smem, L);
     KCU_LAUNCHED(st);
 }
 
@@ -328,7 +330,7 @@ static void attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_att
     else
         launch_dpl<4>(st, L, grid);
     if (splits > 1) {
-        k_attn_merge<<<dim3(L.rows_max, a->n_kv_heads, n_seq), 128, 0, st->stream>>>(L, splits);
+        KCU_LAUNCH(st, k_attn_merge, dim3(L.rows_max, a->n_kv_heads, n_seq), 128, 0, L, splits);
         KCU_LAUNCHED(st);
     }
 }

@@ -221,6 +221,11 @@ extern "C" void kiln_cuda_set_graph_mode(int mode) {
     g_graph_mode = mode;
 }
 
+static int g_pdl_mode = -1; /* kiln_cuda_set_pdl_mode */
+extern "C" void kiln_cuda_set_pdl_mode(int mode) {
+    g_pdl_mode = mode;
+}
+
 extern "C" long long kiln_cuda_graph_replays(void) {
     return __atomic_load_n(&g_graph_replays_total, __ATOMIC_RELAXED);
 }
@@ -459,8 +464,14 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     st->prof_on = pe && strcmp(pe, "1") == 0 && cudaEventCreate(&st->prof_ev[0]) == cudaSuccess &&
                   cudaEventCreate(&st->prof_ev[1]) == cudaSuccess;
     if (st->prof_on) st->graph_on = false;
-    KILN_LOG_I("cuda: %s, %d SMs, %.1f GiB", prop.name, st->n_sms,
-               prop.totalGlobalMem / 1073741824.0);
+    /* programmatic dependent launches: only where the sm_90a code runs (the kernels' waits are
+     * compiled there; the PTX fallback has none) */
+    const char *pd = getenv("KILN_CUDA_PDL");
+    st->pdl_on =
+        prop.major == 9 && (g_pdl_mode >= 0 ? g_pdl_mode == 1 : !(pd && strcmp(pd, "0") == 0));
+    KILN_LOG_I("cuda: %s, %d SMs, %.1f GiB, graphs %s, PDL %s", prop.name, st->n_sms,
+               prop.totalGlobalMem / 1073741824.0, st->graph_on ? "on" : "off",
+               st->pdl_on ? "on" : "off");
     be->name = "cuda";
     be->device = KILN_DEVICE_CUDA;
     be->destroy = cu_destroy;

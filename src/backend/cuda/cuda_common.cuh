@@ -68,6 +68,9 @@ typedef struct kcu_state {
     cudaEvent_t prof_ev[2];
     kcu_prof_entry prof[64];
     int n_prof;
+    /* Programmatic dependent launch (Hopper; off with KILN_CUDA_PDL=0): kernels launched through
+     * KCU_LAUNCH may start while the kernel before them is still running (see kcu_pdl_wait). */
+    bool pdl_on;
     kiln_status sticky; /* first failure seen by an op (ops return void); reported by synchronize */
     char sticky_msg[256];
 } kcu_state;
@@ -105,6 +108,56 @@ void kcu_prof_end(kcu_state *st, const char *name);
 
 /* Device scratch of at least `bytes` (grows; contents not kept). NULL (and sticky error) on OOM. */
 void *kcu_scratch(kcu_state *st, size_t bytes);
+
+/* ---- programmatic dependent launch ----
+ * A kernel launched with KCU_LAUNCH may become resident while the kernel before it on the stream
+ * still runs: as soon as every block of that one has called kcu_pdl_trigger() (or exited). So
+ * every such kernel calls kcu_pdl_wait() before it touches memory that earlier kernels write or
+ * read (activations, caches, its outputs); before the wait it may only read what no kernel writes
+ * (weights: kcu_prefetch_l2). The wait returns once the kernels before it have completed and
+ * their writes are visible. Entry protocol: KCU_PDL_ENTER() = wait, then trigger (so at most one
+ * kernel waits behind a running one). Kernels launched with <<<>>> keep plain stream order. On
+ * the PTX fallback target (< sm_90) both are no-ops and st->pdl_on is false. */
+__device__ __forceinline__ void kcu_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kcu_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+#define KCU_PDL_ENTER()                                                                            \
+    do {                                                                                           \
+        kcu_pdl_wait();                                                                            \
+        kcu_pdl_trigger();                                                                         \
+    } while (0)
+/* Starts pulling read-only bytes (weights) towards L2 before the wait. */
+__device__ __forceinline__ void kcu_prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+template <typename... P, typename... A>
+static inline cudaError_t kcu_launch_ex(kcu_state *st, void (*kernel)(P...), dim3 grid, dim3 block,
+                                        size_t smem, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = st->pdl_on ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+/* Launches kernel (which must begin with KCU_PDL_ENTER or kcu_pdl_wait) on the backend's stream,
+ * as a programmatic dependent launch when st->pdl_on; failures are reported with file:line.
+ * A template kernel goes in parentheses: KCU_LAUNCH(st, (k<A, B>), grid, block, smem, args). */
+#define KCU_LAUNCH(st, kernel, grid, block, smem, ...)                                             \
+    KCU_CHECK(st, kcu_launch_ex(st, kernel, grid, block, smem, __VA_ARGS__))
 
 /* ---- device helpers ---- */
 __device__ __forceinline__ float kcu_bf16(uint16_t h) {

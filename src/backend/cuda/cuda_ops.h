@@ -71,6 +71,9 @@ void kiln_cuda_set_gemm_split(int on);
 /* Decode-step graphs of backends created from now on: -1 = env KILN_CUDA_GRAPH (default on),
  * 0 = off (every op launched), 1 = on. For tests comparing the two paths. */
 void kiln_cuda_set_graph_mode(int mode);
+/* Programmatic dependent launches for backends created afterwards: 1 on, 0 off, -1 back to the
+ * default (on for compute capability 9.x unless KILN_CUDA_PDL=0). For tests. */
+void kiln_cuda_set_pdl_mode(int mode);
 /* Decode steps replayed from a kept graph, summed over every CUDA backend of the process. */
 long long kiln_cuda_graph_replays(void);
 /* gdn_delta kernel: 1 forces the simple one (a thread per value column, S in global memory), 0

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_ops.h"
 
 __global__ void k_silu_mul(float *y, const float *g, const float *u, int64_t n) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float a = g[i];
@@ -12,6 +13,7 @@ __global__ void k_silu_mul(float *y, const float *g, const float *u, int64_t n) 
 }
 
 __global__ void k_gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n) {
+    KCU_PDL_ENTER();
     const float k0 = 0.7978845608028654f; /* sqrt(2/pi) */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -22,6 +24,7 @@ __global__ void k_gelu_tanh_mul(float *y, const float *g, const float *u, int64_
 }
 
 __global__ void k_add(float *y, const float *a, const float *b, int64_t n) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] = a[i] + b[i];
@@ -31,7 +34,7 @@ extern "C" void kcu_silu_mul(kiln_backend *be, float *y, const float *gate, cons
                              int64_t n) {
     kcu_state *st = kcu_st(be);
     if (n <= 0) return;
-    k_silu_mul<<<kcu_blocks(n, 256, 65536), 256, 0, st->stream>>>(y, gate, up, n);
+    KCU_LAUNCH(st, k_silu_mul, kcu_blocks(n, 256, 65536), 256, 0, y, gate, up, n);
     KCU_LAUNCHED(st);
 }
 
@@ -39,13 +42,13 @@ extern "C" void kcu_gelu_tanh_mul(kiln_backend *be, float *y, const float *gate,
                                   int64_t n) {
     kcu_state *st = kcu_st(be);
     if (n <= 0) return;
-    k_gelu_tanh_mul<<<kcu_blocks(n, 256, 65536), 256, 0, st->stream>>>(y, gate, up, n);
+    KCU_LAUNCH(st, k_gelu_tanh_mul, kcu_blocks(n, 256, 65536), 256, 0, y, gate, up, n);
     KCU_LAUNCHED(st);
 }
 
 extern "C" void kcu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n) {
     kcu_state *st = kcu_st(be);
     if (n <= 0) return;
-    k_add<<<kcu_blocks(n, 256, 65536), 256, 0, st->stream>>>(y, a, b, n);
+    KCU_LAUNCH(st, k_add, kcu_blocks(n, 256, 65536), 256, 0, y, a, b, n);
     KCU_LAUNCHED(st);
 }

@@ -4,6 +4,7 @@
 #include "backend/cuda/quant.cuh"
 
 __global__ void k_embed(float *out, const int32_t *ids, kiln_matrix w) {
+    KCU_PDL_ENTER();
     int64_t t = blockIdx.x;
     int64_t r = ids[t];
     float *o = out + t * w.cols;
@@ -16,6 +17,6 @@ extern "C" void kcu_embed(kiln_backend *be, float *out, const int32_t *ids, int6
                           const kiln_matrix *w) {
     kcu_state *st = kcu_st(be);
     if (n <= 0) return;
-    k_embed<<<(unsigned)n, 256, 0, st->stream>>>(out, ids, *w);
+    KCU_LAUNCH(st, k_embed, (unsigned)n, 256, 0, out, ids, *w);
     KCU_LAUNCHED(st);
 }

@@ -8,6 +8,7 @@
  * elements it wrote itself. */
 __global__ void k_add_rmsnorm(float *x, const float *h, float *y, const float *w, int64_t dim,
                               float eps, int plus_one) {
+    KCU_PDL_ENTER();
     __shared__ float part[33];
     float *xr = x + blockIdx.x * dim;
     const float *hr = h + blockIdx.x * dim;
@@ -30,7 +31,7 @@ extern "C" void kcu_add_rmsnorm(kiln_backend *be, float *x, const float *h, floa
     kcu_state *st = kcu_st(be);
     if (n <= 0 || dim <= 0) return;
     int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
-    k_add_rmsnorm<<<(unsigned)n, threads, 0, st->stream>>>(x, h, y, w, dim, eps, plus_one ? 1 : 0);
+    KCU_LAUNCH(st, k_add_rmsnorm, (unsigned)n, threads, 0, x, h, y, w, dim, eps, plus_one ? 1 : 0);
     KCU_LAUNCHED(st);
 }
 
@@ -41,6 +42,7 @@ extern "C" void kcu_add_rmsnorm(kiln_backend *be, float *x, const float *h, floa
 __global__ void k_qk_norm_rope(float *q, float *k, const int32_t *pos, int n_heads, int n_kv_heads,
                                int head_dim, int half, const float *inv_freq, const float *q_norm,
                                const float *k_norm, float eps) {
+    KCU_PDL_ENTER();
     extern __shared__ float sh[]; /* [head_dim] then [33] for the reduction */
     float *part = sh + head_dim;
     const int64_t t = blockIdx.x;
@@ -87,7 +89,7 @@ extern "C" void kcu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int
     int threads = head_dim >= 256 ? 256 : head_dim > 64 ? 128 : 64;
     size_t smem = sizeof(float) * ((size_t)head_dim + 33);
     dim3 grid((unsigned)n, (unsigned)(n_heads + n_kv_heads));
-    k_qk_norm_rope<<<grid, threads, smem, st->stream>>>(q, k, pos, n_heads, n_kv_heads, head_dim,
-                                                        rot_dim / 2, inv_freq, q_norm, k_norm, eps);
+    KCU_LAUNCH(st, k_qk_norm_rope, grid, threads, smem, q, k, pos, n_heads, n_kv_heads, head_dim,
+               rot_dim / 2, inv_freq, q_norm, k_norm, eps);
     KCU_LAUNCHED(st);
 }

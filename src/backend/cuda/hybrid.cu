@@ -21,6 +21,7 @@ extern "C" void kcu_copy2d(kiln_backend *be, float *dst, int64_t dst_stride, con
 /* one element per thread over n0 * n1 * cols (grid-stride) */
 __global__ void k_copy3d(float *dst, int64_t d0, int64_t d1, const float *src, int64_t s0,
                          int64_t s1, int64_t n0, int64_t n1, int64_t cols) {
+    KCU_PDL_ENTER();
     const int64_t total = n0 * n1 * cols;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
          e += (int64_t)gridDim.x * blockDim.x) {
@@ -35,8 +36,8 @@ extern "C" void kcu_copy3d(kiln_backend *be, float *dst, int64_t dst_s0, int64_t
     kcu_state *st = kcu_st(be);
     if (n0 <= 0 || n1 <= 0 || cols <= 0) return;
     const int64_t total = n0 * n1 * cols;
-    k_copy3d<<<kcu_blocks(total, 256, 65536), 256, 0, st->stream>>>(dst, dst_s0, dst_s1, src,
-                                                                    src_s0, src_s1, n0, n1, cols);
+    KCU_LAUNCH(st, k_copy3d, kcu_blocks(total, 256, 65536), 256, 0, dst, dst_s0, dst_s1, src,
+               src_s0, src_s1, n0, n1, cols);
     KCU_LAUNCHED(st);
 }
 
@@ -47,6 +48,7 @@ extern "C" void kcu_zero(kiln_backend *be, float *x, int64_t n) {
 }
 
 __global__ void k_sigmoid_mul(float *y, const float *x, const float *g, int64_t n) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] = x[i] * (1.0f / (1.0f + expf(-g[i])));
@@ -56,12 +58,13 @@ extern "C" void kcu_sigmoid_mul(kiln_backend *be, float *y, const float *x, cons
                                 int64_t n) {
     kcu_state *st = kcu_st(be);
     if (n <= 0) return;
-    k_sigmoid_mul<<<kcu_blocks(n, 256, 65536), 256, 0, st->stream>>>(y, x, gate, n);
+    KCU_LAUNCH(st, k_sigmoid_mul, kcu_blocks(n, 256, 65536), 256, 0, y, x, gate, n);
     KCU_LAUNCHED(st);
 }
 
 /* one block (128 threads) per row */
 __global__ void k_l2norm(float *x, int dim, float eps) {
+    KCU_PDL_ENTER();
     __shared__ float part[33];
     float *xr = x + (int64_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -73,7 +76,7 @@ __global__ void k_l2norm(float *x, int dim, float eps) {
 extern "C" void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps) {
     kcu_state *st = kcu_st(be);
     if (rows <= 0 || dim <= 0) return;
-    k_l2norm<<<(unsigned)rows, 128, 0, st->stream>>>(x, dim, eps);
+    KCU_LAUNCH(st, k_l2norm, (unsigned)rows, 128, 0, x, dim, eps);
     KCU_LAUNCHED(st);
 }
 
@@ -81,6 +84,7 @@ extern "C" void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, fl
  * [K-1, C] (oldest first); the state is updated afterwards by k_gdn_conv_state. */
 __global__ void k_gdn_conv_out(float *out, const float *x, int64_t n, int C, const float *w, int K,
                                const float *state) {
+    KCU_PDL_ENTER();
     const int P = K - 1;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * C;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -99,6 +103,7 @@ __global__ void k_gdn_conv_out(float *out, const float *x, int64_t n, int C, con
 /* new state = the last K-1 rows of (state ++ x); each thread owns one channel, and for n < K-1
  * reads row i + n before it writes row i (ascending i), so no row is overwritten before use */
 __global__ void k_gdn_conv_state(const float *x, int64_t n, int C, int P, float *state) {
+    KCU_PDL_ENTER();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     if (n >= P) {
@@ -114,18 +119,19 @@ extern "C" void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int64
                              const float *w, int kernel, float *state) {
     kcu_state *st = kcu_st(be);
     if (n <= 0 || channels <= 0 || kernel <= 0) return;
-    k_gdn_conv_out<<<kcu_blocks(n * channels, 256, 65536), 256, 0, st->stream>>>(
-        out, x, n, channels, w, kernel, state);
+    KCU_LAUNCH(st, k_gdn_conv_out, kcu_blocks(n * channels, 256, 65536), 256, 0, out, x, n,
+               channels, w, kernel, state);
     KCU_LAUNCHED(st);
     if (kernel > 1) {
-        k_gdn_conv_state<<<(unsigned)((channels + 255) / 256), 256, 0, st->stream>>>(
-            x, n, channels, kernel - 1, state);
+        KCU_LAUNCH(st, k_gdn_conv_state, (unsigned)((channels + 255) / 256), 256, 0, x, n, channels,
+                   kernel - 1, state);
         KCU_LAUNCHED(st);
     }
 }
 
 __global__ void k_gdn_gates(float *g, float *beta, const float *a, const float *b, int64_t n,
                             int nv, const float *neg_a, const float *dt_bias) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * nv;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int h = (int)(i % nv);
@@ -141,8 +147,8 @@ extern "C" void kcu_gdn_gates(kiln_backend *be, float *g, float *beta, const flo
                               const float *dt_bias) {
     kcu_state *st = kcu_st(be);
     if (n <= 0 || n_v_heads <= 0) return;
-    k_gdn_gates<<<kcu_blocks(n * n_v_heads, 256, 65536), 256, 0, st->stream>>>(
-        g, beta, a, b, n, n_v_heads, neg_a, dt_bias);
+    KCU_LAUNCH(st, k_gdn_gates, kcu_blocks(n * n_v_heads, 256, 65536), 256, 0, g, beta, a, b, n,
+               n_v_heads, neg_a, dt_bias);
     KCU_LAUNCHED(st);
 }
 
@@ -154,6 +160,7 @@ extern "C" void kcu_gdn_gates(kiln_backend *be, float *g, float *beta, const flo
 __global__ void k_gdn_delta(int64_t n, int nk, int nv, int dk, int dv, const float *q,
                             const float *k, const float *v, const float *g, const float *beta,
                             float *S, float *out) {
+    KCU_PDL_ENTER();
     extern __shared__ float qk[]; /* [2, dk] */
     float *sq = qk, *sk = qk + dk;
     const int h = blockIdx.x, r = nv / nk, kh = h / r;
@@ -191,6 +198,7 @@ template <int R>
 __global__ void __launch_bounds__(128)
     k_gdn_delta_reg(int64_t n, int nk, int nv, int dk, int dv, const float *q, const float *k,
                     const float *v, const float *g, const float *beta, float *S, float *out) {
+    KCU_PDL_ENTER();
     extern __shared__ float qk[]; /* [2, dk] */
     float *sq = qk, *sk = qk + dk;
     const int h = blockIdx.x, r = nv / nk, kh = h / r;
@@ -238,8 +246,8 @@ static void launch_delta_reg(kcu_state *st, const kiln_gdn_dims *d, int64_t n, c
                              const float *k, const float *v, const float *g, const float *beta,
                              float *state, float *out) {
     dim3 grid((unsigned)d->n_v_heads, (unsigned)((d->dv + 31) / 32));
-    k_gdn_delta_reg<R><<<grid, 128, (size_t)2 * d->dk * sizeof(float), st->stream>>>(
-        n, d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
+    KCU_LAUNCH(st, (k_gdn_delta_reg<R>), grid, 128, (size_t)2 * d->dk * sizeof(float), n,
+               d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
 }
 
 /* The column-per-thread kernel is the default: it is the one that passed on the H200. The
@@ -275,13 +283,14 @@ extern "C" void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t 
         return;
     }
     dim3 grid((unsigned)d->n_v_heads, (unsigned)((d->dv + GDN_THREADS - 1) / GDN_THREADS));
-    k_gdn_delta<<<grid, GDN_THREADS, (size_t)2 * d->dk * sizeof(float), st->stream>>>(
-        n, d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
+    KCU_LAUNCH(st, k_gdn_delta, grid, GDN_THREADS, (size_t)2 * d->dk * sizeof(float), n,
+               d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
     KCU_LAUNCHED(st);
 }
 
 __global__ void k_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t n,
                               int64_t width) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * width;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / width, c = i % width;
@@ -293,14 +302,15 @@ extern "C" void kcu_gather_rows(kiln_backend *be, float *dst, const float *src, 
                                 int64_t n, int64_t width) {
     kcu_state *st = kcu_st(be);
     if (n <= 0 || width <= 0) return;
-    k_gather_rows<<<kcu_blocks(n * width, 256, 65536), 256, 0, st->stream>>>(dst, src, rows, n,
-                                                                             width);
+    KCU_LAUNCH(st, k_gather_rows, kcu_blocks(n * width, 256, 65536), 256, 0, dst, src, rows, n,
+               width);
     KCU_LAUNCHED(st);
 }
 
 /* rows are distinct within one call, so every output element has one writer */
 __global__ void k_scatter_add_rows(float *y, const float *src, const int32_t *rows,
                                    const float *weights, int64_t n, int64_t width) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * width;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / width, c = i % width;
@@ -313,7 +323,7 @@ extern "C" void kcu_scatter_add_rows(kiln_backend *be, float *y, const float *sr
                                      int64_t width) {
     kcu_state *st = kcu_st(be);
     if (n <= 0 || width <= 0) return;
-    k_scatter_add_rows<<<kcu_blocks(n * width, 256, 65536), 256, 0, st->stream>>>(
-        y, src, rows, weights, n, width);
+    KCU_LAUNCH(st, k_scatter_add_rows, kcu_blocks(n * width, 256, 65536), 256, 0, y, src, rows,
+               weights, n, width);
     KCU_LAUNCHED(st);
 }

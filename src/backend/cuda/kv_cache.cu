@@ -49,6 +49,7 @@ __device__ __forceinline__ void kv_put(void *dst, int64_t i, float x, int dt) {
 }
 
 __global__ void k_kv_store(const __grid_constant__ kv_store_launch L) {
+    KCU_PDL_ENTER();
     const kv_store_seq &S = L.s[blockIdx.y];
     int64_t nk = (int64_t)S.n * L.kw, nv = (int64_t)S.n * L.vw;
     const float *ks = L.k + (int64_t)S.t0 * L.kw, *vs = L.v + (int64_t)S.t0 * L.vw;
@@ -159,7 +160,7 @@ static void store_chunk(kcu_kv *const *kvs, const int *n, const int *t0, int n_k
     }
     if (max_n <= 0) return;
     dim3 grid(kcu_blocks(max_n * (L.kw + L.vw), 256, 4096), n_kv);
-    k_kv_store<<<grid, 256, 0, st->stream>>>(L);
+    KCU_LAUNCH(st, k_kv_store, grid, 256, 0, L);
     KCU_LAUNCHED(st);
 }
 

@@ -104,6 +104,12 @@ __device__ __forceinline__ void gemv_dense_rows(float *y, const float *x, int64_
         int64_t row = r0 + r < rows ? r0 + r : rows - 1;
         wr[r] = (const char *)w + row * cols * es;
     }
+    /* the lane's first weight chunks head for L2 while the kernel before still runs (PDL) */
+    const int64_t c_first = ((int64_t)warp * 32 + lane) * 8;
+    if (c_first < cols)
+#pragma unroll
+        for (int r = 0; r < GEMV_R; r++) kcu_prefetch_l2(wr[r] + c_first * es);
+    KCU_PDL_ENTER();
     float acc[GEMV_R][NT];
 #pragma unroll
     for (int r = 0; r < GEMV_R; r++)
@@ -169,6 +175,7 @@ template <int NT>
 __global__ void __launch_bounds__(DGEMV_WARPS * 32)
     k_gemv_bf16_rows(float *y, const float *x, int n, int rows, int cols, const void *w,
                      const float *bias, int ks_log2) {
+    KCU_PDL_ENTER();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int KS = 1 << ks_log2, ks = warp & (KS - 1);
     const int row = blockIdx.x * (DGEMV_WARPS >> ks_log2) + (warp >> ks_log2);
@@ -251,8 +258,8 @@ static void launch_bf16_rows(kcu_state *st, float *y, const float *x, int64_t n,
     }
     const int rows_per_block = DGEMV_WARPS >> ks_log2;
     dim3 grid((unsigned)((w->rows + rows_per_block - 1) / rows_per_block)), block(DGEMV_WARPS * 32);
-    k_gemv_bf16_rows<NT><<<grid, block, 0, st->stream>>>(y, x, (int)n, (int)w->rows, (int)w->cols,
-                                                         w->data, w->bias, ks_log2);
+    KCU_LAUNCH(st, (k_gemv_bf16_rows<NT>), grid, block, 0, y, x, (int)n, (int)w->rows, (int)w->cols,
+               w->data, w->bias, ks_log2);
 }
 
 /* ---- GEMV: affine-quantized ---- */
@@ -290,6 +297,7 @@ template <int B, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
     k_gemv_quant(float *y, const float *x, int64_t n, int64_t rows, int64_t cols, const uint32_t *w,
                  const void *scales, const void *biases, int sdt, int group, const float *bias) {
+    KCU_PDL_ENTER();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t r0 = (int64_t)blockIdx.x * GEMV_R;
     int64_t wpr = cols * B / 32, gpr = cols / group;
@@ -346,6 +354,7 @@ template <int B, int NT, int R>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_quant_w(float *y, const float *x, int n, int rows, int cols, const uint32_t *w,
                    const void *scales, const void *biases, int sdt, int group, const float *bias) {
+    KCU_PDL_ENTER();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r0 = (blockIdx.x * GEMV_WARPS + warp) * R;
     if (r0 >= rows) return;
@@ -447,8 +456,8 @@ static void launch_quant_w(kcu_state *st, float *y, const float *x, int64_t n,
     const uint32_t *q = (const uint32_t *)w->data;
     int sdt = (int)w->scale_dtype, g = w->group_size;
 #define KW(RR)                                                                                     \
-    k_gemv_quant_w<B, NT, RR><<<grid, block, 0, st->stream>>>(                                     \
-        y, x, (int)n, (int)w->rows, (int)w->cols, q, w->scales, w->biases, sdt, g, w->bias)
+    KCU_LAUNCH(st, (k_gemv_quant_w<B, NT, RR>), grid, block, 0, y, x, (int)n, (int)w->rows,        \
+               (int)w->cols, q, w->scales, w->biases, sdt, g, w->bias)
     if (Rc == 1) {
         KW(1);
     } else {
@@ -469,6 +478,7 @@ static void launch_quant_w(kcu_state *st, float *y, const float *x, int64_t n,
 
 /* One warp per (token, row): any format, any shape or alignment. */
 __global__ void k_matmul_generic(float *y, const float *x, int64_t n, kiln_matrix w) {
+    KCU_PDL_ENTER();
     int64_t idx = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (idx >= n * w.rows) return;
@@ -481,6 +491,7 @@ __global__ void k_matmul_generic(float *y, const float *x, int64_t n, kiln_matri
 }
 
 __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16_rn(src[i]);
@@ -490,6 +501,7 @@ __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
  * stacked [hi; lo] and a sum of the two result halves carry x to ~2^-17 relative instead of
  * bf16's 2^-9, reading W once. */
 __global__ void k_to_bf16_split(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *src, int64_t n) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         __nv_bfloat16 h = __float2bfloat16_rn(src[i]);
@@ -500,6 +512,7 @@ __global__ void k_to_bf16_split(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const floa
 
 /* y[i] = y2[i] + y2[half + i]: the hi and lo halves of a split GEMM's result */
 __global__ void k_sum_halves(float *y, const float *y2, int64_t half) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < half;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] = y2[i] + y2[half + i];
@@ -519,6 +532,7 @@ extern "C" void kiln_cuda_set_gemm_split(int on) {
 
 /* Rows [r0, r0+nr) of w as bf16 [nr, cols]. */
 __global__ void k_dequant_bf16(__nv_bfloat16 *dst, kiln_matrix w, int64_t r0, int64_t nr) {
+    KCU_PDL_ENTER();
     int64_t total = nr * w.cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -527,6 +541,7 @@ __global__ void k_dequant_bf16(__nv_bfloat16 *dst, kiln_matrix w, int64_t r0, in
 
 /* Rows [r0, r0+nr) of w as f32 [nr, cols] (quantized GEMM in precise mode: SGEMM). */
 __global__ void k_dequant_f32(float *dst, kiln_matrix w, int64_t r0, int64_t nr) {
+    KCU_PDL_ENTER();
     int64_t total = nr * w.cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -534,6 +549,7 @@ __global__ void k_dequant_f32(float *dst, kiln_matrix w, int64_t r0, int64_t nr)
 }
 
 __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t rows) {
+    KCU_PDL_ENTER();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * rows;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] += bias[i % rows];
@@ -544,7 +560,6 @@ __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t rows)
 template <int NT>
 static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     dim3 grid((unsigned)((w->rows + GEMV_R - 1) / GEMV_R)), block(GEMV_WARPS * 32);
-    cudaStream_t s = st->stream;
     /* otherwise (2/3/5/6 bits): the warp-per-rows kernel where it measured faster on the H200
      * (n = 1, enough rows for 4 rows per warp and >= 24 warps per SM: 29.7 vs 44.5 us for q4g32
      * 14336x4096), the column-split kernel elsewhere */
@@ -578,8 +593,8 @@ static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, cons
         const uint32_t *q = (const uint32_t *)w->data;
         int sdt = (int)w->scale_dtype, g = w->group_size;
 #define KQ(B)                                                                                      \
-    k_gemv_quant<B, NT><<<grid, block, 0, s>>>(y, x, n, w->rows, w->cols, q, w->scales, w->biases, \
-                                               sdt, g, w->bias)
+    KCU_LAUNCH(st, (k_gemv_quant<B, NT>), grid, block, 0, y, x, n, w->rows, w->cols, q, w->scales, \
+               w->biases, sdt, g, w->bias)
         switch (w->bits) {
         case 2:
             KQ(2);
@@ -605,14 +620,14 @@ static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, cons
                w->cols < INT32_MAX) {
         launch_bf16_rows<NT>(st, y, x, n, w);
     } else if (w->dtype == KILN_DT_BF16) {
-        k_gemv_dense<KILN_DT_BF16, NT>
-            <<<grid, block, 0, s>>>(y, x, n, w->rows, w->cols, w->data, w->bias);
+        KCU_LAUNCH(st, (k_gemv_dense<KILN_DT_BF16, NT>), grid, block, 0, y, x, n, w->rows, w->cols,
+                   w->data, w->bias);
     } else if (w->dtype == KILN_DT_F16) {
-        k_gemv_dense<KILN_DT_F16, NT>
-            <<<grid, block, 0, s>>>(y, x, n, w->rows, w->cols, w->data, w->bias);
+        KCU_LAUNCH(st, (k_gemv_dense<KILN_DT_F16, NT>), grid, block, 0, y, x, n, w->rows, w->cols,
+                   w->data, w->bias);
     } else {
-        k_gemv_dense<KILN_DT_F32, NT>
-            <<<grid, block, 0, s>>>(y, x, n, w->rows, w->cols, w->data, w->bias);
+        KCU_LAUNCH(st, (k_gemv_dense<KILN_DT_F32, NT>), grid, block, 0, y, x, n, w->rows, w->cols,
+                   w->data, w->bias);
     }
     KCU_LAUNCHED(st);
 }
@@ -641,8 +656,8 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
         if (!wf) return;
         for (int64_t r0 = 0; r0 < rows; r0 += slice) {
             int64_t nr = rows - r0 < slice ? rows - r0 : slice;
-            k_dequant_f32<<<kcu_blocks(nr * cols, 256, 16384), 256, 0, st->stream>>>(wf, *w, r0,
-                                                                                     nr);
+            KCU_LAUNCH(st, k_dequant_f32, kcu_blocks(nr * cols, 256, 16384), 256, 0, wf, *w, r0,
+                       nr);
             KCU_LAUNCHED(st);
             KCU_CUBLAS(st,
                        cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)cols,
@@ -670,10 +685,10 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
         __nv_bfloat16 *xh = (__nv_bfloat16 *)scr, *wh = (__nv_bfloat16 *)(scr + xb + yb);
         float *yout = split ? (float *)(scr + xb) : y; /* [nx, rows] */
         if (split)
-            k_to_bf16_split<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(
-                xh, xh + n * cols, x, n * cols);
+            KCU_LAUNCH(st, k_to_bf16_split, kcu_blocks(n * cols, 256, 8192), 256, 0, xh,
+                       xh + n * cols, x, n * cols);
         else
-            k_to_bf16<<<kcu_blocks(n * cols, 256, 8192), 256, 0, st->stream>>>(xh, x, n * cols);
+            KCU_LAUNCH(st, k_to_bf16, kcu_blocks(n * cols, 256, 8192), 256, 0, xh, x, n * cols);
         KCU_LAUNCHED(st);
         if (w->dtype == KILN_DT_BF16) {
             KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)nx,
@@ -683,8 +698,8 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
         } else {
             for (int64_t r0 = 0; r0 < rows; r0 += slice) {
                 int64_t nr = rows - r0 < slice ? rows - r0 : slice;
-                k_dequant_bf16<<<kcu_blocks(nr * cols, 256, 16384), 256, 0, st->stream>>>(wh, *w,
-                                                                                          r0, nr);
+                KCU_LAUNCH(st, k_dequant_bf16, kcu_blocks(nr * cols, 256, 16384), 256, 0, wh, *w,
+                           r0, nr);
                 KCU_LAUNCHED(st);
                 KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)nx,
                                             (int)cols, &one, wh, CUDA_R_16BF, (int)cols, xh,
@@ -693,13 +708,13 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
             }
         }
         if (split) {
-            k_sum_halves<<<kcu_blocks(n * rows, 256, 8192), 256, 0, st->stream>>>(y, yout,
-                                                                                  n * rows);
+            KCU_LAUNCH(st, k_sum_halves, kcu_blocks(n * rows, 256, 8192), 256, 0, y, yout,
+                       n * rows);
             KCU_LAUNCHED(st);
         }
     }
     if (w->bias) {
-        k_add_bias<<<kcu_blocks(n * rows, 256, 8192), 256, 0, st->stream>>>(y, w->bias, n, rows);
+        KCU_LAUNCH(st, k_add_bias, kcu_blocks(n * rows, 256, 8192), 256, 0, y, w->bias, n, rows);
         KCU_LAUNCHED(st);
     }
 }
@@ -730,15 +745,15 @@ extern "C" void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n
         return;
     }
     int64_t warps = n * w->rows;
-    k_matmul_generic<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, st->stream>>>(y, x, n, *w);
+    KCU_LAUNCH(st, k_matmul_generic, (unsigned)((warps * 32 + 255) / 256), 256, 0, y, x, n, *w);
     KCU_LAUNCHED(st);
 }
 
 template <int NT>
 static void launch_gemv_multi(kcu_state *st, const gemv_multi &M, const float *x, int64_t n,
                               int64_t cols) {
-    k_gemv_dense_multi<KILN_DT_BF16, NT>
-        <<<M.first[M.count], GEMV_WARPS * 32, 0, st->stream>>>(M, x, n, cols);
+    KCU_LAUNCH(st, (k_gemv_dense_multi<KILN_DT_BF16, NT>), M.first[M.count], GEMV_WARPS * 32, 0, M,
+               x, n, cols);
     KCU_LAUNCHED(st);
 }
 

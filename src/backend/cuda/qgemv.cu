@@ -17,7 +17,7 @@
  *   split into the even and odd nibbles of each word ((w & 0x0F0F0F0F), (w >> 4) & 0x0F0F0F0F), so
  *   pass 1 stores each 8-column run's digits as columns 0,2,4,6,1,3,5,7 for 4-bit weights.
  *
- * On Hopper pass 2 is launched with programmatic dependent launch: its blocks start while pass 1
+ * With programmatic dependent launch (cuda_common.cuh) pass 2's blocks start while pass 1
  * runs, issue their first weight loads, and wait (griddepcontrol.wait) only before reading x's
  * digits. Error: |x_j - E*X_j| <= 2^-23 * max|x| of its block, ~1e-7 relative in the result. */
 #include "backend/cuda/cuda_ops.h"
@@ -27,18 +27,6 @@
 
 #define QG_WARPS    8 /* warps per block */
 #define QG_INFLIGHT 4 /* 16-byte chunks in flight per lane (over its R rows) */
-
-__device__ __forceinline__ void qg_wait_prior_grid(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void qg_allow_dependents(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
 
 /* acc + sum over the 4 bytes of a (unsigned) * b (signed) */
 __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
@@ -52,7 +40,7 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
  * perm4: the 4-bit column and unit order. */
 __global__ void __launch_bounds__(256)
     k_qx_digits(int8_t *dig, float *E, float *sx16, const float *x, int n, int cols, int perm4) {
-    qg_allow_dependents();
+    KCU_PDL_ENTER();
     const int lane = threadIdx.x & 31, ng = cols >> 5;
     const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; /* t * ng + g */
     if (gw >= (int64_t)n * ng) return;                                        /* whole warps */
@@ -155,7 +143,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
     float sc[U][R], bc[U][R]; /* the chunks' group scales and biases */
     int c0 = ks * 32 + lane;
     qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group_log2, c0, step, nch);
-    qg_wait_prior_grid(); /* pass 1's digits are complete from here on */
+    kcu_pdl_wait(); /* pass 1's digits are complete from here on */
+    kcu_pdl_trigger();
 
     for (;;) {
 #pragma unroll
@@ -251,16 +240,10 @@ static int qg_env(int *v, const char *name, int dflt) {
     return *v;
 }
 
-/* PDL needs griddepcontrol.wait in the kernel, which only the sm_90 build has: Hopper only. Not
- * while a decode-step graph is being captured (programmatic edges in captured graphs are untested
- * here; plain launches keep the graph as it was). */
+/* Pass 2 as a programmatic dependent launch: where the backend launches so (st->pdl_on, Hopper)
+ * unless KILN_CUDA_QGEMV_PDL=0 / kiln_cuda_set_qgemv_dp4a(..., pdl = 0). */
 static bool qg_use_pdl(kcu_state *st) {
-    if (st->capturing) return false;
-    static int major = -1;
-    if (major < 0 && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                                            st->device) != cudaSuccess)
-        major = 0;
-    return qg_env(&g_qg_pdl, "KILN_CUDA_QGEMV_PDL", 1) != 0 && major == 9;
+    return qg_env(&g_qg_pdl, "KILN_CUDA_QGEMV_PDL", 1) != 0 && st->pdl_on;
 }
 
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n) {
@@ -344,16 +327,15 @@ bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const floa
     float *E = (float *)scr, *sx16 = (float *)(scr + e_bytes);
     int8_t *dig = (int8_t *)(scr + e_bytes + s_bytes);
     const int64_t warps = n * ng;
-    k_qx_digits<<<(unsigned)((warps + 7) / 8), 256, 0, st->stream>>>(dig, E, sx16, x, (int)n, cols,
-                                                                     w0->bits == 4);
+    KCU_LAUNCH(st, k_qx_digits, (unsigned)((warps + 7) / 8), 256, 0, dig, E, sx16, x, (int)n, cols,
+               w0->bits == 4 ? 1 : 0);
     KCU_LAUNCHED(st);
     const bool pdl = qg_use_pdl(st);
     const uint4 *d4 = (const uint4 *)dig;
     for (int i = 0; i < count; i++) {
         float *y = ys[i];
         const kiln_matrix *w = ws[i];
-        /* PDL overlaps a launch with the one before it: only the first follows the digits */
-        const bool p = pdl && i == 0;
+        const bool p = pdl;
 #define QG(BB, NN) launch_dp4a_rows<BB, NN>(st, p, y, w, d4, E, sx16, (int)n)
         if (w->bits == 4) {
             if (n == 1)

@@ -5,6 +5,7 @@
 
 __global__ void k_rmsnorm(float *y, const float *x, const float *w, int64_t dim, float eps,
                           int plus_one) {
+    KCU_PDL_ENTER();
     __shared__ float part[33];
     const float *xr = x + blockIdx.x * dim;
     float *yr = y + blockIdx.x * dim;
@@ -22,6 +23,6 @@ extern "C" void kcu_rmsnorm(kiln_backend *be, float *y, const float *x, const fl
     kcu_state *st = kcu_st(be);
     if (n <= 0 || dim <= 0) return;
     int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
-    k_rmsnorm<<<(unsigned)n, threads, 0, st->stream>>>(y, x, w, dim, eps, plus_one ? 1 : 0);
+    KCU_LAUNCH(st, k_rmsnorm, (unsigned)n, threads, 0, y, x, w, dim, eps, plus_one ? 1 : 0);
     KCU_LAUNCHED(st);
 }

@@ -7,6 +7,7 @@
 
 __global__ void k_rope(float *x, const int32_t *pos, int n_heads, int head_dim, int half,
                        const float *inv_freq) {
+    KCU_PDL_ENTER();
     int64_t t = blockIdx.x;
     float p = (float)pos[t];
     for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
@@ -27,6 +28,6 @@ extern "C" void kcu_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t
     if (n <= 0 || rot_dim < 2) return;
     int half = rot_dim / 2;
     int threads = n_heads * half >= 256 ? 256 : 128;
-    k_rope<<<(unsigned)n, threads, 0, st->stream>>>(x, pos, n_heads, head_dim, half, inv_freq);
+    KCU_LAUNCH(st, k_rope, (unsigned)n, threads, 0, x, pos, n_heads, head_dim, half, inv_freq);
     KCU_LAUNCHED(st);
 }
