@@ -394,6 +394,94 @@ static void test_matmul_multi(void) {
         }
 }
 
+/* The decode-layer fusions (matmul_norm, matmul_add, matmul_norm_glu) == rmsnorm / matmul / add /
+ * GLU references in order: dense bf16, f16, f32 weights through the fused GEMV (n <= 8), n = 17
+ * and a quantized case through the composition; row counts not multiples of the tile; biases,
+ * (1 + w) norms and both GLU activations. */
+static void test_matmul_fused(void) {
+    static const int64_t ns[] = {1, 2, 5, 8, 17};
+    static const kiln_dtype dts[] = {KILN_DT_BF16, KILN_DT_F16, KILN_DT_F32};
+    for (int c = 0; c < 4; c++) { /* dtypes, then a quantized case */
+        const int64_t cols = c == 1 ? 96 : 1024, rows[3] = {c == 1 ? 13 : 2048, 7, 130};
+        const int64_t F = c == 1 ? 40 : 3072, O = c == 1 ? 96 : 1024; /* glu rows, add rows */
+        test_matrix m[3], g, u, o;
+        for (int i = 0; i < 3; i++) {
+            if (c == 3)
+                make_quant(&m[i], 4, 32, KILN_DT_F16, rows[i], cols, i == 1);
+            else
+                make_dense(&m[i], dts[c], rows[i], cols, i == 1);
+        }
+        if (c == 3) {
+            make_quant(&g, 4, 32, KILN_DT_F16, F, cols, false);
+            make_quant(&u, 8, 64, KILN_DT_F16, F, cols, false);
+            make_quant(&o, 4, 32, KILN_DT_F16, O, F, false);
+        } else {
+            make_dense(&g, dts[c], F, cols, c == 0);
+            make_dense(&u, dts[c], F, cols, false);
+            make_dense(&o, dts[c], O, F, c == 2);
+        }
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const int64_t n = ns[k];
+            const bool plus_one = k % 2 == 1;
+            const kiln_glu_act act = k % 2 ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
+            const double tol = n > 8 || c == 3 ? 1e-2 : 2e-5; /* n > 8: cuBLAS with bf16 x */
+            float *x = rand_f32(n * cols, 1.5f), *nw = rand_f32(cols, 0.5f);
+            float *hn = malloc((size_t)(n * cols) * 4);
+            kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, plus_one);
+            float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
+            float *dh = dev_poisoned(n * (cols > F ? cols : F));
+            /* matmul_norm over q/k/v-like matrices */
+            float *ref[3], *dy[3];
+            const kiln_matrix *ws[3];
+            for (int i = 0; i < 3; i++) {
+                ref[i] = malloc((size_t)(n * rows[i]) * 4);
+                kiln_cpu_matmul_ref(ref[i], hn, n, &m[i].host);
+                dy[i] = dev_poisoned(n * rows[i]);
+                ws[i] = &m[i].dev;
+            }
+            be->matmul_norm(be, 3, dy, dx, dh, n, ws, dnw, 1e-6f, plus_one);
+            for (int i = 0; i < 3; i++) {
+                char what[128];
+                snprintf(what, sizeof what, "matmul_norm case %d n=%lld matrix %d", c, (long long)n,
+                         i);
+                compare(what, dy[i], ref[i], n * rows[i], tol);
+                be->free(be, dy[i]);
+                free(ref[i]);
+            }
+            /* matmul_norm_glu */
+            float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
+            kiln_cpu_matmul_ref(gr, hn, n, &g.host);
+            kiln_cpu_matmul_ref(ur, hn, n, &u.host);
+            if (act == KILN_GLU_GELU_TANH)
+                kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
+            else
+                kiln_cpu_silu_mul(gr, gr, ur, n * F);
+            float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
+            be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g.dev, &u.dev, dnw, 1e-6f, plus_one,
+                                act);
+            char what[128];
+            snprintf(what, sizeof what, "matmul_norm_glu case %d n=%lld act %d", c, (long long)n,
+                     (int)act);
+            compare(what, dout, gr, n * F, tol);
+            /* matmul_add: y += act @ o^T (act: the GLU reference output as the input) */
+            float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
+            kiln_cpu_matmul_ref(yr, gr, n, &o.host);
+            kiln_cpu_add(yr, yr, y0, n * O);
+            float *dy0 = dev_copy(y0, (size_t)(n * O) * 4),
+                  *dact = dev_copy(gr, (size_t)(n * F) * 4);
+            float *dtmp = dev_poisoned(n * O);
+            be->matmul_add(be, dy0, dact, dtmp, n, &o.dev);
+            snprintf(what, sizeof what, "matmul_add case %d n=%lld", c, (long long)n);
+            compare(what, dy0, yr, n * O, tol);
+            be->free(be, dx), be->free(be, dnw), be->free(be, dh), be->free(be, dout);
+            be->free(be, dup), be->free(be, dy0), be->free(be, dact), be->free(be, dtmp);
+            free(x), free(nw), free(hn), free(gr), free(ur), free(y0), free(yr);
+        }
+        for (int i = 0; i < 3; i++) free_matrix(&m[i]);
+        free_matrix(&g), free_matrix(&u), free_matrix(&o);
+    }
+}
+
 /* add_rmsnorm == add then rmsnorm; output aliasing h (as the forward uses it) and separate. */
 static void test_add_rmsnorm(void) {
     static const int64_t dims[] = {7, 1024, 4096, 5000};
@@ -804,6 +892,7 @@ int main(void) {
     test_add_rmsnorm();
     test_qk_norm_rope();
     test_matmul_multi();
+    test_matmul_fused();
     test_embed();
     test_matmul();
     test_qgemv_dp4a();

@@ -1,4 +1,4 @@
-/* backend.c — picks the backend for a device. */
+/* backend.c — picks the backend for a device; the decode-layer fusions composed of plain ops. */
 #include "backend/backend.h"
 
 #include "util/status.h"
@@ -18,4 +18,35 @@ kiln_status kiln_backend_new(kiln_device device, int n_threads, kiln_backend **o
 #endif
     }
     return kiln_error(KILN_ERR_INVALID_ARG, "unknown device %d", (int)device);
+}
+
+void kiln_backend_matmul_norm_composed(kiln_backend *be, int count, float *const *ys,
+                                       const float *x, float *h, int64_t n,
+                                       const kiln_matrix *const *ws, const float *norm_w, float eps,
+                                       bool plus_one) {
+    be->rmsnorm(be, h, x, norm_w, n, ws[0]->cols, eps, plus_one);
+    if (count == 1)
+        be->matmul(be, ys[0], h, n, ws[0]);
+    else
+        be->matmul_multi(be, count, ys, h, n, ws);
+}
+
+void kiln_backend_matmul_add_composed(kiln_backend *be, float *y, const float *x, float *tmp,
+                                      int64_t n, const kiln_matrix *w) {
+    be->matmul(be, tmp, x, n, w);
+    be->add(be, y, y, tmp, n * w->rows);
+}
+
+void kiln_backend_matmul_norm_glu_composed(kiln_backend *be, float *out, const float *x, float *h,
+                                           float *up, int64_t n, const kiln_matrix *wg,
+                                           const kiln_matrix *wu, const float *norm_w, float eps,
+                                           bool plus_one, kiln_glu_act act) {
+    be->rmsnorm(be, h, x, norm_w, n, wg->cols, eps, plus_one);
+    float *const ys[2] = {out, up};
+    const kiln_matrix *const ws[2] = {wg, wu};
+    be->matmul_multi(be, 2, ys, h, n, ws);
+    if (act == KILN_GLU_GELU_TANH)
+        be->gelu_tanh_mul(be, out, out, up, n * wg->rows);
+    else
+        be->silu_mul(be, out, out, up, n * wg->rows);
 }

@@ -14,6 +14,9 @@
 
 typedef struct kiln_backend kiln_backend;
 
+/* Activation of a gated linear unit: act(gate) * up. */
+typedef enum kiln_glu_act { KILN_GLU_SILU = 0, KILN_GLU_GELU_TANH = 1 } kiln_glu_act;
+
 /* Geometry of a Gated DeltaNet layer (Qwen3-Next / Qwen3.5 linear attention). */
 typedef struct kiln_gdn_dims {
     int n_k_heads, n_v_heads; /* n_v_heads is a multiple of n_k_heads */
@@ -73,6 +76,21 @@ struct kiln_backend {
                          int n_heads, int n_kv_heads, int head_dim, int rot_dim,
                          const float *inv_freq, const float *q_norm, const float *k_norm,
                          float eps);
+    /* Decode-layer fusions around the matmuls (CPU: kiln_backend_*_composed, the unfused ops in
+     * order; CUDA: one GEMV launch each for dense weights and n <= 8, else the composition).
+     * Work buffers may be overwritten with the intermediate values, or left alone.
+     * ys[i][n, ws[i]->rows] = rmsnorm(x[n, cols]; norm_w) @ ws[i]^T, count <= 4; h [n, cols] */
+    void (*matmul_norm)(kiln_backend *be, int count, float *const *ys, const float *x, float *h,
+                        int64_t n, const kiln_matrix *const *ws, const float *norm_w, float eps,
+                        bool plus_one);
+    /* y[n, w->rows] += x[n, cols] @ w^T; tmp [n, w->rows] */
+    void (*matmul_add)(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
+                       const kiln_matrix *w);
+    /* out[n, F] = act(h @ wg^T) * (h @ wu^T) with h = rmsnorm(x; norm_w); F = wg->rows = wu->rows.
+     * Work: h [n, cols], up [n, F] (out serves as the gate's buffer) */
+    void (*matmul_norm_glu)(kiln_backend *be, float *out, const float *x, float *h, float *up,
+                            int64_t n, const kiln_matrix *wg, const kiln_matrix *wu,
+                            const float *norm_w, float eps, bool plus_one, kiln_glu_act act);
     void (*copy2d)(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
                    int64_t src_stride, int64_t rows, int64_t cols);
     void (*copy3d)(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,
@@ -98,6 +116,20 @@ struct kiln_backend {
     kiln_status (*kv_new)(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                           const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
 };
+
+/* The decode-layer fusions as the unfused ops of `be` in order: the CPU's implementation (same
+ * bits as calling them one by one) and other backends' fallback where their kernel does not apply.
+ */
+void kiln_backend_matmul_norm_composed(kiln_backend *be, int count, float *const *ys,
+                                       const float *x, float *h, int64_t n,
+                                       const kiln_matrix *const *ws, const float *norm_w, float eps,
+                                       bool plus_one);
+void kiln_backend_matmul_add_composed(kiln_backend *be, float *y, const float *x, float *tmp,
+                                      int64_t n, const kiln_matrix *w);
+void kiln_backend_matmul_norm_glu_composed(kiln_backend *be, float *out, const float *x, float *h,
+                                           float *up, int64_t n, const kiln_matrix *wg,
+                                           const kiln_matrix *wu, const float *norm_w, float eps,
+                                           bool plus_one, kiln_glu_act act);
 
 kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out);
 #ifdef KILN_HAVE_CUDA

@@ -285,14 +285,14 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= 8;
     bool replayed = false;
     if (graph) replayed = be->graph_begin(be, decode_step_key(s, &a, kvs, kv_n, n_entries));
-    /* fused ops (backend.h): q/k/v and gate/up as one multi-matmul each, q/k norm + RoPE as one
-     * op, and each residual add with the RMSNorm that follows it (the next layer's input norm) */
-    if (!replayed) be->rmsnorm(be, a.h, a.x, s->layers[0].attn_norm, T, H, s->eps, false);
+    /* fused ops (backend.h): each layer's input RMSNorm folded into the q/k/v multi-matmul, the
+     * post-attention norm and SwiGLU into the gate/up one, each residual add into the matmul
+     * producing it, q/k norm + RoPE as one op. h: work buffer of the norms and matmul outputs. */
     for (int l = 0; !replayed && l < s->n_layers; l++) {
         llama_layer *L = &s->layers[l];
         float *const qkv_out[3] = {a.q, a.k, a.v};
         const kiln_matrix *const qkv_w[3] = {&L->wq, &L->wk, &L->wv};
-        be->matmul_multi(be, 3, qkv_out, a.h, T, qkv_w);
+        be->matmul_norm(be, 3, qkv_out, a.x, a.h, T, qkv_w, L->attn_norm, s->eps, false);
         be->qk_norm_rope(be, a.q, a.k, a.pos, T, s->n_heads, s->n_kv_heads, s->head_dim, rot,
                          s->inv_freq, L->q_norm, L->k_norm, s->eps);
         if (batch_kv)
@@ -303,17 +303,10 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
                 kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
                 kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
             }
-        be->matmul(be, a.h, a.attn, T, &L->wo);
-        be->add_rmsnorm(be, a.x, a.h, a.h, L->ffn_norm, T, H, s->eps, false);
-        float *const gu_out[2] = {a.gate, a.up};
-        const kiln_matrix *const gu_w[2] = {&L->w_gate, &L->w_up};
-        be->matmul_multi(be, 2, gu_out, a.h, T, gu_w);
-        be->silu_mul(be, a.gate, a.gate, a.up, T * F);
-        be->matmul(be, a.h, a.gate, T, &L->w_down);
-        if (l + 1 < s->n_layers)
-            be->add_rmsnorm(be, a.x, a.h, a.h, s->layers[l + 1].attn_norm, T, H, s->eps, false);
-        else
-            be->add(be, a.x, a.x, a.h, T * H);
+        be->matmul_add(be, a.x, a.attn, a.h, T, &L->wo);
+        be->matmul_norm_glu(be, a.gate, a.x, a.h, a.up, T, &L->w_gate, &L->w_up, L->ffn_norm,
+                            s->eps, false, KILN_GLU_SILU);
+        be->matmul_add(be, a.x, a.gate, a.h, T, &L->w_down);
     }
     if (graph && !replayed) be->graph_end(be);
     free(kvs);

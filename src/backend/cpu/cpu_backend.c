@@ -236,6 +236,9 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->add = cpu_add;
     be->matmul_multi = cpu_matmul_multi;
     be->add_rmsnorm = cpu_add_rmsnorm;
+    be->matmul_norm = kiln_backend_matmul_norm_composed;
+    be->matmul_add = kiln_backend_matmul_add_composed;
+    be->matmul_norm_glu = kiln_backend_matmul_norm_glu_composed;
     be->qk_norm_rope = cpu_qk_norm_rope;
     be->copy2d = cpu_copy2d;
     be->copy3d = cpu_copy3d;

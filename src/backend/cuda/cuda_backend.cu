@@ -192,6 +192,38 @@ static void prof_matmul_multi(kiln_backend *be, int count, float *const *ys, con
     kcu_matmul_multi(be, count, ys, x, n, ws);
     kcu_prof_end(kcu_st(be), name);
 }
+static const char *prof_n(int64_t n) {
+    return n == 1 ? "1" : n <= 8 ? "2-8" : ">8";
+}
+static void prof_matmul_norm(kiln_backend *be, int count, float *const *ys, const float *x,
+                             float *h, int64_t n, const kiln_matrix *const *ws, const float *nw,
+                             float eps, bool plus_one) {
+    char name[72];
+    snprintf(name, sizeof name, "matmul_norm x%d n=%s %lldx%lld", count, prof_n(n),
+             (long long)ws[0]->rows, (long long)ws[0]->cols);
+    kcu_prof_begin(kcu_st(be));
+    kcu_matmul_norm(be, count, ys, x, h, n, ws, nw, eps, plus_one);
+    kcu_prof_end(kcu_st(be), name);
+}
+static void prof_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
+                            const kiln_matrix *w) {
+    char name[72];
+    snprintf(name, sizeof name, "matmul_add n=%s %lldx%lld", prof_n(n), (long long)w->rows,
+             (long long)w->cols);
+    kcu_prof_begin(kcu_st(be));
+    kcu_matmul_add(be, y, x, tmp, n, w);
+    kcu_prof_end(kcu_st(be), name);
+}
+static void prof_matmul_norm_glu(kiln_backend *be, float *out, const float *x, float *h, float *up,
+                                 int64_t n, const kiln_matrix *wg, const kiln_matrix *wu,
+                                 const float *nw, float eps, bool plus_one, kiln_glu_act act) {
+    char name[72];
+    snprintf(name, sizeof name, "matmul_norm_glu n=%s 2x%lldx%lld", prof_n(n), (long long)wg->rows,
+             (long long)wg->cols);
+    kcu_prof_begin(kcu_st(be));
+    kcu_matmul_norm_glu(be, out, x, h, up, n, wg, wu, nw, eps, plus_one, act);
+    kcu_prof_end(kcu_st(be), name);
+}
 static void prof_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y, const float *w,
                              int64_t n, int64_t dim, float eps, bool plus_one) {
     kcu_prof_begin(kcu_st(be));
@@ -493,6 +525,9 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->add = kcu_add;
     be->matmul_multi = kcu_matmul_multi;
     be->add_rmsnorm = kcu_add_rmsnorm;
+    be->matmul_norm = kcu_matmul_norm;
+    be->matmul_add = kcu_matmul_add;
+    be->matmul_norm_glu = kcu_matmul_norm_glu;
     be->qk_norm_rope = kcu_qk_norm_rope;
     be->copy2d = kcu_copy2d;
     be->copy3d = kcu_copy3d;
@@ -515,6 +550,9 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
         be->matmul_multi = prof_matmul_multi;
         be->add_rmsnorm = prof_add_rmsnorm;
         be->qk_norm_rope = prof_qk_norm_rope;
+        be->matmul_norm = prof_matmul_norm;
+        be->matmul_add = prof_matmul_add;
+        be->matmul_norm_glu = prof_matmul_norm_glu;
     }
     *out = be;
     return KILN_OK;

@@ -4,11 +4,11 @@
 #ifndef KILN_CUDA_OPS_H
 #define KILN_CUDA_OPS_H
 
-#include "backend/backend.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "backend/backend.h"
 
 void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n, const kiln_matrix *w);
 void kcu_embed(kiln_backend *be, float *out, const int32_t *ids, int64_t n, const kiln_matrix *w);
@@ -16,6 +16,14 @@ void kcu_rmsnorm(kiln_backend *be, float *y, const float *x, const float *w, int
                  float eps, bool plus_one);
 void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x, int64_t n,
                       const kiln_matrix *const *ws);
+void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, const float *x, float *h,
+                     int64_t n, const kiln_matrix *const *ws, const float *norm_w, float eps,
+                     bool plus_one);
+void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
+                    const kiln_matrix *w);
+void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x, float *h, float *up,
+                         int64_t n, const kiln_matrix *wg, const kiln_matrix *wu,
+                         const float *norm_w, float eps, bool plus_one, kiln_glu_act act);
 void kcu_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y, const float *w,
                      int64_t n, int64_t dim, float eps, bool plus_one);
 void kcu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,

@@ -11,14 +11,12 @@
  * slice of rows, then the same GemmEx. Anything the fast paths can't take (odd widths, unaligned
  * views) falls back to a plain per-element kernel. */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define GEMV_WARPS 4
-#define GEMV_R     4
-#define GEMV_MAX_N 8
 #ifndef KCU_GEMM_SPLIT_DEFAULT
 #define KCU_GEMM_SPLIT_DEFAULT 1
 #endif
@@ -32,38 +30,6 @@ extern "C" void kiln_cuda_force_matmul_path(int path) {
 }
 
 /* ---- GEMV: dense ---- */
-
-template <int DT> struct dense8;
-template <> struct dense8<KILN_DT_BF16> {
-    static __device__ __forceinline__ void load(const void *p, float v[8]) {
-        uint4 u = __ldg((const uint4 *)p);
-        uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            v[2 * i] = __uint_as_float(w[i] << 16);
-            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
-    }
-};
-template <> struct dense8<KILN_DT_F16> {
-    static __device__ __forceinline__ void load(const void *p, float v[8]) {
-        uint4 u = __ldg((const uint4 *)p);
-        uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 f = __half22float2(*(const __half2 *)&w[i]);
-            v[2 * i] = f.x;
-            v[2 * i + 1] = f.y;
-        }
-    }
-};
-template <> struct dense8<KILN_DT_F32> {
-    static __device__ __forceinline__ void load(const void *p, float v[8]) {
-        float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-        v[7] = b.w;
-    }
-};
 
 /* Sums acc[R][NT] over the block's warps and writes y (+bias). */
 template <int NT>
@@ -632,7 +598,7 @@ static void launch_gemv(kcu_state *st, float *y, const float *x, int64_t n, cons
     KCU_LAUNCHED(st);
 }
 
-static bool gemv_ok(const kiln_matrix *w, const float *x) {
+bool kcu_gemv_ok(const kiln_matrix *w, const float *x) {
     uintptr_t a = (uintptr_t)x | (uintptr_t)w->data;
     if (a & 15) return false;
     /* row starts stay 16-byte aligned: dense cols%8==0; quantized cols%32==0 (group%32==0) */
@@ -725,7 +691,7 @@ extern "C" void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n
     if (n <= 0 || w->rows <= 0) return;
     int path = g_force_path;
     if (path == 0) path = n <= GEMV_MAX_N ? 1 : 2;
-    if (path == 1 && n <= GEMV_MAX_N && gemv_ok(w, x)) {
+    if (path == 1 && n <= GEMV_MAX_N && kcu_gemv_ok(w, x)) {
         if (n == 1)
             launch_gemv<1>(st, y, x, n, w);
         else if (n == 2)
@@ -767,7 +733,7 @@ extern "C" void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, 
         count >= 2 && count <= GEMV_MULTI_MAX && n >= 1 && n <= GEMV_MAX_N && g_force_path != 2;
     for (int i = 0; one && i < count; i++)
         one = !kiln_matrix_is_quantized(ws[i]) && ws[i]->dtype == KILN_DT_BF16 &&
-              ws[i]->cols == ws[0]->cols && ws[i]->rows > 0 && gemv_ok(ws[i], x);
+              ws[i]->cols == ws[0]->cols && ws[i]->rows > 0 && kcu_gemv_ok(ws[i], x);
     if (!one) {
         /* quantized: the dp4a GEMV turns x into digits once for all of them */
         int qv = kcu_qgemv_variant();

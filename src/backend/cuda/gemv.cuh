@@ -1,0 +1,49 @@
+/* gemv.cuh — what the dense GEMV kernels share (internal): the block geometry (GEMV_WARPS warps
+ * own GEMV_R rows and split the columns; decode batches up to GEMV_MAX_N tokens), the 16-byte
+ * loader of 8 weights per dtype, and the test whether a matrix can take the GEMV path. */
+#ifndef KILN_CUDA_GEMV_CUH
+#define KILN_CUDA_GEMV_CUH
+
+#include "backend/cuda/cuda_common.cuh"
+
+#define GEMV_WARPS 4
+#define GEMV_R     4
+#define GEMV_MAX_N 8
+
+/* dense8<DT>::load(p, v): the 8 consecutive weights at p (16-byte aligned) as f32 */
+template <int DT> struct dense8;
+template <> struct dense8<KILN_DT_BF16> {
+    static __device__ __forceinline__ void load(const void *p, float v[8]) {
+        uint4 u = __ldg((const uint4 *)p);
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = __uint_as_float(w[i] << 16);
+            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+};
+template <> struct dense8<KILN_DT_F16> {
+    static __device__ __forceinline__ void load(const void *p, float v[8]) {
+        uint4 u = __ldg((const uint4 *)p);
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __half22float2(*(const __half2 *)&w[i]);
+            v[2 * i] = f.x;
+            v[2 * i + 1] = f.y;
+        }
+    }
+};
+template <> struct dense8<KILN_DT_F32> {
+    static __device__ __forceinline__ void load(const void *p, float v[8]) {
+        float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+    }
+};
+
+/* x and w->data 16-byte aligned and rows that keep 16-byte alignment (matmul.cu). */
+bool kcu_gemv_ok(const kiln_matrix *w, const float *x);
+
+#endif
