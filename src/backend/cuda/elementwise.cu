@@ -1,4 +1,5 @@
-/* elementwise.cu — the pointwise ops: silu_mul (SwiGLU), gelu_tanh_mul (GeGLU) and add.
+/* elementwise.cu — the pointwise ops: silu_mul (SwiGLU), gelu_tanh_mul (GeGLU), add, scale and
+ * softcap (Gemma's tanh logit soft-capping).
  * Grid-stride loops over f32; outputs may alias an input (each element is read before written). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -27,6 +28,19 @@ __global__ void k_add(float *y, const float *a, const float *b, int64_t n) {
         y[i] = a[i] + b[i];
 }
 
+__global__ void k_scale(float *x, float s, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+/* tanhf, not kcu_tanh: the full-precision tanh, as the CPU reference uses */
+__global__ void k_softcap(float *x, float cap, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
 extern "C" void kcu_silu_mul(kiln_backend *be, float *y, const float *gate, const float *up,
                              int64_t n) {
     kcu_state *st = kcu_st(be);
@@ -47,5 +61,19 @@ extern "C" void kcu_add(kiln_backend *be, float *y, const float *a, const float 
     kcu_state *st = kcu_st(be);
     if (n <= 0) return;
     k_add<<<kcu_blocks(n, 256, 65536), 256, 0, st->stream>>>(y, a, b, n);
+    KCU_LAUNCHED(st);
+}
+
+extern "C" void kcu_scale(kiln_backend *be, float *x, float s, int64_t n) {
+    kcu_state *st = kcu_st(be);
+    if (n <= 0) return;
+    k_scale<<<kcu_blocks(n, 256, 65536), 256, 0, st->stream>>>(x, s, n);
+    KCU_LAUNCHED(st);
+}
+
+extern "C" void kcu_softcap(kiln_backend *be, float *x, float cap, int64_t n) {
+    kcu_state *st = kcu_st(be);
+    if (n <= 0) return;
+    k_softcap<<<kcu_blocks(n, 256, 65536), 256, 0, st->stream>>>(x, cap, n);
     KCU_LAUNCHED(st);
 }
