@@ -63,6 +63,7 @@ typedef struct gemma_state {
     int hidden, n_heads, vocab, n_layers, ffn, ple; /* ple: hidden_size_per_layer_input (g4) */
     int n_experts, top_k, moe_ffn;                  /* gemma4 MoE block (n_experts 0: none) */
     float eps, embed_scale, softcap, attn_scale;
+    float attn_softcap; /* attn_logit_softcapping (null / absent in Gemma 3 and 4: 0, off) */
     bool plus_one;
     kiln_matrix embed, lm_head;
     bool tied;
@@ -339,6 +340,7 @@ static kiln_status gemma_load(kiln_model *m) {
     s->eps = c->rms_norm_eps;
     s->plus_one = !s->g4;
     s->softcap = kiln_config_float(c, "final_logit_softcapping", 0.0f);
+    s->attn_softcap = kiln_config_float(c, "attn_logit_softcapping", 0.0f);
     s->attn_scale =
         s->g4 ? 1.0f
               : 1.0f / sqrtf(kiln_config_float(c, "query_pre_attn_scalar", (float)c->head_dim));
@@ -580,9 +582,12 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         const bool own = L->kv_src == l; /* else: KV-shared, reads layer kv_src's cache */
         /* positions in backend memory for the batched store; per-sequence calls use the caches'
          * own lengths */
-        const kiln_attn_params ap = {.n_heads = s->n_heads, .scale = s->attn_scale},
+        const kiln_attn_params ap = {.n_heads = s->n_heads,
+                                     .scale = s->attn_scale,
+                                     .softcap = s->attn_softcap},
                                apb = {.n_heads = s->n_heads,
                                       .scale = s->attn_scale,
+                                      .softcap = s->attn_softcap,
                                       .positions = a.pos};
         be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, s->plus_one);
         be->matmul(be, a.q, a.h, T, &L->wq);
