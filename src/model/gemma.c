@@ -411,6 +411,12 @@ static kiln_status gemma_load(kiln_model *m) {
     return KILN_OK;
 }
 
+/* n floats rounded up to a multiple of 4: scratch regions start 16-byte aligned, which the CUDA
+ * GEMV needs of its input rows (an unaligned x takes the slower general path) */
+static int64_t al4(int64_t n) {
+    return (n + 3) & ~(int64_t)3;
+}
+
 /* Gemma 4 expert block over T rows of the residual r: y = post_ffn_norm_2(sum_k w_k expert_k(
  * pre_ffn_norm_2(r))), routed on rmsnorm(r) * scale / sqrt(hidden). Tokens are bucketed per expert
  * so each selected expert runs one matmul over its rows. y, r in backend memory; y must not alias
@@ -421,12 +427,13 @@ static kiln_status gemma_moe(kiln_model *m, gemma_state *s, const gemma_layer *L
     kiln_backend *be = m->be;
     const int64_t H = s->hidden, E = s->n_experts, K = s->top_k, F = s->moe_ffn;
     /* backend scratch: logits [T, E]; rn, xe, ye [T, H]; gu [T, 2F]; g, u [T, F]; weights and row
-     * ids [T*K] (expert by expert) */
-    const size_t floats = (size_t)(T * E + 3 * T * H + 4 * T * F + 2 * T * K);
+     * ids [T*K] (expert by expert); each region starts 16-byte aligned (the GEMV's x) */
+    const int64_t nl = al4(T * E), nh = al4(T * H), nf = al4(T * F), nk = al4(T * K);
+    const size_t floats = (size_t)(nl + 3 * nh + 4 * nf + 2 * nk);
     KILN_TRY(kiln_scratch_reserve(be, &s->moe, floats * sizeof(float)));
-    float *logits = s->moe.ptr, *rn = logits + T * E, *xe = rn + T * H, *ye = xe + T * H,
-          *gu = ye + T * H, *g = gu + 2 * T * F, *u = g + T * F, *d_w = u + T * F;
-    int32_t *d_rows = (int32_t *)(d_w + T * K);
+    float *logits = s->moe.ptr, *rn = logits + nl, *xe = rn + nh, *ye = xe + nh, *gu = ye + nh,
+          *g = gu + 2 * nf, *u = g + nf, *d_w = u + nf;
+    int32_t *d_rows = (int32_t *)(d_w + nk);
     float *h_logits = malloc((size_t)(T * E) * sizeof(float));   /* [T, E] */
     int *sel = malloc((size_t)(T * K) * sizeof(int));            /* [T, K] */
     float *wsel = malloc((size_t)(T * K) * sizeof(float));       /* [T, K] */
@@ -528,24 +535,26 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     }
     const int64_t H = s->hidden, QD = (int64_t)s->n_heads * maxhd, KVD = (int64_t)maxkv * maxhd,
                   F = s->ffn, P = (int64_t)s->n_layers * s->ple, PL = s->ple;
-    size_t floats = (size_t)(T * (3 * H + 2 * QD + 2 * KVD + 2 * F + 2 * P + 2 * PL) + R * H);
+    const int64_t nh = al4(T * H), nq = al4(T * QD), nkv = al4(T * KVD), nf = al4(T * F),
+                  np = al4(T * P), npl = al4(T * PL);
+    size_t floats = (size_t)(3 * nh + 2 * nq + 2 * nkv + 2 * nf + 2 * np + 2 * npl + R * H);
     KILN_TRY(kiln_scratch_reserve(be, &s->act, floats * sizeof(float)));
     KILN_TRY(kiln_scratch_reserve(be, &s->ids, (size_t)(2 * T) * sizeof(int32_t)));
     gemma_acts a;
     float *p = s->act.ptr;
-    a.x = p, p += T * H;
-    a.h = p, p += T * H;
-    a.h2 = p, p += T * H;
-    a.q = p, p += T * QD;
-    a.attn = p, p += T * QD;
-    a.k = p, p += T * KVD;
-    a.v = p, p += T * KVD;
-    a.ff1 = p, p += T * F;
-    a.ff2 = p, p += T * F;
-    a.pli = p, p += T * P;
-    a.plp = p, p += T * P;
-    a.plg = p, p += T * PL;
-    a.plin = p, p += T * PL;
+    a.x = p, p += nh;
+    a.h = p, p += nh;
+    a.h2 = p, p += nh;
+    a.q = p, p += nq;
+    a.attn = p, p += nq;
+    a.k = p, p += nkv;
+    a.v = p, p += nkv;
+    a.ff1 = p, p += nf;
+    a.ff2 = p, p += nf;
+    a.pli = p, p += np;
+    a.plp = p, p += np;
+    a.plg = p, p += npl;
+    a.plin = p, p += npl;
     a.rows = p;
     a.tok = s->ids.ptr;
     a.pos = a.tok + T;
