@@ -562,6 +562,30 @@ static void test_elementwise(void) {
     }
 }
 
+/* scale and softcap (Gemma: embedding / per-layer-input scales, layer_scalar, logit capping), in
+ * place, at sizes that are not multiples of the block; softcap on large logits so the tanh
+ * saturates as well as on small ones where it is near linear. */
+static void test_scale_softcap(void) {
+    static const int64_t ns[] = {1, 777, 100003};
+    for (size_t i = 0; i < 3; i++) {
+        int64_t n = ns[i];
+        float *a = rand_f32(n, 40.0f), *ref = malloc((size_t)n * 4);
+        for (int64_t j = 0; j < n; j += 3) a[j] *= 0.001f; /* near zero: tanh ~ identity */
+        float *dx = dev_copy(a, (size_t)n * 4);
+        memcpy(ref, a, (size_t)n * 4);
+        kiln_cpu_scale(ref, 11.3137f, n);
+        be->scale(be, dx, 11.3137f, n);
+        compare("scale", dx, ref, n, 1e-7);
+        memcpy(ref, a, (size_t)n * 4);
+        be->upload(be, dx, a, (size_t)n * 4);
+        kiln_cpu_softcap(ref, 30.0f, n);
+        be->softcap(be, dx, 30.0f, n);
+        compare("softcap", dx, ref, n, 1e-6);
+        be->free(be, dx);
+        free(a), free(ref);
+    }
+}
+
 /* ---- hybrid (Gated DeltaNet) and MoE ops ---- */
 
 static void test_copy_zero_gate(void) {
@@ -887,6 +911,7 @@ int main(void) {
         return 1;
     }
     test_elementwise();
+    test_scale_softcap();
     test_rmsnorm();
     test_rope();
     test_add_rmsnorm();

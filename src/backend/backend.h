@@ -63,6 +63,10 @@ struct kiln_backend {
     void (*gelu_tanh_mul)(kiln_backend *be, float *y, const float *gate, const float *up,
                           int64_t n);
     void (*add)(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
+    /* x[n] *= s (in place) */
+    void (*scale)(kiln_backend *be, float *x, float s, int64_t n);
+    /* x[n] = cap * tanh(x / cap) (in place; logit soft-capping, cap > 0) */
+    void (*softcap)(kiln_backend *be, float *x, float cap, int64_t n);
     /* fused forms of the ops above, fewer launches per decoder layer (same results as the
      * unfused sequence on the CPU; within the op tolerance on other backends):
      * ys[i][n, ws[i]->rows] = x[n, cols] @ ws[i]^T for count <= 4 matrices of the same cols */

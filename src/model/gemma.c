@@ -13,7 +13,15 @@
  *   x = r + post_ffn_norm(post_ffn_norm_1(mlp(pre_ffn_norm(r)))
  *                         + post_ffn_norm_2(experts(pre_ffn_norm_2(r))))
  * with the router on rmsnorm(r) * scale / sqrt(hidden): softmax over experts, top-k renormalised,
- * times per_expert_scale; experts are GeGLU with a fused [E, 2F, H] gate_up_proj. CPU only. */
+ * times per_expert_scale; experts are GeGLU with a fused [E, 2F, H] gate_up_proj.
+ *
+ * The forward is written against the backend op table (weights, norm vectors, RoPE tables and
+ * activations all in the backend's memory), so it runs on the CPU and on CUDA alike: the embedding
+ * and per-layer-input scales and layer_scalar are `scale` ops, per-layer inputs are sliced out with
+ * copy2d, the final soft-cap is the `softcap` op (logits_head.c). KV-shared layers only `attend`
+ * to their source layer's cache (stored earlier in the same step). The MoE router logits come to
+ * the host for the top-k choice, as in moe.c; the experts run as gather_rows -> matmuls ->
+ * scatter_add_rows. */
 #include "model/model.h"
 #include "model/moe.h"
 
@@ -31,7 +39,7 @@ typedef struct gemma_layer {
     int head_dim, n_kv_heads, rot;
     int kv_src;            /* layer whose cache this layer reads (itself unless KV-shared) */
     bool k_eq_v;           /* values are the (unnormed) key projection */
-    const float *inv_freq; /* [head_dim/2 or rot/2] (owned by gemma_state) */
+    const float *inv_freq; /* backend [head_dim/2 or rot/2] (owned by gemma_state) */
     float *attn_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm; /* [hidden] */
     float *q_norm, *k_norm;                                           /* [head_dim] */
     kiln_matrix wq, wk, wv, wo;
@@ -43,9 +51,9 @@ typedef struct gemma_layer {
     float layer_scalar;
     /* gemma4 MoE block */
     bool moe;
-    kiln_matrix router;                                     /* [E, hidden] */
-    float *router_scale;                                    /* [hidden] (host) */
-    float *expert_scale;                                    /* [E] (host) per_expert_scale */
+    kiln_matrix router;  /* [E, hidden] */
+    float *router_w;     /* backend [hidden]: router.scale / sqrt(hidden), the router norm's w */
+    float *expert_scale; /* [E] (host) per_expert_scale, applied to the routing weights */
     kiln_matrix gate_up, down;                              /* [E*2F, hidden], [E*hidden, F] */
     float *pre_ffn_norm2, *post_ffn_norm1, *post_ffn_norm2; /* [hidden] */
 } gemma_layer;
@@ -55,15 +63,17 @@ typedef struct gemma_state {
     int hidden, n_heads, vocab, n_layers, ffn, ple; /* ple: hidden_size_per_layer_input (g4) */
     int n_experts, top_k, moe_ffn;                  /* gemma4 MoE block (n_experts 0: none) */
     float eps, embed_scale, softcap, attn_scale;
+    float attn_softcap; /* attn_logit_softcapping (null / absent in Gemma 3 and 4: 0, off) */
     bool plus_one;
     kiln_matrix embed, lm_head;
     bool tied;
     float *final_norm;
-    float *inv_sliding, *inv_full; /* rope tables */
+    float *inv_sliding, *inv_full; /* rope tables (backend) */
     kiln_matrix ple_embed;         /* [vocab_ple, n_layers*ple] */
     kiln_matrix ple_model_proj;    /* [n_layers*ple, hidden] */
     float *ple_proj_norm;          /* [ple] */
     gemma_layer *layers;
+    kiln_scratch act, ids, moe, logits; /* backend scratch kept across forwards */
 } gemma_state;
 
 static bool gemma_matches(const kiln_config *cfg) {
@@ -78,13 +88,12 @@ static void gemma_free(kiln_model *m) {
         gemma_layer *L = &s->layers[i];
         float *v[] = {L->attn_norm,      L->post_attn_norm, L->pre_ffn_norm, L->post_ffn_norm,
                       L->q_norm,         L->k_norm,         L->ple_norm,     L->pre_ffn_norm2,
-                      L->post_ffn_norm1, L->post_ffn_norm2};
+                      L->post_ffn_norm1, L->post_ffn_norm2, L->router_w};
         for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) kiln_weights_free_vector(m, v[j]);
         kiln_matrix *w[] = {&L->wq,       &L->wk,     &L->wv,      &L->wo,
                             &L->w_gate,   &L->w_up,   &L->w_down,  &L->ple_gate,
                             &L->ple_proj, &L->router, &L->gate_up, &L->down};
         for (size_t j = 0; j < sizeof w / sizeof w[0]; j++) kiln_weights_free_matrix(m, w[j]);
-        free(L->router_scale);
         free(L->expert_scale);
     }
     free(s->layers);
@@ -94,8 +103,12 @@ static void gemma_free(kiln_model *m) {
     kiln_weights_free_matrix(m, &s->ple_model_proj);
     kiln_weights_free_vector(m, s->final_norm);
     kiln_weights_free_vector(m, s->ple_proj_norm);
-    free(s->inv_sliding);
-    free(s->inv_full);
+    kiln_weights_free_vector(m, s->inv_sliding);
+    kiln_weights_free_vector(m, s->inv_full);
+    kiln_scratch_free(m->be, &s->act);
+    kiln_scratch_free(m->be, &s->ids);
+    kiln_scratch_free(m->be, &s->moe);
+    kiln_scratch_free(m->be, &s->logits);
     free(s);
     m->family_state = NULL;
 }
@@ -112,7 +125,8 @@ static const char *layer_type(const kiln_config *c, int i) {
 
 /* RoPE table for one layer type: rope_parameters[type] if present, else the top-level rope (and
  * rope_local_base_freq for sliding layers). Proportional RoPE rotates all head_dim dims with zero
- * frequencies past partial_rotary_factor * head_dim. Returns a malloc'd [*rot/2] table. */
+ * frequencies past partial_rotary_factor * head_dim. Returns a [*rot/2] table in backend memory
+ * (free with kiln_weights_free_vector). */
 static kiln_status rope_table(kiln_model *m, const char *type, int head_dim, kiln_dtype dt,
                               float **out, int *rot) {
     const kiln_config *c = &m->cfg;
@@ -158,8 +172,11 @@ static kiln_status rope_table(kiln_model *m, const char *type, int head_dim, kil
         *rot = r;
     }
     kiln_rope_round_to_dtype(inv, *rot / 2, dt);
-    *out = inv;
-    return KILN_OK;
+    const size_t bytes = ((size_t)head_dim / 2 + 1) * sizeof *inv;
+    *out = m->be->alloc(m->be, bytes);
+    if (*out) m->be->upload(m->be, *out, inv, bytes);
+    free(inv);
+    return *out ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of backend memory for a RoPE table");
 }
 
 /* Reads a float tensor of n elements to a malloc'd host f32 array. */
@@ -203,8 +220,17 @@ static kiln_status load_moe(kiln_model *m, gemma_state *s, gemma_layer *L, const
     L->moe = true;
     snprintf(n, sizeof n, "%s.router.proj", p);
     KILN_TRY(kiln_weights_matrix(m, n, E, H, false, &L->router));
+    /* the router input is rmsnorm(r) * scale / sqrt(hidden): one weighted RMSNorm with
+     * w = scale * hidden^-1/2 (the product rounded once, as the unfused form did) */
     snprintf(n, sizeof n, "%s.router.scale", p);
-    KILN_TRY(host_floats(m, n, H, &L->router_scale));
+    float *rs = NULL;
+    KILN_TRY(host_floats(m, n, H, &rs));
+    const float root = 1.0f / sqrtf((float)H);
+    for (int i = 0; i < H; i++) rs[i] = rs[i] * root;
+    L->router_w = m->be->alloc(m->be, (size_t)H * sizeof(float));
+    if (L->router_w) m->be->upload(m->be, L->router_w, rs, (size_t)H * sizeof(float));
+    free(rs);
+    if (!L->router_w) return kiln_error(KILN_ERR_OOM, "out of backend memory for '%s'", n);
     snprintf(n, sizeof n, "%s.router.per_expert_scale", p);
     KILN_TRY(host_floats(m, n, E, &L->expert_scale));
     snprintf(n, sizeof n, "%s.experts.gate_up_proj", p);
@@ -282,11 +308,11 @@ static kiln_status load_layer(kiln_model *m, gemma_state *s, int i, int first_sh
     if (s->n_experts > 0) KILN_TRY(load_moe(m, s, L, p));
     if (s->g4) {
         snprintf(n, sizeof n, "%s.layer_scalar", p);
-        if (kiln_weights_has(m, n)) {
+        if (kiln_weights_has(m, n)) { /* a host float: the forward scales by it */
             float *v = NULL;
-            KILN_TRY(kiln_weights_vector(m, n, 1, false, &v));
+            KILN_TRY(host_floats(m, n, 1, &v));
             L->layer_scalar = v[0];
-            kiln_weights_free_vector(m, v);
+            free(v);
         }
         if (s->ple > 0) {
             snprintf(n, sizeof n, "%s.per_layer_input_gate", p);
@@ -302,11 +328,6 @@ static kiln_status load_layer(kiln_model *m, gemma_state *s, int i, int first_sh
 
 static kiln_status gemma_load(kiln_model *m) {
     const kiln_config *c = &m->cfg;
-    if (m->be->device != KILN_DEVICE_CPU)
-        return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "%s: model_type '%s' runs on the CPU backend only "
-                          "for now (use --device cpu)",
-                          m->dir, c->model_type);
     gemma_state *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
     m->family_state = s;
@@ -319,6 +340,7 @@ static kiln_status gemma_load(kiln_model *m) {
     s->eps = c->rms_norm_eps;
     s->plus_one = !s->g4;
     s->softcap = kiln_config_float(c, "final_logit_softcapping", 0.0f);
+    s->attn_softcap = kiln_config_float(c, "attn_logit_softcapping", 0.0f);
     s->attn_scale =
         s->g4 ? 1.0f
               : 1.0f / sqrtf(kiln_config_float(c, "query_pre_attn_scalar", (float)c->head_dim));
@@ -389,75 +411,113 @@ static kiln_status gemma_load(kiln_model *m) {
     return KILN_OK;
 }
 
+/* n floats rounded up to a multiple of 4: scratch regions start 16-byte aligned, which the CUDA
+ * GEMV needs of its input rows (an unaligned x takes the slower general path) */
+static int64_t al4(int64_t n) {
+    return (n + 3) & ~(int64_t)3;
+}
+
 /* Gemma 4 expert block over T rows of the residual r: y = post_ffn_norm_2(sum_k w_k expert_k(
  * pre_ffn_norm_2(r))), routed on rmsnorm(r) * scale / sqrt(hidden). Tokens are bucketed per expert
- * so each selected expert runs one matmul over its rows. */
+ * so each selected expert runs one matmul over its rows. y, r in backend memory; y must not alias
+ * r. The router logits come to the host for the top-k choice (as in moe.c); the buckets go back as
+ * row ids and weights. */
 static kiln_status gemma_moe(kiln_model *m, gemma_state *s, const gemma_layer *L, float *y,
                              const float *r, int64_t T) {
     kiln_backend *be = m->be;
     const int64_t H = s->hidden, E = s->n_experts, K = s->top_k, F = s->moe_ffn;
-    float *rn = malloc((size_t)(T * H) * sizeof(float));     /* [T, H] router input, then xn */
-    float *logits = malloc((size_t)(T * E) * sizeof(float)); /* [T, E] */
-    int *sel = malloc((size_t)(T * K) * sizeof(int));        /* [T, K] */
-    float *wsel = malloc((size_t)(T * K) * sizeof(float));   /* [T, K] */
-    int64_t *rows = malloc((size_t)T * sizeof(int64_t));     /* [n] token of each row */
-    float *rw = malloc((size_t)T * sizeof(float));           /* [n] weight of each row */
-    float *xe = malloc((size_t)(T * H) * sizeof(float));     /* [n, H] gathered input */
-    float *gu = malloc((size_t)(T * 2 * F) * sizeof(float)); /* [n, 2F] gate | up */
-    float *act = malloc((size_t)(T * F) * sizeof(float));    /* [n, F] */
-    float *ye = malloc((size_t)(T * H) * sizeof(float));     /* [n, H] */
+    /* backend scratch: logits [T, E]; rn, xe, ye [T, H]; gu [T, 2F]; g, u [T, F]; weights and row
+     * ids [T*K] (expert by expert); each region starts 16-byte aligned (the GEMV's x) */
+    const int64_t nl = al4(T * E), nh = al4(T * H), nf = al4(T * F), nk = al4(T * K);
+    const size_t floats = (size_t)(nl + 3 * nh + 4 * nf + 2 * nk);
+    KILN_TRY(kiln_scratch_reserve(be, &s->moe, floats * sizeof(float)));
+    float *logits = s->moe.ptr, *rn = logits + nl, *xe = rn + nh, *ye = xe + nh, *gu = ye + nh,
+          *g = gu + 2 * nf, *u = g + nf, *d_w = u + nf;
+    int32_t *d_rows = (int32_t *)(d_w + nk);
+    float *h_logits = malloc((size_t)(T * E) * sizeof(float));   /* [T, E] */
+    int *sel = malloc((size_t)(T * K) * sizeof(int));            /* [T, K] */
+    float *wsel = malloc((size_t)(T * K) * sizeof(float));       /* [T, K] */
+    int32_t *h_rows = malloc((size_t)(T * K) * sizeof(int32_t)); /* [T*K] token of each row */
+    float *h_w = malloc((size_t)(T * K) * sizeof(float));        /* [T*K] weight of each row */
+    int64_t *start = malloc((size_t)(E + 1) * sizeof(int64_t));  /* expert e: [start[e], [e+1]) */
     kiln_status st = KILN_OK;
-    if (!rn || !logits || !sel || !wsel || !rows || !rw || !xe || !gu || !act || !ye) {
+    if (!h_logits || !sel || !wsel || !h_rows || !h_w || !start) {
         st = kiln_error(KILN_ERR_OOM, "gemma moe: out of memory for %lld tokens", (long long)T);
         goto done;
     }
-    be->rmsnorm(be, rn, r, NULL, T, H, s->eps, false);
-    const float root = 1.0f / sqrtf((float)H);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t i = 0; i < H; i++) rn[t * H + i] *= L->router_scale[i] * root;
+    be->rmsnorm(be, rn, r, L->router_w, T, H, s->eps, false);
     be->matmul(be, logits, rn, T, &L->router);
+    be->download(be, h_logits, logits, (size_t)(T * E) * sizeof(float));
     for (int64_t t = 0; t < T; t++) {
-        kiln_moe_route(logits + t * E, (int)E, (int)K, true, sel + t * K, wsel + t * K);
+        kiln_moe_route(h_logits + t * E, (int)E, (int)K, true, sel + t * K, wsel + t * K);
         for (int64_t j = 0; j < K; j++) wsel[t * K + j] *= L->expert_scale[sel[t * K + j]];
     }
-    be->rmsnorm(be, rn, r, L->pre_ffn_norm2, T, H, s->eps, false);
-    memset(y, 0, (size_t)(T * H) * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        int64_t n = 0;
+    /* bucket the (token, weight) pairs per expert, tokens ascending inside a bucket */
+    int64_t nr = 0;
+    for (int64_t e = 0; e < E; e++) {
+        start[e] = nr;
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < K; j++)
                 if (sel[t * K + j] == e) {
-                    rows[n] = t;
-                    rw[n] = wsel[t * K + j];
-                    memcpy(xe + n * H, rn + t * H, (size_t)H * sizeof(float));
-                    n++;
+                    h_rows[nr] = (int32_t)t;
+                    h_w[nr++] = wsel[t * K + j];
                 }
+    }
+    start[E] = nr;
+    be->upload(be, d_rows, h_rows, (size_t)nr * sizeof(int32_t));
+    be->upload(be, d_w, h_w, (size_t)nr * sizeof(float));
+    be->rmsnorm(be, rn, r, L->pre_ffn_norm2, T, H, s->eps, false);
+    be->zero(be, y, T * H);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = start[e + 1] - start[e];
         if (n == 0) continue; /* unselected experts are never read */
-        kiln_matrix gup = kiln_matrix_rows(&L->gate_up, (int64_t)e * 2 * F, 2 * F);
-        kiln_matrix dn = kiln_matrix_rows(&L->down, (int64_t)e * H, H);
+        kiln_matrix gup = kiln_matrix_rows(&L->gate_up, e * 2 * F, 2 * F);
+        kiln_matrix dn = kiln_matrix_rows(&L->down, e * H, H);
+        be->gather_rows(be, xe, rn, d_rows + start[e], n, H);
         be->matmul(be, gu, xe, n, &gup);
-        for (int64_t i = 0; i < n; i++)
-            be->gelu_tanh_mul(be, act + i * F, gu + i * 2 * F, gu + i * 2 * F + F, F);
-        be->matmul(be, ye, act, n, &dn);
-        for (int64_t i = 0; i < n; i++) {
-            float *dst = y + rows[i] * H;
-            const float *src = ye + i * H;
-            for (int64_t c = 0; c < H; c++) dst[c] += rw[i] * src[c];
-        }
+        /* each row of gu is gate[F] | up[F]: split, then one GeGLU over the n rows */
+        be->copy2d(be, g, F, gu, 2 * F, n, F);
+        be->copy2d(be, u, F, gu + F, 2 * F, n, F);
+        be->gelu_tanh_mul(be, g, g, u, n * F);
+        be->matmul(be, ye, g, n, &dn);
+        be->scatter_add_rows(be, y, ye, d_rows + start[e], d_w + start[e], n, H);
     }
     be->rmsnorm(be, y, y, L->post_ffn_norm2, T, H, s->eps, false);
 done:
-    free(rn);
-    free(logits);
+    free(h_logits);
     free(sel);
     free(wsel);
-    free(rows);
-    free(rw);
-    free(xe);
-    free(gu);
-    free(act);
-    free(ye);
+    free(h_rows);
+    free(h_w);
+    free(start);
     return st;
+}
+
+/* Per-forward activations, carved out of the backend scratch s->act (ids from s->ids). */
+typedef struct gemma_acts {
+    float *x, *h, *h2;  /* [T, hidden] residual, normed / branch output, second branch */
+    float *q, *attn;    /* [T, n_heads*max head_dim] */
+    float *k, *v;       /* [T, max n_kv_heads*max head_dim] */
+    float *ff1, *ff2;   /* [T, ffn] */
+    float *pli;         /* [T, n_layers, ple] per-layer inputs */
+    float *plp;         /* [T, n_layers*ple] projection scratch */
+    float *plg, *plin;  /* [T, ple] gate, this layer's slice of pli */
+    float *rows;        /* [R, hidden] rows that need logits */
+    int32_t *tok, *pos; /* [T] each */
+} gemma_acts;
+
+/* Per-layer inputs (gemma4): pli = (rmsnorm(x @ P^T / sqrt(hidden)) + E_ple[tok] * sqrt(ple)) /
+ * sqrt(2), x being the scaled embedding. */
+static void per_layer_inputs(kiln_backend *be, const gemma_state *s, const gemma_acts *a,
+                             int64_t T) {
+    const int64_t H = s->hidden, P = (int64_t)s->n_layers * s->ple;
+    be->embed(be, a->pli, a->tok, T, &s->ple_embed);
+    be->matmul(be, a->plp, a->x, T, &s->ple_model_proj);
+    be->scale(be, a->plp, 1.0f / sqrtf((float)H), T * P);
+    be->rmsnorm(be, a->plp, a->plp, s->ple_proj_norm, T * s->n_layers, s->ple, s->eps, false);
+    be->scale(be, a->pli, sqrtf((float)s->ple), T * P);
+    be->add(be, a->pli, a->plp, a->pli, T * P);
+    be->scale(be, a->pli, 1.0f / sqrtf(2.0f), T * P);
 }
 
 static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
@@ -474,121 +534,124 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         if (s->layers[l].n_kv_heads > maxkv) maxkv = s->layers[l].n_kv_heads;
     }
     const int64_t H = s->hidden, QD = (int64_t)s->n_heads * maxhd, KVD = (int64_t)maxkv * maxhd,
-                  F = s->ffn, P = (int64_t)s->n_layers * s->ple;
-    size_t floats = (size_t)(T * (3 * H + 2 * QD + 2 * KVD + 2 * F + 2 * P + s->ple) + R * H);
-    float *buf = calloc(floats, sizeof(float));
-    int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *tok = malloc((size_t)T * sizeof(int32_t));
-    if (!buf || !pos || !tok) {
-        free(buf);
-        free(pos);
-        free(tok);
+                  F = s->ffn, P = (int64_t)s->n_layers * s->ple, PL = s->ple;
+    const int64_t nh = al4(T * H), nq = al4(T * QD), nkv = al4(T * KVD), nf = al4(T * F),
+                  np = al4(T * P), npl = al4(T * PL);
+    size_t floats = (size_t)(3 * nh + 2 * nq + 2 * nkv + 2 * nf + 2 * np + 2 * npl + R * H);
+    KILN_TRY(kiln_scratch_reserve(be, &s->act, floats * sizeof(float)));
+    KILN_TRY(kiln_scratch_reserve(be, &s->ids, (size_t)(2 * T) * sizeof(int32_t)));
+    gemma_acts a;
+    float *p = s->act.ptr;
+    a.x = p, p += nh;
+    a.h = p, p += nh;
+    a.h2 = p, p += nh;
+    a.q = p, p += nq;
+    a.attn = p, p += nq;
+    a.k = p, p += nkv;
+    a.v = p, p += nkv;
+    a.ff1 = p, p += nf;
+    a.ff2 = p, p += nf;
+    a.pli = p, p += np;
+    a.plp = p, p += np;
+    a.plg = p, p += npl;
+    a.plin = p, p += npl;
+    a.rows = p;
+    a.tok = s->ids.ptr;
+    a.pos = a.tok + T;
+
+    int32_t *host_ids = malloc((size_t)(2 * T) * sizeof(int32_t));
+    /* one store + attend call per (non-shared) layer for the whole batch when the caches offer
+     * it; KV-shared layers attend per sequence to their source layer (nothing to store) */
+    const kiln_kv_vtable *bvt = e[0].seq->kv->vt;
+    bool batch_kv = bvt->store_attend_batch != NULL;
+    for (int i = 1; batch_kv && i < n_entries; i++) batch_kv = e[i].seq->kv->vt == bvt;
+    kiln_kv **kvs = batch_kv ? malloc((size_t)n_entries * sizeof *kvs) : NULL;
+    int *kv_n = batch_kv ? malloc((size_t)n_entries * sizeof *kv_n) : NULL;
+    if (!host_ids || (batch_kv && (!kvs || !kv_n))) {
+        free(host_ids), free(kvs), free(kv_n);
         return kiln_error(KILN_ERR_OOM, "%s: out of memory for %lld tokens", m->dir, (long long)T);
     }
-    float *p = buf;
-    float *x = p; /* [T, H] */
-    p += T * H;
-    float *h = p; /* [T, H] */
-    p += T * H;
-    float *h2 = p; /* [T, H] */
-    p += T * H;
-    float *q = p; /* [T, QD] */
-    p += T * QD;
-    float *attn = p; /* [T, QD] */
-    p += T * QD;
-    float *k = p; /* [T, KVD] */
-    p += T * KVD;
-    float *v = p; /* [T, KVD] */
-    p += T * KVD;
-    float *ff1 = p, *ff2 = p + T * F; /* [T, F] each */
-    p += 2 * T * F;
-    float *pli = p; /* [T, n_layers, ple] per-layer inputs */
-    p += T * P;
-    float *plp = p; /* [T, n_layers*ple] projection scratch */
-    p += T * P;
-    float *plg = p; /* [T, ple] */
-    p += T * s->ple;
-    float *rows = p; /* [R, H] */
+    for (int i = 0; batch_kv && i < n_entries; i++) kvs[i] = e[i].seq->kv, kv_n[i] = e[i].n_tokens;
     for (int i = 0, t = 0; i < n_entries; i++)
         for (int j = 0; j < e[i].n_tokens; j++, t++) {
-            tok[t] = e[i].tokens[j];
-            pos[t] = e[i].seq->kv->len + j;
+            host_ids[t] = e[i].tokens[j];
+            host_ids[T + t] = e[i].seq->kv->len + j;
         }
-    be->embed(be, x, tok, T, &s->embed);
-    for (int64_t i = 0; i < T * H; i++) x[i] *= s->embed_scale;
-    if (s->ple > 0) {
-        be->embed(be, pli, tok, T, &s->ple_embed);
-        const float es = sqrtf((float)s->ple);
-        be->matmul(be, plp, x, T, &s->ple_model_proj);
-        const float ps = 1.0f / sqrtf((float)H);
-        for (int64_t i = 0; i < T * P; i++) plp[i] *= ps;
-        be->rmsnorm(be, plp, plp, s->ple_proj_norm, T * s->n_layers, s->ple, s->eps, false);
-        const float mix = 1.0f / sqrtf(2.0f);
-        for (int64_t i = 0; i < T * P; i++) pli[i] = (plp[i] + pli[i] * es) * mix;
-    }
-    for (int l = 0; l < s->n_layers; l++) {
+    be->upload(be, a.tok, host_ids, (size_t)(2 * T) * sizeof(int32_t));
+    free(host_ids);
+
+    be->embed(be, a.x, a.tok, T, &s->embed);
+    be->scale(be, a.x, s->embed_scale, T * H);
+    if (s->ple > 0) per_layer_inputs(be, s, &a, T);
+    kiln_status st = KILN_OK;
+    for (int l = 0; l < s->n_layers && st == KILN_OK; l++) {
         gemma_layer *L = &s->layers[l];
         const int hd = L->head_dim;
         const int64_t qd = (int64_t)s->n_heads * hd, kvd = (int64_t)L->n_kv_heads * hd;
-        kiln_attn_params ap = {.n_heads = s->n_heads, .scale = s->attn_scale};
-        be->rmsnorm(be, h, x, L->attn_norm, T, H, s->eps, s->plus_one);
-        be->matmul(be, q, h, T, &L->wq);
-        be->rmsnorm(be, q, q, L->q_norm, T * s->n_heads, hd, s->eps, s->plus_one);
-        be->rope(be, q, pos, T, s->n_heads, hd, L->rot, L->inv_freq);
-        if (L->kv_src == l) {
-            be->matmul(be, k, h, T, &L->wk);
-            if (L->k_eq_v)
-                memcpy(v, k, (size_t)(T * kvd) * sizeof(float));
+        const bool own = L->kv_src == l; /* else: KV-shared, reads layer kv_src's cache */
+        /* positions in backend memory for the batched store; per-sequence calls use the caches'
+         * own lengths */
+        const kiln_attn_params ap = {.n_heads = s->n_heads,
+                                     .scale = s->attn_scale,
+                                     .softcap = s->attn_softcap},
+                               apb = {.n_heads = s->n_heads,
+                                      .scale = s->attn_scale,
+                                      .softcap = s->attn_softcap,
+                                      .positions = a.pos};
+        be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, s->plus_one);
+        be->matmul(be, a.q, a.h, T, &L->wq);
+        be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, hd, s->eps, s->plus_one);
+        be->rope(be, a.q, a.pos, T, s->n_heads, hd, L->rot, L->inv_freq);
+        if (own) {
+            be->matmul(be, a.k, a.h, T, &L->wk);
+            if (L->k_eq_v) /* values are the raw key projection (before k_norm and RoPE) */
+                be->copy2d(be, a.v, kvd, a.k, kvd, T, kvd);
             else
-                be->matmul(be, v, h, T, &L->wv);
-            be->rmsnorm(be, k, k, L->k_norm, T * L->n_kv_heads, hd, s->eps, s->plus_one);
-            be->rope(be, k, pos, T, L->n_kv_heads, hd, L->rot, L->inv_freq);
-            if (s->g4) be->rmsnorm(be, v, v, NULL, T * L->n_kv_heads, hd, s->eps, false);
+                be->matmul(be, a.v, a.h, T, &L->wv);
+            be->rmsnorm(be, a.k, a.k, L->k_norm, T * L->n_kv_heads, hd, s->eps, s->plus_one);
+            be->rope(be, a.k, a.pos, T, L->n_kv_heads, hd, L->rot, L->inv_freq);
+            if (s->g4) be->rmsnorm(be, a.v, a.v, NULL, T * L->n_kv_heads, hd, s->eps, false);
         }
-        for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
-            kiln_kv *kv = e[i].seq->kv;
-            if (L->kv_src == l) kv->vt->store(kv, l, k + t * kvd, v + t * kvd, e[i].n_tokens);
-            kv->vt->attend(kv, L->kv_src, q + t * qd, e[i].n_tokens, attn + t * qd, &ap, be->pool);
+        if (own && batch_kv) {
+            bvt->store_attend_batch(kvs, kv_n, n_entries, l, a.k, a.v, a.q, a.attn, &apb, be->pool);
+        } else {
+            for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
+                kiln_kv *kv = e[i].seq->kv;
+                if (own) kv->vt->store(kv, l, a.k + t * kvd, a.v + t * kvd, e[i].n_tokens);
+                kv->vt->attend(kv, L->kv_src, a.q + t * qd, e[i].n_tokens, a.attn + t * qd, &ap,
+                               be->pool);
+            }
         }
-        be->matmul(be, h, attn, T, &L->wo);
-        be->rmsnorm(be, h, h, L->post_attn_norm, T, H, s->eps, s->plus_one);
-        be->add(be, x, x, h, T * H);
-        be->rmsnorm(be, h, x, L->pre_ffn_norm, T, H, s->eps, s->plus_one);
-        be->matmul(be, ff1, h, T, &L->w_gate);
-        be->matmul(be, ff2, h, T, &L->w_up);
-        be->gelu_tanh_mul(be, ff1, ff1, ff2, T * F);
-        be->matmul(be, h, ff1, T, &L->w_down);
+        be->matmul(be, a.h, a.attn, T, &L->wo);
+        be->rmsnorm(be, a.h, a.h, L->post_attn_norm, T, H, s->eps, s->plus_one);
+        /* x += h; h = pre_ffn_norm(x) */
+        be->add_rmsnorm(be, a.x, a.h, a.h, L->pre_ffn_norm, T, H, s->eps, s->plus_one);
+        float *const gu_out[2] = {a.ff1, a.ff2};
+        const kiln_matrix *const gu_w[2] = {&L->w_gate, &L->w_up};
+        be->matmul_multi(be, 2, gu_out, a.h, T, gu_w);
+        be->gelu_tanh_mul(be, a.ff1, a.ff1, a.ff2, T * F);
+        be->matmul(be, a.h, a.ff1, T, &L->w_down);
         if (L->moe) { /* dense and expert branches both read the residual x */
-            be->rmsnorm(be, h, h, L->post_ffn_norm1, T, H, s->eps, false);
-            kiln_status ms = gemma_moe(m, s, L, h2, x, T);
-            if (ms != KILN_OK) {
-                free(buf);
-                free(pos);
-                free(tok);
-                return ms;
-            }
-            be->add(be, h, h, h2, T * H);
+            be->rmsnorm(be, a.h, a.h, L->post_ffn_norm1, T, H, s->eps, false);
+            st = gemma_moe(m, s, L, a.h2, a.x, T);
+            if (st != KILN_OK) break;
+            be->add(be, a.h, a.h, a.h2, T * H);
         }
-        be->rmsnorm(be, h, h, L->post_ffn_norm, T, H, s->eps, s->plus_one);
-        be->add(be, x, x, h, T * H);
-        if (s->ple > 0) {
-            be->matmul(be, plg, x, T, &L->ple_gate);
-            for (int64_t t = 0; t < T; t++) {
-                const float *in = pli + (t * s->n_layers + l) * s->ple;
-                float *g = plg + t * s->ple;
-                for (int j = 0; j < s->ple; j++) {
-                    float gv = g[j];
-                    /* gelu (tanh approximation) */
-                    float a = 0.7978845608028654f * (gv + 0.044715f * gv * gv * gv);
-                    g[j] = 0.5f * gv * (1.0f + tanhf(a)) * in[j];
-                }
-            }
-            be->matmul(be, h2, plg, T, &L->ple_proj);
-            be->rmsnorm(be, h2, h2, L->ple_norm, T, H, s->eps, false);
-            be->add(be, x, x, h2, T * H);
+        be->rmsnorm(be, a.h, a.h, L->post_ffn_norm, T, H, s->eps, s->plus_one);
+        be->add(be, a.x, a.x, a.h, T * H);
+        if (s->ple > 0) { /* x += norm(proj(gelu(gate(x)) * pli[:, l])) */
+            be->matmul(be, a.plg, a.x, T, &L->ple_gate);
+            be->copy2d(be, a.plin, PL, a.pli + (int64_t)l * PL, P, T, PL);
+            be->gelu_tanh_mul(be, a.plg, a.plg, a.plin, T * PL);
+            be->matmul(be, a.h2, a.plg, T, &L->ple_proj);
+            be->rmsnorm(be, a.h2, a.h2, L->ple_norm, T, H, s->eps, false);
+            be->add(be, a.x, a.x, a.h2, T * H);
         }
-        if (L->layer_scalar != 1.0f)
-            for (int64_t i = 0; i < T * H; i++) x[i] *= L->layer_scalar;
+        if (L->layer_scalar != 1.0f) be->scale(be, a.x, L->layer_scalar, T * H);
     }
+    free(kvs);
+    free(kv_n);
+    if (st != KILN_OK) return st;
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
     const kiln_logits_head head = {.hidden = H,
                                    .vocab = s->vocab,
@@ -597,13 +660,7 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
                                    .plus_one = s->plus_one,
                                    .lm_head = &s->lm_head,
                                    .softcap = s->softcap};
-    kiln_scratch logits = {0};
-    kiln_status st = kiln_logits_head_run(m, &head, e, n_entries, x, rows, &logits);
-    kiln_scratch_free(be, &logits);
-    free(buf);
-    free(pos);
-    free(tok);
-    return st;
+    return kiln_logits_head_run(m, &head, e, n_entries, a.x, a.rows, &s->logits);
 }
 
 const kiln_family kiln_family_gemma = {

@@ -1,12 +1,11 @@
 /* logits_head.c — the end of every family's forward pass: the final RMSNorm on just the rows whose
- * logits were asked for, the LM head, optional final soft-capping (Gemma), and the copy into each
- * entry's logits_out — one download when the entries' buffers lie end to end (a batch decoding
- * into one array), so a GPU step waits once. */
+ * logits were asked for, the LM head, optional final soft-capping (Gemma; the backend's softcap op,
+ * so the logits are final in backend memory), and the copy into each entry's logits_out — one
+ * download when the entries' buffers lie end to end (a batch decoding into one array), so a GPU
+ * step waits once. */
 #include "model/model.h"
 
 #include "util/status.h"
-
-#include <math.h>
 
 static int64_t entry_rows(const kiln_batch_entry *e) {
     return e->logits == KILN_LOGITS_ALL ? e->n_tokens : e->logits == KILN_LOGITS_LAST;
@@ -18,10 +17,6 @@ void kiln_batch_sizes(const kiln_batch_entry *e, int n_entries, int64_t *tokens,
         *tokens += e[i].n_tokens;
         *rows += entry_rows(&e[i]);
     }
-}
-
-static void softcap_rows(float *x, int64_t n, float cap) {
-    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 kiln_status kiln_logits_head_run(kiln_model *m, const kiln_logits_head *h, kiln_batch_entry *e,
@@ -41,6 +36,7 @@ kiln_status kiln_logits_head_run(kiln_model *m, const kiln_logits_head *h, kiln_
     KILN_TRY(kiln_scratch_reserve(be, logits_scratch, (size_t)(R * V) * sizeof(float)));
     float *logits = logits_scratch->ptr; /* [R, vocab] on the backend */
     be->matmul(be, logits, rows, R, h->lm_head);
+    if (h->softcap > 0) be->softcap(be, logits, h->softcap, R * V);
 
     bool one_copy = true;
     float *dst0 = NULL;
@@ -58,7 +54,6 @@ kiln_status kiln_logits_head_run(kiln_model *m, const kiln_logits_head *h, kiln_
     }
     if (one_copy && dst0 && r == R) {
         be->download(be, dst0, logits, (size_t)(R * V) * sizeof(float));
-        if (h->softcap > 0) softcap_rows(dst0, R * V, h->softcap);
         return KILN_OK;
     }
     r = 0;
@@ -66,7 +61,6 @@ kiln_status kiln_logits_head_run(kiln_model *m, const kiln_logits_head *h, kiln_
         int64_t nr = entry_rows(&e[i]);
         if (nr && e[i].logits_out) {
             be->download(be, e[i].logits_out, logits + r * V, (size_t)(nr * V) * sizeof(float));
-            if (h->softcap > 0) softcap_rows(e[i].logits_out, nr * V, h->softcap);
         }
         r += nr;
     }

@@ -141,6 +141,12 @@ static void cpu_gelu_tanh_mul(kiln_backend *be, float *y, const float *g, const 
 static void cpu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n) {
     elementwise(be, 4, y, a, b, n);
 }
+static void cpu_scale(kiln_backend *be, float *x, float s, int64_t n) {
+    kiln_cpu_scale(x, s, n);
+}
+static void cpu_softcap(kiln_backend *be, float *x, float cap, int64_t n) {
+    kiln_cpu_softcap(x, cap, n);
+}
 static void cpu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
                              int64_t n, const kiln_matrix *const *ws) {
     for (int i = 0; i < count; i++) kiln_cpu_matmul(be->pool, ys[i], x, n, ws[i]);
@@ -234,6 +240,8 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->silu_mul = cpu_silu_mul;
     be->gelu_tanh_mul = cpu_gelu_tanh_mul;
     be->add = cpu_add;
+    be->scale = cpu_scale;
+    be->softcap = cpu_softcap;
     be->matmul_multi = cpu_matmul_multi;
     be->add_rmsnorm = cpu_add_rmsnorm;
     be->matmul_norm = kiln_backend_matmul_norm_composed;

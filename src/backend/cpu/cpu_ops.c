@@ -122,6 +122,10 @@ void kiln_cpu_scale(float *x, float s, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+void kiln_cpu_softcap(float *x, float cap, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
 float kiln_cpu_dot(const float *a, const float *b, int64_t n) {
     return kiln_cpu_kernels_active()->dot(a, b, n);
 }

@@ -68,6 +68,8 @@ void kiln_cpu_gelu_tanh_mul(float *y, const float *gate, const float *up, int64_
 void kiln_cpu_add(float *y, const float *a, const float *b, int64_t n);
 /* x[i] *= s */
 void kiln_cpu_scale(float *x, float s, int64_t n);
+/* x[i] = cap * tanhf(x[i] / cap) (Gemma's logit soft-capping); cap > 0. */
+void kiln_cpu_softcap(float *x, float cap, int64_t n);
 /* Dot product of two f32 vectors (attention inner loop). */
 float kiln_cpu_dot(const float *a, const float *b, int64_t n);
 /* y[i] += a * x[i] (attention value accumulation). */

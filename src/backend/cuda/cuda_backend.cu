@@ -523,6 +523,8 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->silu_mul = kcu_silu_mul;
     be->gelu_tanh_mul = kcu_gelu_tanh_mul;
     be->add = kcu_add;
+    be->scale = kcu_scale;
+    be->softcap = kcu_softcap;
     be->matmul_multi = kcu_matmul_multi;
     be->add_rmsnorm = kcu_add_rmsnorm;
     be->matmul_norm = kcu_matmul_norm;

@@ -34,6 +34,8 @@ void kcu_rope(kiln_backend *be, float *x, const int32_t *pos, int64_t n, int n_h
 void kcu_silu_mul(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
 void kcu_gelu_tanh_mul(kiln_backend *be, float *y, const float *gate, const float *up, int64_t n);
 void kcu_add(kiln_backend *be, float *y, const float *a, const float *b, int64_t n);
+void kcu_scale(kiln_backend *be, float *x, float s, int64_t n);
+void kcu_softcap(kiln_backend *be, float *x, float cap, int64_t n);
 void kcu_copy2d(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
                 int64_t src_stride, int64_t rows, int64_t cols);
 void kcu_copy3d(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,
