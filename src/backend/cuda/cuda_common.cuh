@@ -68,6 +68,11 @@ typedef struct kcu_state {
     cudaEvent_t prof_ev[2];
     kcu_prof_entry prof[64];
     int n_prof;
+    /* the sample op's buffers (sampling.cu), grown as needed: the rows and penalty windows it
+     * uploads, per-row probabilities [rows, vocab] and occurrence counts [rows, vocab] (kept all
+     * zero between calls) */
+    void *sample_args, *sample_probs, *sample_counts;
+    size_t sample_args_bytes, sample_probs_bytes, sample_counts_bytes;
     kiln_status sticky; /* first failure seen by an op (ops return void); reported by synchronize */
     char sticky_msg[256];
 } kcu_state;
