@@ -414,7 +414,7 @@ static void *engine_main(void *arg) {
                                           chunk == pending ? KILN_LOGITS_LAST : KILN_LOGITS_NONE,
                                           chunk == pending ? r->logits : NULL};
                 pick[n] = (kiln_sample_request){0};
-                if (chunk == pending && r->top_logprobs < 0) {
+                if (chunk == pending && r->top_logprobs < 0 && r->sampler) {
                     /* the forward picks the token (on the GPU for cuda: only the id comes
                      * back); logprobs need the raw logits, so those requests sample here */
                     e[n].logits_out = NULL;
