@@ -1,5 +1,6 @@
 /* cmd_bench.c — `kiln bench`: prefill and decode speed on random token ids, median of several
- * runs, with time to first token, the weight bandwidth decode achieves, and peak RSS. */
+ * runs, with time to first token, the weight bandwidth decode achieves, and peak RSS. Decode steps
+ * pick a greedy token inside the forward (kiln_forward_sample), as `kiln generate` does. */
 #include "cli.h"
 
 #include <stdlib.h>
@@ -79,12 +80,25 @@ int cmd_bench(int argc, char **argv) {
     int nb = (int)B;
     int32_t *prompt = malloc((size_t)P * sizeof *prompt);
     int32_t *next = malloc((size_t)nb * sizeof *next);
+    int32_t *picked = malloc((size_t)nb * sizeof *picked);
+    kiln_sampler **greedy = calloc((size_t)nb, sizeof *greedy);
+    kiln_sample_request *picks = calloc((size_t)nb, sizeof *picks);
     float *logits = malloc((size_t)nb * V * sizeof(float));
     kiln_seq **seqs = calloc((size_t)nb, sizeof *seqs);
     kiln_batch_entry *e = calloc((size_t)nb, sizeof *e);
     double *pre = calloc((size_t)R, sizeof(double)), *dec = calloc((size_t)R, sizeof(double));
     int rc = 1;
-    if (!prompt || !next || !logits || !seqs || !e || !pre || !dec) goto done;
+    if (!prompt || !next || !picked || !greedy || !picks || !logits || !seqs || !e || !pre || !dec)
+        goto done;
+    kiln_sampler_params gp; /* decode picks its token greedily inside the forward, as generate */
+    kiln_sampler_params_default(&gp);
+    for (int b = 0; b < nb; b++)
+        if (kiln_sampler_new(&gp, V, &greedy[b]) != KILN_OK) {
+            cli_fail_status(KILN_ERR_OOM, "bench");
+            goto done;
+        } else {
+            picks[b] = (kiln_sample_request){.sampler = greedy[b], .token_out = &picked[b]};
+        }
     uint64_t x = 12345;
     for (int i = 0; i < P; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -119,10 +133,12 @@ int cmd_bench(int argc, char **argv) {
         for (int step = 0; step < G; step++) {
             for (int b = 0; b < nb; b++) {
                 next[b] = (int32_t)((prompt[(step + b) % P] + step) % V);
-                e[b] = (kiln_batch_entry){seqs[b], &next[b], 1, KILN_LOGITS_LAST,
-                                          logits + (size_t)b * V};
+                /* the fed ids stay synthetic (the same work every run); the greedy pick is
+                 * made and copied back as a real decode step does, on the device for cuda */
+                e[b] = (kiln_batch_entry){
+                    .seq = seqs[b], .tokens = &next[b], .n_tokens = 1, .logits = KILN_LOGITS_LAST};
             }
-            kiln_status st = kiln_forward(model, e, nb);
+            kiln_status st = kiln_forward_sample(model, e, nb, picks);
             if (st != KILN_OK) {
                 cli_fail_status(st, "decode");
                 goto done;
@@ -168,6 +184,11 @@ done:
     free(dec);
     free(prompt);
     free(next);
+    free(picked);
+    if (greedy)
+        for (int b = 0; b < nb; b++) kiln_sampler_free(greedy[b]);
+    free(greedy);
+    free(picks);
     free(logits);
     kiln_model_free(model);
     return rc;

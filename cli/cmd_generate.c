@@ -1,5 +1,6 @@
 /* cmd_generate.c — `kiln generate`: prefill a prompt (text, chat or ids), then sample tokens one
- * at a time, streaming the decoded text; prints prompt and decode speed at the end. */
+ * at a time (each forward picks the next token itself: kiln_forward_sample), streaming the
+ * decoded text; prints prompt and decode speed at the end. */
 #include "cli.h"
 
 #include <stdlib.h>
@@ -129,8 +130,6 @@ int cmd_generate(int argc, char **argv) {
     kiln_seq *seq = NULL;
     kiln_sampler *sampler = NULL;
     kiln_detok_stream *stream = NULL;
-    float *logits = malloc((size_t)info->vocab_size * sizeof(float));
-    if (!logits) goto done;
     if (prompt) {
         const char *text = prompt;
         if (chat) {
@@ -183,19 +182,19 @@ int cmd_generate(int argc, char **argv) {
     if (prompt && !chat) fputs(prompt, stdout); /* the completion continues the prompt */
     fflush(stdout);
     double t0 = now_s();
-    kiln_batch_entry e = {.seq = seq,
-                          .tokens = ids,
-                          .n_tokens = n_ids,
-                          .logits = KILN_LOGITS_LAST,
-                          .logits_out = logits};
-    if ((st = kiln_forward(model, &e, 1)) != KILN_OK) {
+    /* the forward also picks the next token (on the GPU for --device cuda: only the id comes
+     * back), exactly as kiln_sampler_sample on the last logits would */
+    int32_t next = 0, fed = 0;
+    kiln_batch_entry e = {.seq = seq, .tokens = ids, .n_tokens = n_ids, .logits = KILN_LOGITS_LAST};
+    kiln_sample_request pick = {
+        .sampler = sampler, .history = hist, .n_history = n_ids, .token_out = &next};
+    if ((st = kiln_forward_sample(model, &e, 1, &pick)) != KILN_OK) {
         cli_fail_status(st, "prefill");
         goto done;
     }
     double t1 = now_s();
     int n_gen = 0;
     while (n_gen < max_tokens) {
-        int32_t next = kiln_sampler_sample(sampler, logits, hist, n_ids + n_gen);
         hist[n_ids + n_gen++] = next;
         if (!ignore_eos && is_eos(info, next)) break;
         if (stream) {
@@ -208,12 +207,11 @@ int cmd_generate(int argc, char **argv) {
         }
         fflush(stdout);
         if (n_gen >= max_tokens) break;
-        e = (kiln_batch_entry){.seq = seq,
-                               .tokens = &next,
-                               .n_tokens = 1,
-                               .logits = KILN_LOGITS_LAST,
-                               .logits_out = logits};
-        if ((st = kiln_forward(model, &e, 1)) != KILN_OK) {
+        fed = next;
+        e = (kiln_batch_entry){
+            .seq = seq, .tokens = &fed, .n_tokens = 1, .logits = KILN_LOGITS_LAST};
+        pick.n_history = n_ids + n_gen;
+        if ((st = kiln_forward_sample(model, &e, 1, &pick)) != KILN_OK) {
             if (st == KILN_ERR_CACHE_FULL) {
                 fprintf(stderr, "\nkiln: stopped: %s\n", kiln_last_error());
                 break;
@@ -242,7 +240,6 @@ done:
     kiln_sampler_free(sampler);
     kiln_seq_free(seq);
     free(hist);
-    free(logits);
     free(rendered);
     free(ids);
     kiln_tokenizer_free(tok);

@@ -5,7 +5,8 @@
  * Nothing here aborts on bad input. Objects come in new/free pairs; free(NULL) is a no-op.
  *
  * Flow: kiln_model_load -> kiln_seq_new (one per sequence: owns its KV state) -> kiln_forward over
- * a batch of (sequence, new tokens) entries -> logits -> kiln_sampler_sample -> next token.
+ * a batch of (sequence, new tokens) entries -> logits -> kiln_sampler_sample -> next token (or
+ * kiln_forward_sample: the forward picks the next token itself, on the GPU for --device cuda).
  */
 #ifndef KILN_H
 #define KILN_H
@@ -129,11 +130,32 @@ typedef struct kiln_batch_entry {
     const int32_t *tokens; /* [n_tokens] new tokens, positions seq_len .. seq_len+n_tokens-1 */
     int n_tokens;
     kiln_logits_mode logits;
-    float *logits_out; /* caller-owned: [vocab] or [n_tokens, vocab] */
+    float *logits_out; /* caller-owned: [vocab] or [n_tokens, vocab]; NULL allowed when sampled */
 } kiln_batch_entry;
 
 /* One forward step over several sequences at once; each entry must name a distinct sequence. */
 kiln_status kiln_forward(kiln_model *model, kiln_batch_entry *entries, int n_entries);
+
+typedef struct kiln_sampler kiln_sampler; /* see "sampling" below */
+
+/* What kiln_forward_sample picks for one entry: *token_out gets the id that
+ * kiln_sampler_sample(sampler, the entry's last logits, history, n_history) would return, and the
+ * sampler's generator advances exactly as that call would. */
+typedef struct kiln_sample_request {
+    kiln_sampler *sampler;  /* NULL: the entry is not sampled */
+    const int32_t *history; /* [n_history] tokens so far (prompt + generated), for penalties */
+    int n_history;
+    int32_t *token_out;
+} kiln_sample_request;
+
+/* kiln_forward, then the next token of every entry whose samples[i].sampler is set (such entries
+ * need logits = KILN_LOGITS_LAST; their logits_out may be NULL, and if given receives the logits
+ * before penalties). samples: [n_entries]. On --device cuda the choice is made on the GPU and only
+ * the ids are copied back (env KILN_GPU_SAMPLING=0: logits come back and the host samples); the
+ * CPU backend samples on the host, so the tokens are the same as kiln_forward followed by
+ * kiln_sampler_sample on either device, up to float rounding of the device's softmax. */
+kiln_status kiln_forward_sample(kiln_model *model, kiln_batch_entry *entries, int n_entries,
+                                const kiln_sample_request *samples);
 
 /* ---- tokenizer ---------------------------------------------------------------------------- */
 typedef struct kiln_tokenizer kiln_tokenizer;
@@ -200,11 +222,16 @@ void kiln_sampler_params_default(kiln_sampler_params *p);
  * temperature, top_k, top_p and repetition_penalty; leaves the other fields alone. */
 void kiln_model_default_sampling(const kiln_model *model, kiln_sampler_params *p);
 
-typedef struct kiln_sampler kiln_sampler;
 kiln_status kiln_sampler_new(const kiln_sampler_params *p, int vocab_size, kiln_sampler **out);
 void kiln_sampler_free(kiln_sampler *s);
 /* Picks a token from logits[vocab] (modified in place by penalties), given the history so far. */
 int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *history, int n_history);
+/* For sampling elsewhere (kiln_forward on the device): the uniform number in [0, 1) that the next
+ * kiln_sampler_sample call would draw, consuming the generator exactly as that call would — one
+ * draw when sampling, none (returns 0) for greedy settings (temperature 0 or top_k 1). */
+double kiln_sampler_draw_uniform(kiln_sampler *s);
+const kiln_sampler_params *kiln_sampler_get_params(const kiln_sampler *s);
+int kiln_sampler_vocab(const kiln_sampler *s);
 
 #ifdef __cplusplus
 }

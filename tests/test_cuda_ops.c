@@ -1,7 +1,9 @@
 /* test_cuda_ops.c — every op of the CUDA backend against the CPU references of cpu_ops.h and
  * kiln_attention_contiguous, on fresh random inputs at several shapes (including sizes that are
  * not multiples of any tile), every weight format and bit width, by normalized L2 error. Outputs
- * are poisoned (NaN) before each run, so an unwritten element fails. Without a GPU (or a build
+ * are poisoned (NaN) before each run, so an unwritten element fails. The sampling op is compared
+ * by ids, exactly: greedy (with ties) and sampled draws on logits with clear gaps, for vocabularies
+ * that are not multiples of the block (151936, 32000, 1000, 7). Without a GPU (or a build
  * without CUDA) the test prints why and exits 77: skipped, never passed. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_deltanet.h"
@@ -902,6 +904,106 @@ static void test_attention(void) {
     test_attention_case("f32", 1, 4, 512, 512, 0, 0.0f, short_steps, 6);
 }
 
+/* ---- sampling ---- */
+
+typedef struct sample_case {
+    const char *name;
+    float temperature;
+    int top_k;
+    float top_p, min_p;
+    float repetition, presence, frequency;
+    int n_history;  /* penalty window per row */
+    float scale;    /* logits ~ N(0, scale^2) on a grid of 1/16 */
+    int n_max_ties; /* extra ids set to the row's maximum */
+} sample_case;
+
+/* n_logits random rows, each sampled `draws` times with its own uniform u (a row of logits per
+ * draw, since penalties change them in place): the CUDA op's ids equal the reference's, and so do
+ * the penalized logits. Logits sit on a grid of 1/16: distinct values are far apart compared with
+ * float rounding of their probabilities, equal ones tie exactly on both sides (lowest id first). */
+static void check_sample_case(int64_t V, const sample_case *c, int n_logits, int draws) {
+    const int n = n_logits * draws;
+    const size_t row_bytes = (size_t)V * sizeof(float);
+    float *base = malloc((size_t)n_logits * row_bytes), *host = malloc((size_t)n * row_bytes);
+    int32_t *hist = malloc((size_t)(n * c->n_history + 1) * sizeof *hist);
+    kiln_sample_row *rows = calloc((size_t)n, sizeof *rows);
+    int32_t *want = malloc((size_t)n * sizeof *want), *got = malloc((size_t)n * sizeof *got);
+    for (int j = 0; j < n_logits; j++) {
+        float *x = base + (size_t)j * V;
+        int64_t top = 0;
+        for (int64_t i = 0; i < V; i++) {
+            x[i] = floorf(c->scale * test_rand_normal(&rng) * 16.0f) / 16.0f;
+            if (x[i] > x[top]) top = i;
+        }
+        for (int t = 0; t < c->n_max_ties; t++) x[test_rand_u64(&rng) % (uint64_t)V] = x[top];
+    }
+    for (int r = 0; r < n; r++) {
+        memcpy(host + (size_t)r * V, base + (size_t)(r % n_logits) * V, row_bytes);
+        int32_t *h = hist + (size_t)r * c->n_history;
+        for (int i = 0; i < c->n_history; i++) /* repeats of low ids, the odd id outside */
+            h[i] = i % 17 == 16 ? -1 : (int32_t)(test_rand_u64(&rng) % (uint64_t)(V < 40 ? V : 40));
+        rows[r] =
+            (kiln_sample_row){.logits_row = r,
+                              .temperature = c->temperature,
+                              .inv_temperature = c->temperature > 0 ? 1.0f / c->temperature : 0.0f,
+                              .top_k = c->top_k,
+                              .top_p = c->top_p,
+                              .min_p = c->min_p,
+                              .repetition_penalty = c->repetition,
+                              .presence_penalty = c->presence,
+                              .frequency_penalty = c->frequency,
+                              .history_offset = r * c->n_history,
+                              .n_history = c->n_history,
+                              .u = (double)(test_rand_u64(&rng) >> 11) / 9007199254740992.0};
+    }
+    float *d_logits = dev_copy(host, (size_t)n * row_bytes);
+    int32_t *d_ids = be->alloc(be, (size_t)n * sizeof *d_ids);
+    be->sample(be, d_ids, d_logits, V, n, rows, hist);
+    CHECK_OK(be->synchronize(be));
+    be->download(be, got, d_ids, (size_t)n * sizeof *got);
+    kiln_cpu_sample_ref(want, host, V, n, rows, hist);
+    int bad = 0, first_bad = -1;
+    for (int r = 0; r < n; r++)
+        if (got[r] != want[r] && bad++ == 0) first_bad = r;
+    CHECK_MSG(bad == 0, "sample %s, vocab %lld: %d of %d draws differ (row %d: cuda %d, cpu %d)",
+              c->name, (long long)V, bad, n, first_bad, first_bad >= 0 ? got[first_bad] : 0,
+              first_bad >= 0 ? want[first_bad] : 0);
+    if (c->n_history > 0) { /* penalized in place, bit for bit */
+        float *back = malloc((size_t)n * row_bytes);
+        be->download(be, back, d_logits, (size_t)n * row_bytes);
+        CHECK_MSG(memcmp(back, host, (size_t)n * row_bytes) == 0,
+                  "sample %s, vocab %lld: penalized logits differ", c->name, (long long)V);
+        free(back);
+    }
+    be->free(be, d_logits);
+    be->free(be, d_ids);
+    free(base), free(host), free(hist), free(rows), free(want), free(got);
+}
+
+static void test_sample(void) {
+    static const sample_case cases[] = {
+        {"greedy", 0.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 0},
+        {"greedy ties", 0.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 5},
+        {"top_k 1", 0.7f, 1, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 3},
+        {"greedy + penalties", 0.0f, 0, 1.0f, 0.0f, 1.3f, 0.5f, 0.2f, 48, 2.0f, 2},
+        {"temperature", 1.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 0},
+        {"min_p", 0.7f, 0, 1.0f, 0.05f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 0},
+        {"min_p 1 (max ties)", 1.0f, 0, 1.0f, 1.0f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 4},
+        {"top_k", 0.8f, 40, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 0},
+        {"top_p", 1.0f, 0, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 3.0f, 0},
+        {"top_k top_p min_p penalties", 0.8f, 50, 0.95f, 0.05f, 1.3f, 0.5f, 0.2f, 64, 2.0f, 2},
+        {"top_k 3000 (two batches)", 1.5f, 3000, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 1.0f, 0},
+        {"wide nucleus (many batches, ties)", 3.0f, 0, 0.99f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 0.5f, 0},
+        {"penalties only", 1.0f, 0, 1.0f, 0.0f, 0.8f, 0.0f, 0.3f, 200, 2.0f, 0},
+    };
+    static const int64_t vocabs[] = {151936, 32000, 1000, 7};
+    for (size_t v = 0; v < sizeof vocabs / sizeof *vocabs; v++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            const int64_t V = vocabs[v];
+            check_sample_case(V, &cases[c], V > 100000 ? 4 : 8, V > 100000 ? 12 : 32);
+        }
+}
+
 int main(void) {
     char why[200];
     if (kiln_cuda_device_count(why, sizeof why) == 0) return test_skip(why);
@@ -932,6 +1034,7 @@ int main(void) {
     kiln_cuda_set_gdn_simple(-1);
     test_moe_rows();
     test_kv_state();
+    test_sample();
     CHECK_OK(be->synchronize(be));
     kiln_backend_free(be);
     return test_finish();

@@ -2,11 +2,13 @@
  * (HF bf16 and MLX 4/8-bit layouts), logits of one full forward and of token-by-token decoding
  * through the cache match transformers' float32 logits (relative L2 <= 1e-4), the 24-token greedy
  * continuation is identical both ways, and a batch of several sequences gives each sequence the
- * logits it gets alone (tests/lib/fixture_parity.c holds the check). */
+ * logits it gets alone (tests/lib/fixture_parity.c holds the check). kiln_forward_sample picks
+ * the tokens kiln_sampler_sample picks, on the host and through the backend's sample op. */
 #include "fixture_parity.h"
 #include "test_util.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 
 static const char *fixtures[] = {
     "llama",           "llama-tied",      "qwen2",           "qwen3",
@@ -17,5 +19,10 @@ int main(void) {
     const fixture_parity_opts o = {.device = KILN_DEVICE_CPU, .tol = 1e-4, .allow_near_tie = false};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
         fixture_parity_check(fixtures[i], &o);
+    fixture_sampling_check("qwen3", KILN_DEVICE_CPU);
+    fixture_sampling_check("llama-mlx-q4g32", KILN_DEVICE_CPU);
+    setenv("KILN_GPU_SAMPLING", "force", 1); /* the backend op path (CPU reference) as well */
+    fixture_sampling_check("qwen3", KILN_DEVICE_CPU);
+    unsetenv("KILN_GPU_SAMPLING");
     return test_finish();
 }

@@ -5,7 +5,9 @@
  * the error could move it (a flip at a near-tie is reported, not failed); a batch of three
  * sequences gives each sequence the logits it gets alone (1e-3). Decode steps replayed from a
  * recorded CUDA graph give the same bits as the same steps launched op by op, across attention
- * split buckets and cache growth. Without a GPU the test exits 77 with the reason. */
+ * split buckets and cache growth. kiln_forward_sample's GPU sampling picks the ids the host
+ * sampler picks from the same device logits (and so does the KILN_GPU_SAMPLING=0 fallback).
+ * Without a GPU the test exits 77 with the reason. */
 #include "kiln.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
@@ -115,6 +117,11 @@ int main(void) {
     const fixture_parity_opts o = {.device = KILN_DEVICE_CUDA, .tol = TOL, .allow_near_tie = true};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
         fixture_parity_check(fixtures[i], &o);
+    fixture_sampling_check("qwen3", KILN_DEVICE_CUDA);
+    fixture_sampling_check("llama-mlx-q4g32", KILN_DEVICE_CUDA);
+    setenv("KILN_GPU_SAMPLING", "0", 1); /* the host fallback: downloaded logits */
+    fixture_sampling_check("qwen3", KILN_DEVICE_CUDA);
+    unsetenv("KILN_GPU_SAMPLING");
     graph_replay_check("qwen3");
     graph_replay_check("llama-mlx-q4g32");
     return test_finish();

@@ -23,6 +23,23 @@ typedef struct kiln_gdn_dims {
     int dk, dv;               /* key / value head dims */
 } kiln_gdn_dims;
 
+/* One row to sample by the `sample` op: which row of the logits, the sampler's parameters and the
+ * uniform number it drew (kiln_sampler_draw_uniform), and its penalty window in the history. */
+typedef struct kiln_sample_row {
+    int64_t logits_row;       /* row of the [rows, vocab] logits */
+    float temperature;        /* <= 0: greedy (argmax, lowest id on ties) */
+    float inv_temperature;    /* 1.0f / temperature, computed on the host as the sampler does */
+    int32_t top_k;            /* 0 = off; 1 = greedy */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    int32_t history_offset;   /* penalty window: history[history_offset .. + n_history) */
+    int32_t n_history;        /* 0 when the penalties are off */
+    double u;                 /* uniform in [0, 1) for the inverse-CDF draw (unused when greedy) */
+} kiln_sample_row;
+
 struct kiln_backend {
     const char *name; /* "cpu", "cuda" */
     kiln_device device;
@@ -115,6 +132,14 @@ struct kiln_backend {
                         int64_t n, int64_t width);
     void (*scatter_add_rows)(kiln_backend *be, float *y, const float *src, const int32_t *rows,
                              const float *weights, int64_t n, int64_t width);
+
+    /* Token choice (kiln_cpu_sample_ref): ids[i] = the token kiln_sampler_sample would pick from
+     * logits row rows[i].logits_row with rows[i]'s parameters, penalty window and uniform draw.
+     * logits [.., vocab] and ids [n_rows] are in backend memory (logits are modified in place by
+     * the penalties, as the sampler does); rows and history are host memory (the backend copies
+     * what it needs). NULL: not offered (the engine samples on the host). */
+    void (*sample)(kiln_backend *be, int32_t *ids, float *logits, int64_t vocab, int n_rows,
+                   const kiln_sample_row *rows, const int32_t *history);
 
     /* ---- KV caches living in this backend's memory ---- */
     kiln_status (*kv_new)(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,

@@ -103,6 +103,8 @@ void kiln_model_free(kiln_model *m) {
     if (!m) return;
     if (m->family && m->family->free) m->family->free(m);
     kiln_kv_shared_free(m->kv_shared);
+    if (m->be) kiln_scratch_free(m->be, &m->sample_ids);
+    free(m->sample_host_row);
     kiln_backend_free(m->be);
     kiln_st_close(m->archive);
     kiln_config_free(&m->cfg);
@@ -279,7 +281,8 @@ kiln_status kiln_seq_fill_synthetic(kiln_seq *s, int n_tokens, uint64_t seed) {
     return st;
 }
 
-kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
+static kiln_status forward_checked(kiln_model *m, kiln_batch_entry *e, int n,
+                                   const kiln_sample_request *req) {
     if (!m || (n > 0 && !e)) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward: NULL argument");
     if (n < 0) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward: negative entry count");
     for (int i = 0; i < n; i++) {
@@ -295,11 +298,20 @@ kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
                               "batch entry %d: logits requested for zero "
                               "tokens",
                               i);
-        if (e[i].logits != KILN_LOGITS_NONE && !e[i].logits_out)
+        const kiln_sample_request *q = req && req[i].sampler ? &req[i] : NULL;
+        if (e[i].logits != KILN_LOGITS_NONE && !e[i].logits_out && !q)
             return kiln_error(KILN_ERR_INVALID_ARG,
                               "batch entry %d: logits requested but "
                               "logits_out is NULL",
                               i);
+        if (q && (e[i].logits != KILN_LOGITS_LAST || !q->token_out || q->n_history < 0 ||
+                  (q->n_history > 0 && !q->history) ||
+                  kiln_sampler_vocab(q->sampler) != m->cfg.vocab_size))
+            return kiln_error(KILN_ERR_INVALID_ARG,
+                              "batch entry %d: sampling needs logits = KILN_LOGITS_LAST, "
+                              "token_out, a history array for n_history > 0 and a sampler of "
+                              "the model's vocabulary size (%d; the sampler has %d)",
+                              i, m->cfg.vocab_size, kiln_sampler_vocab(q->sampler));
         for (int j = 0; j < e[i].n_tokens; j++)
             if (e[i].tokens[j] < 0 || e[i].tokens[j] >= m->cfg.vocab_size)
                 return kiln_error(KILN_ERR_INVALID_ARG,
@@ -320,7 +332,26 @@ kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
     }
     for (int i = 0; i < n; i++) /* token ids let paged caches register prefix blocks */
         kiln_kv_note_tokens(e[i].seq->kv, e[i].tokens, e[i].n_tokens);
-    return m->family->forward(m, e, n);
+    for (int i = 0; req && i < n; i++)
+        if (req[i].sampler) *req[i].token_out = -1;
+    m->sample_requests = req; /* read by the logits head (logits_head.c) */
+    kiln_status st = m->family->forward(m, e, n);
+    m->sample_requests = NULL;
+    for (int i = 0; st == KILN_OK && req && i < n; i++)
+        if (req[i].sampler && *req[i].token_out < 0)
+            st = kiln_error(KILN_ERR_INTERNAL, "batch entry %d: the forward picked no token", i);
+    return st;
+}
+
+kiln_status kiln_forward(kiln_model *m, kiln_batch_entry *e, int n) {
+    return forward_checked(m, e, n, NULL);
+}
+
+kiln_status kiln_forward_sample(kiln_model *m, kiln_batch_entry *e, int n,
+                                const kiln_sample_request *samples) {
+    if (n > 0 && !samples)
+        return kiln_error(KILN_ERR_INVALID_ARG, "kiln_forward_sample: samples is NULL");
+    return forward_checked(m, e, n, samples);
 }
 
 void kiln_model_default_sampling(const kiln_model *m, kiln_sampler_params *p) {

@@ -3,6 +3,7 @@
  * generator (splitmix64 + xoshiro256**), so the same seed gives the same tokens. */
 #include "kiln.h"
 
+#include "engine/sampler_rows.h"
 #include "util/status.h"
 
 #include <math.h>
@@ -86,13 +87,59 @@ void kiln_sampler_free(kiln_sampler *s) {
     free(s);
 }
 
+const kiln_sampler_params *kiln_sampler_get_params(const kiln_sampler *s) {
+    return s ? &s->p : NULL;
+}
+
+int kiln_sampler_vocab(const kiln_sampler *s) {
+    return s ? s->vocab : 0;
+}
+
+/* The sampler draws only when it samples: greedy settings return the argmax before drawing. */
+static bool sampler_draws(const kiln_sampler *s) {
+    return !(s->p.temperature <= 0.0f || s->p.top_k == 1);
+}
+
+static double next_uniform(kiln_sampler *s) {
+    return (double)(xoshiro_next(s->rng) >> 11) / 9007199254740992.0;
+}
+
+double kiln_sampler_draw_uniform(kiln_sampler *s) {
+    return s && sampler_draws(s) ? next_uniform(s) : 0.0;
+}
+
+static bool penalties_on(const kiln_sampler_params *p) {
+    return !(p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+             p->frequency_penalty == 0.0f);
+}
+
+/* First history index inside the penalty window (penalty_last_n most recent tokens, 0 = all). */
+static int penalty_window_start(const kiln_sampler_params *p, int n_hist) {
+    return p->penalty_last_n > 0 && n_hist > p->penalty_last_n ? n_hist - p->penalty_last_n : 0;
+}
+
+int kiln_sampler_fill_row(kiln_sampler *s, int n_hist, int64_t logits_row, kiln_sample_row *row) {
+    const kiln_sampler_params *p = &s->p;
+    const int start = penalties_on(p) ? penalty_window_start(p, n_hist) : n_hist;
+    *row =
+        (kiln_sample_row){.logits_row = logits_row,
+                          .temperature = p->temperature,
+                          .inv_temperature = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f,
+                          .top_k = p->top_k,
+                          .top_p = p->top_p,
+                          .min_p = p->min_p,
+                          .repetition_penalty = p->repetition_penalty,
+                          .presence_penalty = p->presence_penalty,
+                          .frequency_penalty = p->frequency_penalty,
+                          .n_history = n_hist - start,
+                          .u = kiln_sampler_draw_uniform(s)};
+    return start;
+}
+
 static void apply_penalties(kiln_sampler *s, float *logits, const int32_t *hist, int n_hist) {
     const kiln_sampler_params *p = &s->p;
-    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-        p->frequency_penalty == 0.0f)
-        return;
-    int start =
-        p->penalty_last_n > 0 && n_hist > p->penalty_last_n ? n_hist - p->penalty_last_n : 0;
+    if (!penalties_on(p)) return;
+    int start = penalty_window_start(p, n_hist);
     for (int i = start; i < n_hist; i++)
         if (hist[i] >= 0 && hist[i] < s->vocab) s->counts[hist[i]]++;
     for (int i = start; i < n_hist; i++) {
@@ -166,7 +213,7 @@ int32_t kiln_sampler_sample(kiln_sampler *s, float *logits, const int32_t *hist,
             }
         n = k;
     }
-    double r = (double)(xoshiro_next(s->rng) >> 11) / 9007199254740992.0 * sum;
+    double r = next_uniform(s) * sum;
     double acc = 0;
     for (int i = 0; i < n; i++) {
         acc += s->cand[i].p;

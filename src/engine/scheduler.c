@@ -379,8 +379,9 @@ static void *engine_main(void *arg) {
     kiln_batch_entry *e = calloc((size_t)cap, sizeof *e);
     kiln_sched_req **er = calloc((size_t)cap, sizeof *er);
     kiln_sched_token *tok = calloc((size_t)cap, sizeof *tok);
-    if (!e || !er || !tok) {
-        free(e), free(er), free(tok);
+    kiln_sample_request *pick = calloc((size_t)cap, sizeof *pick);
+    if (!e || !er || !tok || !pick) {
+        free(e), free(er), free(tok), free(pick);
         return NULL;
     }
     pthread_mutex_lock(&s->mu);
@@ -412,6 +413,16 @@ static void *engine_main(void *arg) {
                 e[n] = (kiln_batch_entry){r->seq, r->tokens + r->n_fed, chunk,
                                           chunk == pending ? KILN_LOGITS_LAST : KILN_LOGITS_NONE,
                                           chunk == pending ? r->logits : NULL};
+                pick[n] = (kiln_sample_request){0};
+                if (chunk == pending && r->top_logprobs < 0 && r->sampler) {
+                    /* the forward picks the token (on the GPU for cuda: only the id comes
+                     * back); logprobs need the raw logits, so those requests sample here */
+                    e[n].logits_out = NULL;
+                    pick[n] = (kiln_sample_request){.sampler = r->sampler,
+                                                    .history = r->tokens,
+                                                    .n_history = r->n_tokens,
+                                                    .token_out = &tok[n].id};
+                }
                 er[n++] = r;
                 if (decode)
                     n_gen += chunk;
@@ -421,13 +432,19 @@ static void *engine_main(void *arg) {
         }
         pthread_mutex_unlock(&s->mu);
 
-        kiln_status st = kiln_forward(s->model, e, n);
+        kiln_status st = kiln_forward_sample(s->model, e, n, pick);
         char err[256] = "";
         if (st != KILN_OK) snprintf(err, sizeof err, "forward: %s", kiln_last_error());
         for (int i = 0; i < n && st == KILN_OK; i++) {
             er[i]->n_fed += e[i].n_tokens;
             if (e[i].logits == KILN_LOGITS_LAST) {
-                sample_into(s, er[i], &tok[i]);
+                if (pick[i].sampler) { /* picked by the forward into tok[i].id */
+                    const int32_t id = tok[i].id;
+                    memset(&tok[i], 0, sizeof tok[i]);
+                    tok[i].id = id;
+                } else {
+                    sample_into(s, er[i], &tok[i]);
+                }
                 er[i]->tokens[er[i]->n_tokens++] = tok[i].id;
             }
         }
@@ -465,7 +482,7 @@ static void *engine_main(void *arg) {
         pthread_cond_broadcast(&s->out);
     }
     pthread_mutex_unlock(&s->mu);
-    free(e), free(er), free(tok);
+    free(e), free(er), free(tok), free(pick);
     return NULL;
 }
 

@@ -27,6 +27,12 @@ struct kiln_seq {
     kiln_kv *kv;
 };
 
+/* Scratch memory on the model's backend that grows as needed. */
+typedef struct kiln_scratch {
+    void *ptr;
+    size_t cap;
+} kiln_scratch;
+
 struct kiln_model {
     char *dir;
     kiln_config cfg;
@@ -46,6 +52,11 @@ struct kiln_model {
     bool *layer_moe;
     int32_t eos_ids[KILN_MAX_EOS];
     void *kv_shared; /* paged KV pool of this model's sequences (kv_factory) */
+    /* sampling inside the forward (logits_head.c): chosen ids on the backend, and a host row of
+     * logits for sampling on the host when the logits live elsewhere */
+    kiln_scratch sample_ids;
+    float *sample_host_row;
+    const kiln_sample_request *sample_requests; /* [n_entries] during kiln_forward_sample */
 };
 
 /* ---- weight mapping helpers (weights.c) ---- */
@@ -76,11 +87,6 @@ const kiln_family *kiln_family_find(const kiln_config *cfg);
 /* The model_type values the registered families run, for error messages. */
 const char *kiln_family_supported_types(void);
 
-/* Scratch memory on the model's backend that grows as needed. */
-typedef struct kiln_scratch {
-    void *ptr;
-    size_t cap;
-} kiln_scratch;
 kiln_status kiln_scratch_reserve(kiln_backend *be, kiln_scratch *s, size_t bytes);
 void kiln_scratch_free(kiln_backend *be, kiln_scratch *s);
 

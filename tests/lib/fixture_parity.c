@@ -200,3 +200,109 @@ void fixture_parity_check(const char *name, const fixture_parity_opts *o) {
     free_reference(&ref);
     kiln_model_free(m);
 }
+
+/* One side of fixture_sampling_check: sequence `main` (and from step 12 a passenger decoded in the
+ * same batch, first, so main's logits are row 1) on this model; in_forward picks main's token with
+ * kiln_forward_sample, otherwise the caller samples the downloaded logits. */
+typedef struct sampling_side {
+    kiln_seq *main, *passenger;
+    kiln_sampler *sampler, *passenger_sampler;
+    bool in_forward;
+} sampling_side;
+
+static int32_t sampling_step(kiln_model *m, sampling_side *s, const int32_t *tokens, int n_tokens,
+                             int32_t passenger_token, bool with_passenger, const int32_t *hist,
+                             int n_hist, float *row, float *passenger_row) {
+    kiln_batch_entry e[2];
+    kiln_sample_request q[2] = {{0}};
+    int32_t picked[2] = {-1, -1};
+    int n = 0;
+    if (with_passenger) {
+        e[n] = (kiln_batch_entry){s->passenger, &passenger_token, 1, KILN_LOGITS_LAST,
+                                  s->in_forward ? NULL : passenger_row};
+        if (s->in_forward)
+            q[n] = (kiln_sample_request){.sampler = s->passenger_sampler, .token_out = &picked[n]};
+        n++;
+    }
+    e[n] =
+        (kiln_batch_entry){s->main, tokens, n_tokens, KILN_LOGITS_LAST, s->in_forward ? NULL : row};
+    if (s->in_forward)
+        q[n] = (kiln_sample_request){
+            .sampler = s->sampler, .history = hist, .n_history = n_hist, .token_out = &picked[n]};
+    n++;
+    if (s->in_forward) {
+        CHECK_OK(kiln_forward_sample(m, e, n, q));
+        return picked[n - 1];
+    }
+    CHECK_OK(kiln_forward(m, e, n));
+    return kiln_sampler_sample(s->sampler, row, hist, n_hist);
+}
+
+void fixture_sampling_check(const char *name, kiln_device device) {
+    char rel[256], dir[4000];
+    snprintf(rel, sizeof rel, "fixtures/%s", name);
+    snprintf(dir, sizeof dir, "%s", test_shared(rel));
+    kiln_load_options lo;
+    kiln_load_options_default(&lo);
+    lo.device = device;
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_load(dir, &lo, &m));
+    if (!m) return;
+    const int V = kiln_model_get_info(m)->vocab_size, STEPS = 24;
+    kiln_sampler_params cases[3];
+    for (int c = 0; c < 3; c++) kiln_sampler_params_default(&cases[c]);
+    cases[1].temperature = 1.0f; /* plain softmax draws */
+    cases[1].seed = 3;
+    cases[2].temperature = 0.8f; /* everything at once */
+    cases[2].top_k = 40;
+    cases[2].top_p = 0.95f;
+    cases[2].min_p = 0.02f;
+    cases[2].repetition_penalty = 1.1f;
+    cases[2].presence_penalty = 0.2f;
+    cases[2].frequency_penalty = 0.1f;
+    cases[2].seed = 7;
+    float *row = malloc((size_t)V * sizeof(float)), *prow = malloc((size_t)V * sizeof(float));
+    const int32_t prompt[7] = {1, 5, 9, 2, 7, 3, 11};
+    for (int c = 0; c < 3; c++) {
+        sampling_side side[2] = {{.in_forward = false}, {.in_forward = true}};
+        kiln_sampler_params greedy;
+        kiln_sampler_params_default(&greedy);
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(kiln_seq_new(m, &side[k].main));
+            CHECK_OK(kiln_seq_new(m, &side[k].passenger));
+            CHECK_OK(kiln_sampler_new(&cases[c], V, &side[k].sampler));
+            CHECK_OK(kiln_sampler_new(&greedy, V, &side[k].passenger_sampler));
+        }
+        int32_t hist[7 + STEPS];
+        memcpy(hist, prompt, sizeof prompt);
+        int n_hist = 7, mismatches = 0;
+        for (int t = 0; t < STEPS; t++) {
+            const bool batch = t >= 12;
+            const int32_t ptok = (int32_t)((t * 7919 + 13) % V);
+            const int32_t *tokens = t == 0 ? prompt : &hist[n_hist - 1];
+            const int n_tokens = t == 0 ? 7 : 1;
+            int32_t want =
+                sampling_step(m, &side[0], tokens, n_tokens, ptok, batch, hist, n_hist, row, prow);
+            int32_t got =
+                sampling_step(m, &side[1], tokens, n_tokens, ptok, batch, hist, n_hist, row, prow);
+            mismatches += got != want;
+            CHECK(want >= 0 && want < V);
+            hist[n_hist++] = want; /* both sides continue with the host's choice */
+        }
+        CHECK_MSG(mismatches == 0,
+                  "%s: sampling case %d: forward_sample differs from the host "
+                  "sampler at %d of %d steps",
+                  name, c, mismatches, STEPS);
+        fprintf(stderr, "%-18s sampling case %d: %d/%d steps identical\n", name, c,
+                STEPS - mismatches, STEPS);
+        for (int k = 0; k < 2; k++) {
+            kiln_seq_free(side[k].main);
+            kiln_seq_free(side[k].passenger);
+            kiln_sampler_free(side[k].sampler);
+            kiln_sampler_free(side[k].passenger_sampler);
+        }
+    }
+    free(row);
+    free(prow);
+    kiln_model_free(m);
+}

@@ -21,6 +21,12 @@ typedef struct fixture_parity_opts {
 /* name: folder under fixtures/, e.g. "qwen3-mlx-q4g32". Records CHECK results. */
 void fixture_parity_check(const char *name, const fixture_parity_opts *o);
 
+/* kiln_forward_sample picks the token kiln_sampler_sample picks from kiln_forward's logits: two
+ * copies of a decode (greedy, plain T=1 draws, and top-k/top-p/min-p with penalties), one sampled
+ * by the caller, one inside the forward (on the GPU for cuda), with samplers of the same seed,
+ * alone and (from step 12) second in a batch of two; the ids must agree at every step. */
+void fixture_sampling_check(const char *name, kiln_device device);
+
 /* A JSON array of numbers as malloc'd int32 ids (n set to its length). */
 int32_t *fixture_json_ids(const cJSON *arr, int *n);
 

@@ -181,6 +181,10 @@ static void cpu_zero(kiln_backend *be, float *x, int64_t n) {
 static void cpu_sigmoid_mul(kiln_backend *be, float *y, const float *x, const float *g, int64_t n) {
     kiln_cpu_sigmoid_mul(y, x, g, n);
 }
+static void cpu_sample(kiln_backend *be, int32_t *ids, float *logits, int64_t vocab, int n_rows,
+                       const kiln_sample_row *rows, const int32_t *history) {
+    kiln_cpu_sample_ref(ids, logits, vocab, n_rows, rows, history);
+}
 static void cpu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps) {
     kiln_gdn_l2norm(x, rows, dim, eps);
 }
@@ -258,6 +262,7 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->gdn_delta = cpu_gdn_delta;
     be->gather_rows = cpu_gather_rows;
     be->scatter_add_rows = cpu_scatter_add_rows;
+    be->sample = cpu_sample;
     be->kv_new = cpu_kv_new;
     *out = be;
     return KILN_OK;

@@ -117,4 +117,11 @@ void kiln_cpu_gather_rows(float *dst, const float *src, const int32_t *rows, int
 void kiln_cpu_scatter_add_rows(float *y, const float *src, const int32_t *rows,
                                const float *weights, int64_t n, int64_t width);
 
+/* The sampling op's reference (backend.h `sample`, cpu_sample.c): for each row, the token
+ * kiln_sampler_sample picks with the row's parameters, penalty window and uniform draw u, by the
+ * same arithmetic in the same order (penalties, argmax, softmax at the temperature, top-k, top-p,
+ * min-p, inverse CDF) — exactly equal to the sampler. logits rows are modified by the penalties. */
+void kiln_cpu_sample_ref(int32_t *ids, float *logits, int64_t vocab, int n_rows,
+                         const kiln_sample_row *rows, const int32_t *history);
+
 #endif

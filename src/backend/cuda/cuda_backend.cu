@@ -326,6 +326,9 @@ static void cu_destroy(kiln_backend *be) {
                        st->graph_launches, st->graph_replays, st->graph_instantiations,
                        st->graph_flushes_early);
         if (st->scratch) cudaFree(st->scratch);
+        if (st->sample_args) cudaFree(st->sample_args);
+        if (st->sample_probs) cudaFree(st->sample_probs);
+        if (st->sample_counts) cudaFree(st->sample_counts);
         for (int i = 0; i < KCU_STAGE_SLOTS; i++) {
             if (st->stage[i]) cudaFreeHost(st->stage[i]);
             if (st->stage_ev[i]) cudaEventDestroy(st->stage_ev[i]);
@@ -535,6 +538,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->copy3d = kcu_copy3d;
     be->zero = kcu_zero;
     be->sigmoid_mul = kcu_sigmoid_mul;
+    be->sample = kcu_sample;
     be->l2norm = kcu_l2norm;
     be->gdn_conv = kcu_gdn_conv;
     be->gdn_gates = kcu_gdn_gates;

@@ -71,6 +71,11 @@ typedef struct kcu_state {
     /* Programmatic dependent launch (Hopper; off with KILN_CUDA_PDL=0): kernels launched through
      * KCU_LAUNCH may start while the kernel before them is still running (see kcu_pdl_wait). */
     bool pdl_on;
+    /* the sample op's buffers (sampling.cu), grown as needed: the rows and penalty windows it
+     * uploads, per-row probabilities [rows, vocab] and occurrence counts [rows, vocab] (kept all
+     * zero between calls) */
+    void *sample_args, *sample_probs, *sample_counts;
+    size_t sample_args_bytes, sample_probs_bytes, sample_counts_bytes;
     kiln_status sticky; /* first failure seen by an op (ops return void); reported by synchronize */
     char sticky_msg[256];
 } kcu_state;

@@ -54,6 +54,9 @@ void kcu_gather_rows(kiln_backend *be, float *dst, const float *src, const int32
                      int64_t width);
 void kcu_scatter_add_rows(kiln_backend *be, float *y, const float *src, const int32_t *rows,
                           const float *weights, int64_t n, int64_t width);
+/* sampling.cu: the `sample` op (rows and history are host memory; see backend.h) */
+void kcu_sample(kiln_backend *be, int32_t *ids, float *logits, int64_t vocab, int n_rows,
+                const kiln_sample_row *rows, const int32_t *history);
 kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                        const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
 
