@@ -46,6 +46,9 @@ void kcu_scatter_add_rows(kiln_backend *be, float *y, const float *src, const in
                           const float *weights, int64_t n, int64_t width);
 kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                        const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
+/* Kernels of the paged caches whose pool is in device memory (kv_paged.cu). */
+struct kv_device_ops;
+extern const struct kv_device_ops kcu_kv_paged_ops;
 
 /* Number of CUDA devices (0 when none); on 0 writes the reason into why. For tests and `kiln`. */
 int kiln_cuda_device_count(char *why, size_t why_len);
