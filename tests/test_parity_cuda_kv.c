@@ -7,7 +7,8 @@
  *   - prefix sharing on the device pool: a sequence attached to the cached blocks of another
  *     (kiln_seq_prefix_attach; with a prompt of whole blocks, its first write is a copy-on-write
  *     of the shared last block) gives the logits it gets alone, then both decode as one batch;
- *     the hybrid fixture (qwen3_next: recurrent states in device memory) reuses nothing yet;
+ *     the hybrid fixture (qwen3_next: recurrent states in device memory, snapshots copied to the
+ *     host) reuses up to the boundary where the first sequence's first call ended;
  *   - decode steps replayed from recorded CUDA graphs give the same bits as launched ops while
  *     the block tables grow under them.
  * Without a GPU (or KILN_CUDA_PAGED=0) the test exits 77 with the reason. */
@@ -24,8 +25,8 @@
 #include <string.h>
 
 #ifdef KILN_HAVE_CUDA
-/* hybrid: recurrent layers beside attention ones; their device pool keeps no recurrent-state
- * snapshots, so prefix sharing reuses nothing there (and must still give the solo logits) */
+/* hybrid: recurrent layers beside attention ones (states in device memory); prefix sharing then
+ * reuses up to the last block boundary where a forward call ended (a state snapshot) */
 static const struct {
     const char *name;
     bool hybrid;
@@ -155,14 +156,18 @@ static void prefix_check(const char *name, const char *dir, const char *kind, co
     CHECK_OK(kiln_seq_new(m, &solo));
     float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V),
           *ls = malloc(sizeof(float) * V);
-    kiln_batch_entry e = {a, prompt, n, KILN_LOGITS_LAST, la};
+    /* a: two calls, the first ending on a block boundary (a hybrid model's snapshot point) */
+    const int first = n - B;
+    kiln_batch_entry e = {a, prompt, first, KILN_LOGITS_NONE, NULL};
+    CHECK_OK(kiln_forward(m, &e, 1));
+    e = (kiln_batch_entry){a, prompt + first, n - first, KILN_LOGITS_LAST, la};
     CHECK_OK(kiln_forward(m, &e, 1));
     e = (kiln_batch_entry){solo, prompt, n, KILN_LOGITS_LAST, ls};
     CHECK_OK(kiln_forward(m, &e, 1));
     int reused = 0;
     CHECK_OK(kiln_seq_prefix_attach(b, prompt, n, &reused));
-    CHECK_MSG(reused == (hybrid ? 0 : n - 1), "%s --kv %s: attached %d of %d prompt tokens", name,
-              kind, reused, n);
+    CHECK_MSG(reused == (hybrid ? first : n - 1), "%s --kv %s: attached %d of %d prompt tokens",
+              name, kind, reused, n);
     e = (kiln_batch_entry){b, prompt + reused, n - reused, KILN_LOGITS_LAST, lb};
     CHECK_OK(kiln_forward(m, &e, 1));
     double err = test_rel_l2(lb, ls, (size_t)V);

@@ -417,7 +417,11 @@ static bool restore_snapshot_locked(kv_paged *c, int b, const int32_t *tokens) {
     if (!snap) return false;
     for (int l = 0, o = 0; l < c->base.n_layers; l++) {
         if (!c->state[l]) continue;
-        memcpy(c->state[l], snap + o, (size_t)c->base.layers[l].state_floats * sizeof(float));
+        const size_t bytes = (size_t)c->base.layers[l].state_floats * sizeof(float);
+        if (p->be)
+            p->be->upload(p->be, c->state[l], snap + o, bytes);
+        else
+            memcpy(c->state[l], snap + o, bytes);
         o += (int)c->base.layers[l].state_floats;
     }
     return true;

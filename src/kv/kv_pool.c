@@ -68,11 +68,7 @@ kiln_status kv_pool_new_on(kiln_backend *be, const kv_device_ops *ops,
         bytes_per_token += (int64_t)d->n_kv_heads * (int64_t)(f->k_rec + f->v_rec);
     }
     if (p->n_attn_layers == 0) p->block_bytes = 64; /* no KV: a token pool is never used */
-    if (be) {
-        p->block_bytes = (p->block_bytes + 15) / 16 * 16; /* 16-byte aligned blocks */
-        /* recurrent states live in device memory: no host snapshots, so no prefix reuse */
-        if (p->snap_floats > 0) p->prefix_ok = false;
-    }
+    if (be) p->block_bytes = (p->block_bytes + 15) / 16 * 16; /* 16-byte aligned blocks */
     int64_t budget = opts ? opts->budget_bytes : 0;
     if (budget <= 0) {
         /* default: 256 MiB, or two full contexts if larger, at most 8 GiB */
@@ -237,14 +233,17 @@ static void snap_trim(kv_pool *p, const kv_prefix_entry *keep) {
 }
 
 static void snap_store(kv_pool *p, kv_prefix_entry *e, float *const *states) {
-    if (!states || e->snap || p->snap_floats <= 0 || p->be) return; /* device states: none */
+    if (!states || e->snap || p->snap_floats <= 0) return;
     float *snap = malloc((size_t)p->snap_floats * sizeof *snap);
     if (!snap) return; /* an optimisation: skip it when memory is short */
     int64_t o = 0;
     for (int l = 0; l < p->n_layers; l++) {
         int64_t n = p->layers[l].is_attention ? 0 : p->layers[l].state_floats;
         if (n <= 0) continue;
-        memcpy(snap + o, states[l], (size_t)n * sizeof *snap);
+        if (p->be) /* device states: copied back to the host (waits for the GPU) */
+            p->be->download(p->be, snap + o, states[l], (size_t)n * sizeof *snap);
+        else
+            memcpy(snap + o, states[l], (size_t)n * sizeof *snap);
         o += n;
     }
     e->snap = snap;

@@ -13,8 +13,8 @@
  *
  * The bookkeeping (ids, refcounts, free list, prefix cache) always lives on the host; the block
  * bytes may live in a backend's memory instead (kv_pool_new_on: a device pool, allocated with
- * be->alloc). Such a pool carries the backend's paged-cache kernels (kv_device_ops) and keeps no
- * recurrent-state snapshots, so prefix sharing is off there for hybrid models. */
+ * be->alloc). Such a pool carries the backend's paged-cache kernels (kv_device_ops); recurrent
+ * states then live in the backend's memory too, and snapshots are copied to and from the host. */
 #ifndef KILN_KV_POOL_H
 #define KILN_KV_POOL_H
 
@@ -78,8 +78,8 @@ typedef struct kv_pool {
 kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const kiln_kv_options *opts,
                         int max_tokens, const char *model_dir, kv_pool **out);
 /* The same pool with its block bytes in be's memory (block_bytes rounded up to 16 for aligned
- * loads), read and written by ops; no recurrent-state snapshots (prefix sharing is then off for
- * models with recurrent layers). */
+ * loads), read and written by ops; recurrent-state snapshots are downloaded from / uploaded to
+ * the caches' states in be's memory. */
 kiln_status kv_pool_new_on(struct kiln_backend *be, const kv_device_ops *ops,
                            const kiln_kv_layer_desc *layers, int n_layers,
                            const kiln_kv_options *opts, int max_tokens, const char *model_dir,
