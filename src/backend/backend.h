@@ -144,6 +144,9 @@ struct kiln_backend {
     /* ---- KV caches living in this backend's memory ---- */
     kiln_status (*kv_new)(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                           const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
+    /* Optional (NULL: none): kernels of paged caches whose pool lives in this backend's memory
+     * (kv_pool_new_on; the engine uses them for every kind but the default f32). */
+    const struct kv_device_ops *kv_paged_ops;
 };
 
 /* The decode-layer fusions as the unfused ops of `be` in order: the CPU's implementation (same

@@ -199,12 +199,17 @@ kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
     kiln_seq *s = calloc(1, sizeof *s);
     if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
     s->model = m;
-    kiln_status st =
-        m->be->device == KILN_DEVICE_CPU /* CPU caches share one paged pool per model */
-            ? kiln_kv_cpu_new_shared(&m->kv_shared, m->dir, m->kv_layers, m->n_kv_layers,
-                                     &m->kv_opts, m->max_tokens, &s->kv)
-            : m->be->kv_new(m->be, m->kv_layers, m->n_kv_layers, &m->kv_opts, m->max_tokens,
-                            &s->kv);
+    /* paged caches share one pool per model: in host memory on the CPU, in the backend's memory
+     * where it offers paged kernels (CUDA: every kind but the default f32) */
+    kiln_status st;
+    if (m->be->device == KILN_DEVICE_CPU)
+        st = kiln_kv_cpu_new_shared(&m->kv_shared, m->dir, m->kv_layers, m->n_kv_layers,
+                                    &m->kv_opts, m->max_tokens, &s->kv);
+    else if (m->be->kv_paged_ops && kiln_kv_wants_paged(&m->kv_opts))
+        st = kiln_kv_backend_new_shared(&m->kv_shared, m->be, m->dir, m->kv_layers, m->n_kv_layers,
+                                        &m->kv_opts, m->max_tokens, &s->kv);
+    else
+        st = m->be->kv_new(m->be, m->kv_layers, m->n_kv_layers, &m->kv_opts, m->max_tokens, &s->kv);
     if (st != KILN_OK) {
         free(s);
         return st;

@@ -3,6 +3,7 @@
  * is given), and reports the kinds' byte costs. */
 #include "kv/kv_factory.h"
 
+#include "backend/backend.h"
 #include "kv/hadamard.h"
 #include "kv/kv_pool.h"
 #include "util/status.h"
@@ -169,14 +170,15 @@ kiln_status kv_layer_formats(const kv_kind_spec *s, const kiln_kv_layer_desc *la
     return KILN_OK;
 }
 
-static bool wants_paged(const kiln_kv_options *o) {
+bool kiln_kv_wants_paged(const kiln_kv_options *o) {
     return o && (o->paged || (o->kind[0] && strcmp(o->kind, "f32") != 0));
 }
 
 kiln_status kiln_kv_cpu_new(const kiln_kv_layer_desc *layers, int n_layers,
                             const kiln_kv_options *opts, int max_tokens, kiln_kv **out) {
     *out = NULL;
-    if (!wants_paged(opts)) return kiln_kv_contiguous_new(layers, n_layers, max_tokens, out);
+    if (!kiln_kv_wants_paged(opts))
+        return kiln_kv_contiguous_new(layers, n_layers, max_tokens, out);
     kv_pool *p;
     KILN_TRY(kv_pool_new(layers, n_layers, opts, max_tokens, NULL, &p));
     kiln_status st = kv_paged_new(p, true, max_tokens, out);
@@ -188,10 +190,27 @@ kiln_status kiln_kv_cpu_new_shared(void **shared, const char *model_dir,
                                    const kiln_kv_layer_desc *layers, int n_layers,
                                    const kiln_kv_options *opts, int max_tokens, kiln_kv **out) {
     *out = NULL;
-    if (!wants_paged(opts)) return kiln_kv_contiguous_new(layers, n_layers, max_tokens, out);
+    if (!kiln_kv_wants_paged(opts))
+        return kiln_kv_contiguous_new(layers, n_layers, max_tokens, out);
     if (!*shared) {
         kv_pool *p;
         KILN_TRY(kv_pool_new(layers, n_layers, opts, max_tokens, model_dir, &p));
+        *shared = p;
+    }
+    return kv_paged_new(*shared, false, max_tokens, out);
+}
+
+kiln_status kiln_kv_backend_new_shared(void **shared, kiln_backend *be, const char *model_dir,
+                                       const kiln_kv_layer_desc *layers, int n_layers,
+                                       const kiln_kv_options *opts, int max_tokens, kiln_kv **out) {
+    *out = NULL;
+    if (!be || !be->kv_paged_ops || !kiln_kv_wants_paged(opts))
+        return kiln_error(KILN_ERR_UNSUPPORTED, "paged KV caches are not offered on %s",
+                          be ? be->name : "(no backend)");
+    if (!*shared) {
+        kv_pool *p;
+        KILN_TRY(kv_pool_new_on(be, be->kv_paged_ops, layers, n_layers, opts, max_tokens, model_dir,
+                                &p));
         *shared = p;
     }
     return kv_paged_new(*shared, false, max_tokens, out);

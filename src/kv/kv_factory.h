@@ -15,6 +15,16 @@ kiln_status kiln_kv_cpu_new_shared(void **shared, const char *model_dir,
                                    const kiln_kv_layer_desc *layers, int n_layers,
                                    const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
 void kiln_kv_shared_free(void *shared);
+/* Whether opts ask for a paged cache (any kind but f32, or opts->paged: --kv-block / --kv-budget).
+ */
+bool kiln_kv_wants_paged(const kiln_kv_options *opts);
+/* kiln_kv_cpu_new_shared for a backend that offers paged-cache kernels (be->kv_paged_ops): the
+ * one pool of *shared lives in be's memory. Only for opts that want a paged cache. */
+struct kiln_backend;
+kiln_status kiln_kv_backend_new_shared(void **shared, struct kiln_backend *be,
+                                       const char *model_dir, const kiln_kv_layer_desc *layers,
+                                       int n_layers, const kiln_kv_options *opts, int max_tokens,
+                                       kiln_kv **out);
 /* Bytes per token of every attention layer for a cache kind (for `info`). */
 int64_t kiln_kv_bytes_per_token(const kiln_kv_layer_desc *layers, int n_layers,
                                 const kiln_kv_options *opts);
@@ -46,5 +56,11 @@ bool kv_is_paged(const kiln_kv *kv);
 kiln_status kv_paged_fork(kiln_kv *src, kiln_kv **out);
 /* Pool behind a paged cache (NULL otherwise). */
 struct kv_pool *kv_paged_pool(kiln_kv *kv);
+/* Device pool: the cache's block table in the backend's memory, [ceil(max_tokens / block_tokens)]
+ * rows of n_layers block ids (row b: logical block b of every layer), at a fixed address for the
+ * cache's life and current up to its allocated blocks after reserve(). NULL otherwise. */
+const int32_t *kv_paged_device_table(const kiln_kv *kv);
+/* Block id of logical block `block` of layer `layer` (-1: none). For tests. */
+int32_t kv_paged_block_id(const kiln_kv *kv, int layer, int block);
 
 #endif

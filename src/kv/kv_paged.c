@@ -5,7 +5,12 @@
  * kiln_attention_contiguous, in the same order, so results match it bit for bit). TurboQuant
  * values are accumulated in the rotated basis and the output is unrotated once per head.
  * Hybrid models: a commit that ends exactly on a block boundary stores the recurrent states with
- * that block's prefix entry; attach and truncate go back only to boundaries holding a snapshot. */
+ * that block's prefix entry; attach and truncate go back only to boundaries holding a snapshot.
+ * Device pools (kv_pool_new_on): the same bookkeeping, with a copy of the block tables in the
+ * backend's memory at a fixed address ([blocks][n_layers], rows uploaded when reserve changes
+ * them), recurrent states in the backend's memory, and store / attend run by the pool's
+ * kv_device_ops. */
+#include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "kv/hadamard.h"
 #include "kv/kv_factory.h"
@@ -14,6 +19,7 @@
 #include "model/model.h"
 #include "util/status.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,12 +38,51 @@ typedef struct kv_paged {
     uint64_t *hashes; /* [cap] prefix hash chain of full blocks */
     int n_hashed;
     int32_t *blk; /* [n_layers] scratch */
+    /* device pool only */
+    int32_t *dev_table; /* [dev_blocks][n_layers] block ids in the backend's memory */
+    int dev_blocks;     /* logical blocks it covers: ceil(max_tokens / block_tokens) */
+    int dev_dirty;      /* first logical block whose device row is stale (INT_MAX: none) */
 } kv_paged;
 
-static const kiln_kv_vtable paged_vt;
+static const kiln_kv_vtable paged_vt, paged_dev_vt;
 
 bool kv_is_paged(const kiln_kv *kv) {
-    return kv && kv->vt == &paged_vt;
+    return kv && (kv->vt == &paged_vt || kv->vt == &paged_dev_vt);
+}
+const int32_t *kv_paged_device_table(const kiln_kv *kv) {
+    return kv_is_paged(kv) ? ((const kv_paged *)kv)->dev_table : NULL;
+}
+int32_t kv_paged_block_id(const kiln_kv *kv, int layer, int block) {
+    const kv_paged *c = (const kv_paged *)kv;
+    if (!kv_is_paged(kv) || layer < 0 || layer >= kv->n_layers || !c->table[layer] || block < 0 ||
+        block >= c->n_alloc)
+        return -1;
+    return c->table[layer][block];
+}
+
+static void mark_dirty(kv_paged *c, int block) {
+    if (block < c->dev_dirty) c->dev_dirty = block;
+}
+
+/* Device pool: uploads the rows of the block tables changed since the last upload (one small
+ * copy; the device table stays at its address, so recorded launches keep reading it). */
+static kiln_status sync_device_table(kv_paged *c) {
+    kiln_backend *be = c->pool->be;
+    int hi = c->n_alloc < c->dev_blocks ? c->n_alloc : c->dev_blocks;
+    if (!be || !c->dev_table || c->dev_dirty >= hi) {
+        c->dev_dirty = INT_MAX;
+        return KILN_OK;
+    }
+    const int lo = c->dev_dirty, nl = c->base.n_layers;
+    int32_t *rows = malloc((size_t)(hi - lo) * (size_t)nl * sizeof *rows);
+    if (!rows) return kiln_error(KILN_ERR_OOM, "KV block table: out of memory");
+    for (int b = lo; b < hi; b++)
+        for (int l = 0; l < nl; l++)
+            rows[(size_t)(b - lo) * nl + l] = c->table[l] ? c->table[l][b] : -1;
+    be->upload(be, c->dev_table + (size_t)lo * nl, rows, (size_t)(hi - lo) * nl * sizeof *rows);
+    free(rows);
+    c->dev_dirty = INT_MAX;
+    return KILN_OK;
 }
 kv_pool *kv_paged_pool(kiln_kv *kv) {
     return kv_is_paged(kv) ? ((kv_paged *)kv)->pool : NULL;
@@ -86,7 +131,14 @@ static void paged_free(kiln_kv *kv) {
         pthread_mutex_unlock(&p->mu);
     }
     if (c->state)
-        for (int l = 0; l < kv->n_layers; l++) free(c->state[l]);
+        for (int l = 0; l < kv->n_layers; l++) {
+            if (!c->state[l]) continue;
+            if (p->be)
+                p->be->free(p->be, c->state[l]);
+            else
+                free(c->state[l]);
+        }
+    if (c->dev_table) p->be->free(p->be, c->dev_table);
     free(c->table);
     free(c->state);
     free(c->tokens);
@@ -105,7 +157,7 @@ static kiln_status paged_reserve(kiln_kv *kv, int n_new) {
         return kiln_error(KILN_ERR_CACHE_FULL,
                           "KV cache full: %d tokens held + %d new exceeds the context limit of %d",
                           kv->len, n_new, c->max_tokens);
-    if (n_new == 0 || p->n_attn_layers == 0) return KILN_OK;
+    if (n_new == 0 || p->n_attn_layers == 0) return sync_device_table(c);
     const int B = p->block_tokens;
     int need = (kv->len + n_new + B - 1) / B;
     KILN_TRY(grow_tables(c, need));
@@ -134,16 +186,24 @@ static kiln_status paged_reserve(kiln_kv *kv, int n_new) {
             int32_t id = c->table[l][b];
             if (id < 0 || p->refcount[id] <= 1) continue;
             int32_t nid = kv_pool_alloc_locked(p);
-            memcpy(kv_pool_block(p, nid), kv_pool_block(p, id), p->block_bytes);
+            if (p->be) { /* a device-to-device copy of the block, ordered on the backend */
+                const int64_t w = (int64_t)(p->block_bytes / sizeof(float));
+                p->be->copy2d(p->be, (float *)(void *)(p->data + (size_t)nid * p->block_bytes), w,
+                              (const float *)(const void *)(p->data + (size_t)id * p->block_bytes),
+                              w, 1, w);
+            } else {
+                memcpy(kv_pool_block(p, nid), kv_pool_block(p, id), p->block_bytes);
+            }
             kv_pool_unref_locked(p, id);
             c->table[l][b] = nid;
         }
     for (int b = c->n_alloc; b < need; b++)
         for (int l = 0; l < kv->n_layers; l++)
             if (c->table[l]) c->table[l][b] = kv_pool_alloc_locked(p);
+    if (fresh > 0 || cow > 0) mark_dirty(c, kv->len / B);
     if (need > c->n_alloc) c->n_alloc = need;
     pthread_mutex_unlock(&p->mu);
-    return KILN_OK;
+    return sync_device_table(c);
 }
 
 static void paged_store(kiln_kv *kv, int layer, const float *k, const float *v, int n) {
@@ -357,7 +417,11 @@ static bool restore_snapshot_locked(kv_paged *c, int b, const int32_t *tokens) {
     if (!snap) return false;
     for (int l = 0, o = 0; l < c->base.n_layers; l++) {
         if (!c->state[l]) continue;
-        memcpy(c->state[l], snap + o, (size_t)c->base.layers[l].state_floats * sizeof(float));
+        const size_t bytes = (size_t)c->base.layers[l].state_floats * sizeof(float);
+        if (p->be)
+            p->be->upload(p->be, c->state[l], snap + o, bytes);
+        else
+            memcpy(c->state[l], snap + o, bytes);
         o += (int)c->base.layers[l].state_floats;
     }
     return true;
@@ -424,9 +488,13 @@ static kiln_status paged_truncate(kiln_kv *kv, int len) {
     if (c->n_hashed > len / B) c->n_hashed = len / B;
     if (c->known > len) c->known = len;
     if (len == 0)
-        for (int l = 0; l < kv->n_layers; l++)
-            if (c->state[l])
+        for (int l = 0; l < kv->n_layers; l++) {
+            if (!c->state[l]) continue;
+            if (p->be)
+                p->be->zero(p->be, c->state[l], kv->layers[l].state_floats);
+            else
                 memset(c->state[l], 0, (size_t)kv->layers[l].state_floats * sizeof(float));
+        }
     kv->len = len;
     return KILN_OK;
 }
@@ -457,12 +525,46 @@ static const kiln_kv_vtable paged_vt = {
     .layer_state = paged_layer_state,
 };
 
+/* Device pool: the pool's kernels behind the same bookkeeping. */
+static void dev_store(kiln_kv *kv, int layer, const float *k, const float *v, int n) {
+    ((kv_paged *)kv)->pool->dev->store(kv, layer, k, v, n);
+}
+static void dev_attend(kiln_kv *kv, int layer, const float *q, int n, float *out,
+                       const kiln_attn_params *p, kiln_threadpool *pool) {
+    ((kv_paged *)kv)->pool->dev->attend(kv, layer, q, n, out, p, pool);
+}
+static void dev_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
+                                   const float *k, const float *v, const float *q, float *out,
+                                   const kiln_attn_params *p, kiln_threadpool *pool) {
+    if (n_kv <= 0) return;
+    ((kv_paged *)kvs[0])->pool->dev->store_attend_batch(kvs, n, n_kv, layer, k, v, q, out, p, pool);
+}
+static uint64_t dev_graph_key(const kiln_kv *kv, int n_new) {
+    const kv_device_ops *ops = ((const kv_paged *)kv)->pool->dev;
+    return ops->graph_key ? ops->graph_key(kv, n_new) : 0;
+}
+
+static const kiln_kv_vtable paged_dev_vt = {
+    .kind = "paged-device",
+    .free = paged_free,
+    .reserve = paged_reserve,
+    .store = dev_store,
+    .attend = dev_attend,
+    .commit = paged_commit,
+    .truncate = paged_truncate,
+    .bytes_used = paged_bytes,
+    .layer_state = paged_layer_state,
+    .store_attend_batch = dev_store_attend_batch,
+    .graph_key = dev_graph_key,
+};
+
 kiln_status kv_paged_new(kv_pool *pool, bool own_pool, int max_tokens, kiln_kv **out) {
     *out = NULL;
     kv_paged *c = calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ERR_OOM, "out of memory");
-    c->base.vt = &paged_vt;
+    c->base.vt = pool->be ? &paged_dev_vt : &paged_vt;
     c->pool = pool;
+    c->dev_dirty = INT_MAX;
     c->max_tokens = max_tokens;
     int nl = pool->n_layers;
     c->base.n_layers = nl;
@@ -472,10 +574,23 @@ kiln_status kv_paged_new(kv_pool *pool, bool own_pool, int max_tokens, kiln_kv *
     c->blk = malloc((size_t)nl * sizeof *c->blk);
     if (!c->base.layers || !c->table || !c->state || !c->blk) goto oom;
     memcpy(c->base.layers, pool->layers, (size_t)nl * sizeof *c->base.layers);
-    for (int l = 0; l < nl; l++)
-        if (pool->layers[l].state_floats > 0 &&
-            !(c->state[l] = calloc((size_t)pool->layers[l].state_floats, sizeof(float))))
+    kiln_backend *be = pool->be;
+    for (int l = 0; l < nl; l++) {
+        const int64_t sf = pool->layers[l].state_floats;
+        if (sf <= 0) continue;
+        if (be) { /* zeroed device memory, read and updated in place by the recurrent ops */
+            if (!(c->state[l] = be->alloc(be, (size_t)sf * sizeof(float)))) goto oom;
+            be->zero(be, c->state[l], sf);
+        } else if (!(c->state[l] = calloc((size_t)sf, sizeof(float)))) {
             goto oom;
+        }
+    }
+    if (be && pool->n_attn_layers > 0) {
+        c->dev_blocks = (max_tokens + pool->block_tokens - 1) / pool->block_tokens;
+        if (c->dev_blocks < 1) c->dev_blocks = 1;
+        c->dev_table = be->alloc(be, (size_t)c->dev_blocks * (size_t)nl * sizeof(int32_t));
+        if (!c->dev_table) goto oom;
+    }
     if (grow_tables(c, 1) != KILN_OK) goto oom;
     c->own_pool = own_pool;
     *out = &c->base;
@@ -505,10 +620,16 @@ kiln_status kv_paged_fork(kiln_kv *src_kv, kiln_kv **out) {
             if (c->table[l][b] >= 0) kv_pool_ref_locked(s->pool, c->table[l][b]);
         }
     pthread_mutex_unlock(&s->pool->mu);
-    for (int l = 0; l < kv->n_layers; l++)
-        if (c->state[l])
-            memcpy(c->state[l], s->state[l], (size_t)kv->layers[l].state_floats * sizeof(float));
+    for (int l = 0; l < kv->n_layers; l++) {
+        if (!c->state[l]) continue;
+        const int64_t sf = kv->layers[l].state_floats;
+        if (s->pool->be)
+            s->pool->be->copy2d(s->pool->be, c->state[l], sf, s->state[l], sf, 1, sf);
+        else
+            memcpy(c->state[l], s->state[l], (size_t)sf * sizeof(float));
+    }
     c->n_alloc = s->n_alloc;
+    mark_dirty(c, 0);
     if (s->known) memcpy(c->tokens, s->tokens, (size_t)s->known * sizeof *c->tokens);
     c->known = s->known;
     if (s->n_hashed) memcpy(c->hashes, s->hashes, (size_t)s->n_hashed * sizeof *c->hashes);
@@ -569,6 +690,7 @@ kiln_status kiln_seq_prefix_attach(kiln_seq *seq, const int32_t *tokens, int n_t
     }
     pthread_mutex_unlock(&p->mu);
     c->n_alloc = nblk;
+    mark_dirty(c, 0);
     c->n_hashed = reuse / B;
     memcpy(c->tokens, tokens, (size_t)reuse * sizeof *tokens);
     c->known = reuse;

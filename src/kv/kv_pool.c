@@ -4,6 +4,7 @@
  * victim is a leaf before its parents. */
 #include "kv/kv_pool.h"
 
+#include "backend/backend.h"
 #include "kv/kv_factory.h"
 #include "util/status.h"
 
@@ -22,12 +23,21 @@ struct kv_prefix_entry {
 
 kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const kiln_kv_options *opts,
                         int max_tokens, const char *model_dir, kv_pool **out) {
+    return kv_pool_new_on(NULL, NULL, layers, n_layers, opts, max_tokens, model_dir, out);
+}
+
+kiln_status kv_pool_new_on(kiln_backend *be, const kv_device_ops *ops,
+                           const kiln_kv_layer_desc *layers, int n_layers,
+                           const kiln_kv_options *opts, int max_tokens, const char *model_dir,
+                           kv_pool **out) {
     *out = NULL;
     kv_kind_spec spec;
     KILN_TRY(kv_kind_parse(opts && opts->kind[0] ? opts->kind : "f32", &spec));
     kv_pool *p = calloc(1, sizeof *p);
     if (!p) return kiln_error(KILN_ERR_OOM, "out of memory");
     pthread_mutex_init(&p->mu, NULL);
+    p->be = be;
+    p->dev = ops;
     snprintf(p->kind, sizeof p->kind, "%s", opts && opts->kind[0] ? opts->kind : "f32");
     p->block_tokens = opts && opts->block_tokens > 0 ? opts->block_tokens : 16;
     p->n_layers = n_layers;
@@ -58,6 +68,7 @@ kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const ki
         bytes_per_token += (int64_t)d->n_kv_heads * (int64_t)(f->k_rec + f->v_rec);
     }
     if (p->n_attn_layers == 0) p->block_bytes = 64; /* no KV: a token pool is never used */
+    if (be) p->block_bytes = (p->block_bytes + 15) / 16 * 16; /* 16-byte aligned blocks */
     int64_t budget = opts ? opts->budget_bytes : 0;
     if (budget <= 0) {
         /* default: 256 MiB, or two full contexts if larger, at most 8 GiB */
@@ -79,7 +90,8 @@ kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const ki
     p->snap_bytes_max = budget / 4;
     if (p->snap_bytes_max < 8 * p->snap_floats * 4) p->snap_bytes_max = 8 * p->snap_floats * 4;
     p->n_blocks = (int32_t)nb;
-    p->data = malloc((size_t)nb * p->block_bytes); /* pages are touched as blocks are written */
+    /* pages are touched as blocks are written */
+    p->data = be ? be->alloc(be, (size_t)nb * p->block_bytes) : malloc((size_t)nb * p->block_bytes);
     p->refcount = calloc((size_t)nb, sizeof *p->refcount);
     p->free_list = malloc((size_t)nb * sizeof *p->free_list);
     p->n_buckets = (int32_t)(nb < 64 ? 64 : nb);
@@ -115,7 +127,11 @@ void kv_pool_free(kv_pool *p) {
             }
         }
     free(p->buckets);
-    free(p->data);
+    if (p->be) {
+        if (p->data) p->be->free(p->be, p->data);
+    } else {
+        free(p->data);
+    }
     free(p->refcount);
     free(p->free_list);
     free(p->layers);
@@ -224,7 +240,10 @@ static void snap_store(kv_pool *p, kv_prefix_entry *e, float *const *states) {
     for (int l = 0; l < p->n_layers; l++) {
         int64_t n = p->layers[l].is_attention ? 0 : p->layers[l].state_floats;
         if (n <= 0) continue;
-        memcpy(snap + o, states[l], (size_t)n * sizeof *snap);
+        if (p->be) /* device states: copied back to the host (waits for the GPU) */
+            p->be->download(p->be, snap + o, states[l], (size_t)n * sizeof *snap);
+        else
+            memcpy(snap + o, states[l], (size_t)n * sizeof *snap);
         o += n;
     }
     e->snap = snap;

@@ -9,7 +9,12 @@
  * recurrent, state_floats each, in layer order) taken when a forward call ended exactly at the end
  * of its block. Snapshots live in a separate store bounded by snap_bytes_max: when it is over, the
  * least recently used snapshot is dropped (its entry stays, usable as an inner block of a longer
- * run); an evicted entry frees its snapshot. */
+ * run); an evicted entry frees its snapshot.
+ *
+ * The bookkeeping (ids, refcounts, free list, prefix cache) always lives on the host; the block
+ * bytes may live in a backend's memory instead (kv_pool_new_on: a device pool, allocated with
+ * be->alloc). Such a pool carries the backend's paged-cache kernels (kv_device_ops); recurrent
+ * states then live in the backend's memory too, and snapshots are copied to and from the host. */
 #ifndef KILN_KV_POOL_H
 #define KILN_KV_POOL_H
 
@@ -26,14 +31,30 @@ typedef struct kv_layer_fmt {
 } kv_layer_fmt;
 
 typedef struct kv_prefix_entry kv_prefix_entry;
+struct kiln_backend;
+
+/* The kernels of a backend's paged caches (a device pool): store / attend of one sequence and the
+ * batched form, with the semantics of kiln_kv_vtable; kvs are paged caches of the pool (kv_paged.c
+ * exposes their device block tables through kv_paged_device_table). */
+typedef struct kv_device_ops {
+    void (*store)(kiln_kv *kv, int layer, const float *k, const float *v, int n);
+    void (*attend)(kiln_kv *kv, int layer, const float *q, int n, float *out,
+                   const kiln_attn_params *p, kiln_threadpool *pool);
+    void (*store_attend_batch)(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
+                               const float *k, const float *v, const float *q, float *out,
+                               const kiln_attn_params *p, kiln_threadpool *pool);
+    uint64_t (*graph_key)(const kiln_kv *kv, int n_new);
+} kv_device_ops;
 
 typedef struct kv_pool {
     int block_tokens;
     size_t block_bytes; /* max over layers */
     int32_t n_blocks;
-    uint8_t *data;      /* [n_blocks * block_bytes] */
-    int32_t *refcount;  /* [n_blocks] */
-    int32_t *free_list; /* stack of free block ids */
+    uint8_t *data;            /* [n_blocks * block_bytes], in be's memory when be is set */
+    struct kiln_backend *be;  /* NULL: host memory (malloc); else the backend holding data */
+    const kv_device_ops *dev; /* with be: the kernels reading and writing the blocks */
+    int32_t *refcount;        /* [n_blocks] */
+    int32_t *free_list;       /* stack of free block ids */
     int32_t n_free;
     int n_layers;
     kiln_kv_layer_desc *layers; /* [n_layers], owned */
@@ -56,8 +77,16 @@ typedef struct kv_pool {
  * budget_bytes; model_dir: optional folder holding kv_config.json with per-layer bits). */
 kiln_status kv_pool_new(const kiln_kv_layer_desc *layers, int n_layers, const kiln_kv_options *opts,
                         int max_tokens, const char *model_dir, kv_pool **out);
+/* The same pool with its block bytes in be's memory (block_bytes rounded up to 16 for aligned
+ * loads), read and written by ops; recurrent-state snapshots are downloaded from / uploaded to
+ * the caches' states in be's memory. */
+kiln_status kv_pool_new_on(struct kiln_backend *be, const kv_device_ops *ops,
+                           const kiln_kv_layer_desc *layers, int n_layers,
+                           const kiln_kv_options *opts, int max_tokens, const char *model_dir,
+                           kv_pool **out);
 void kv_pool_free(kv_pool *p);
 
+/* Host pools only (a device pool's bytes are not addressable here). */
 static inline uint8_t *kv_pool_block(const kv_pool *p, int32_t id) {
     return p->data + (size_t)id * p->block_bytes;
 }

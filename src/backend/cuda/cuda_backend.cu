@@ -546,6 +546,10 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->gather_rows = kcu_gather_rows;
     be->scatter_add_rows = kcu_scatter_add_rows;
     be->kv_new = kcu_kv_new;
+    /* paged caches in device memory for every --kv kind but the default f32 (kv_paged.cu);
+     * KILN_CUDA_PAGED=0 goes back to contiguous f32/f16/bf16 caches only */
+    const char *pg = getenv("KILN_CUDA_PAGED");
+    be->kv_paged_ops = pg && strcmp(pg, "0") == 0 ? NULL : &kcu_kv_paged_ops;
     if (st->prof_on) {
         be->matmul = prof_matmul;
         be->rmsnorm = prof_rmsnorm;

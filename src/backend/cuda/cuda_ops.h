@@ -59,6 +59,9 @@ void kcu_sample(kiln_backend *be, int32_t *ids, float *logits, int64_t vocab, in
                 const kiln_sample_row *rows, const int32_t *history);
 kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
                        const kiln_kv_options *opts, int max_tokens, kiln_kv **out);
+/* Kernels of the paged caches whose pool is in device memory (kv_paged.cu). */
+struct kv_device_ops;
+extern const struct kv_device_ops kcu_kv_paged_ops;
 
 /* Number of CUDA devices (0 when none); on 0 writes the reason into why. For tests and `kiln`. */
 int kiln_cuda_device_count(char *why, size_t why_len);

@@ -334,13 +334,15 @@ extern "C" kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *la
         dt = KILN_DT_BF16;
     else
         return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "--kv %s: the CUDA backend has f32, f16 and bf16 caches", kind);
+                          "--kv %s: the contiguous CUDA caches are f32, f16 and bf16 (paged "
+                          "device caches are off: KILN_CUDA_PAGED=0)",
+                          kind);
     /* --kv f16/bf16 select a paged pool on the CPU; on the GPU they are contiguous device caches
      * unless blocks were asked for explicitly (--kv-block / --kv-budget) */
     if (opts && opts->paged && (opts->block_tokens > 0 || opts->budget_bytes > 0))
         return kiln_error(
             KILN_ERR_UNSUPPORTED,
-            "cuda kv: paged caches (--kv-block, --kv-budget) are not implemented yet");
+            "cuda kv: paged caches (--kv-block, --kv-budget) are off (KILN_CUDA_PAGED=0)");
     if (n_layers <= 0 || max_tokens <= 0)
         return kiln_error(KILN_ERR_INVALID_ARG, "cuda kv: %d layers, %d tokens", n_layers,
                           max_tokens);

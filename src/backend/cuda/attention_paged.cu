@@ -1,0 +1,340 @@
+/* attention_paged.cu — attention of new queries against a paged device KV cache (kv_paged.cu):
+ * keys and values are read through each sequence's device block table and decoded in the kernel
+ * from their codec (f32 / f16 / bf16, affine q8 / q4, TurboQuant), never gathered into a copy.
+ *
+ * The kernel is attention.cu's flash-style kernel with a different tile loader: a block owns one
+ * KV head and a tile of rows (query token x query head of the GQA group); every 32-key tile of
+ * K and V is decoded once into shared memory (f32) and used by all its rows; each warp keeps an
+ * online softmax for its rows. Long key ranges with few blocks (decode) are split over gridDim.z
+ * and merged by log-sum-exp. Keys rotated by the Hadamard transform (turbo ...:rotk) are scored
+ * against the rotated query (q.k is invariant under the orthonormal rotation); TurboQuant values
+ * are accumulated in the rotated basis and each output row is unrotated once at the end, as
+ * kv_paged.c does on the CPU. */
+#include "backend/cuda/attention_paged.cuh"
+
+#define PATT_WARPS 4
+#define PATT_KT    32
+
+struct patt_seq {
+    const int32_t *table;
+    int pos0, n, t0; /* first position, tokens, first row of q / out */
+    int kbeg;        /* first key any of its queries sees (window) */
+};
+
+/* Kernel parameters: the layer, the shared geometry and up to KCU_ATT_MAX_SEQ sequences.
+ * blockIdx.z = seq * splits + split. */
+struct patt_launch {
+    kcu_paged_layer L;
+    const float *q;           /* [T, n_heads*head_dim] stacked rows of all sequences */
+    float *out;               /* [T, n_heads*v_head_dim] */
+    const int32_t *positions; /* device positions of the stacked rows, or NULL */
+    int n_heads;
+    float scale, softcap;
+    int group;
+    int kps, splits; /* split z covers keys [kbeg + z*kps, kbeg + (z+1)*kps) */
+    int rows_max;    /* max n * group over the sequences: the partials' row stride */
+    float *part_o;   /* [seqs, splits, n_kv_heads, rows_max, v_head_dim] (splits > 1) */
+    float *part_ml;  /* [seqs, splits, n_kv_heads, rows_max, 2] */
+    int n_seq;
+    patt_seq s[KCU_ATT_MAX_SEQ];
+};
+
+template <int DPL, int RPW>
+__global__ void __launch_bounds__(PATT_WARPS * 32)
+    k_paged_attn(const __grid_constant__ patt_launch P) {
+    KCU_PDL_ENTER();
+    const int si = blockIdx.z / P.splits, z = blockIdx.z - si * P.splits;
+    const patt_seq &S = P.s[si];
+    const kcu_paged_layer &L = P.L;
+    const int ROWS = PATT_WARPS * RPW, row0 = blockIdx.x * ROWS, G = P.group;
+    const int rows_total = S.n * G;
+    if (row0 >= rows_total) return; /* a shorter sequence of the batch: whole block idle */
+    const int hd = L.head_dim, vhd = L.v_head_dim, n_heads = P.n_heads;
+    const float *q = P.q + (int64_t)S.t0 * n_heads * hd;
+    float *out = P.out + (int64_t)S.t0 * n_heads * vhd;
+    /* positions in device memory (a recorded decode step): this step's, not the recording's */
+    const int pos0 = P.positions ? P.positions[S.t0] : S.pos0;
+    const int kbeg = P.positions ? (L.window > 0 ? max(0, pos0 - L.window + 1) : 0) : S.kbeg;
+    extern __shared__ float sm[];
+    float *Qs = sm;                      /* [ROWS][hd] */
+    float *Ks = Qs + ROWS * hd;          /* [KT][hd+1] (padded: lanes read different banks) */
+    float *Vs = Ks + PATT_KT * (hd + 1); /* [KT][vhd] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kvh = blockIdx.y;
+    const bool rotk = L.k.rotate != 0;
+
+    for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x) {
+        int r = row0 + i / hd, d = i % hd;
+        float v = 0.0f;
+        if (r < rows_total) {
+            int t = r / G, h = kvh * G + r % G;
+            v = q[((int64_t)t * n_heads + h) * hd + d];
+            v = rotk ? v * kcu_hadamard_sign(d) : v * P.scale;
+        }
+        Qs[i] = v;
+    }
+    if (rotk) { /* q -> H.D.q / sqrt(hd) (kiln_hadamard_rotate), then the scale */
+        kcu_fwht_rows(Qs, ROWS, hd);
+        const float s = kcu_inv_sqrt_rn(hd);
+        for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x)
+            Qs[i] = __fmul_rn(Qs[i], s) * P.scale;
+    }
+
+    /* rows of this warp: their token, and visible keys [lo, hi) */
+    int lo[RPW], hi[RPW];
+    bool live[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        int row = row0 + warp * RPW + r;
+        live[r] = row < rows_total;
+        int p = pos0 + (live[r] ? row / G : 0);
+        hi[r] = p + 1;
+        lo[r] = L.window > 0 ? max(0, p - L.window + 1) : 0;
+    }
+    /* keys this block looks at: the split's range clipped to the union of its rows' ranges */
+    const int last_row = min(row0 + ROWS, rows_total) - 1;
+    const int blk_lo = L.window > 0 ? max(0, pos0 + row0 / G - L.window + 1) : 0;
+    const int blk_hi = pos0 + last_row / G + 1;
+    const int s_lo = kbeg + z * P.kps, s_hi = s_lo + P.kps;
+    const int k0 = max(blk_lo, s_lo), k1 = min(blk_hi, s_hi);
+
+    float m[RPW], l[RPW], acc[RPW][DPL];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
+    }
+
+    for (int ks = k0; ks < k1; ks += PATT_KT) {
+        __syncthreads(); /* Q staged / previous tile consumed */
+        for (int i = threadIdx.x; i < PATT_KT * hd; i += blockDim.x) {
+            int j = i / hd, d = i - j * hd;
+            float x = 0.0f;
+            if (ks + j < k1) {
+                const uint8_t *rec = kcu_paged_rec(L, S.table, ks + j, kvh, false);
+                if (rec) x = kcu_codec_elem(L.k, rec, hd, d);
+            }
+            Ks[j * (hd + 1) + d] = x;
+        }
+        for (int i = threadIdx.x; i < PATT_KT * vhd; i += blockDim.x) {
+            int j = i / vhd, d = i - j * vhd;
+            float x = 0.0f;
+            if (ks + j < k1) {
+                const uint8_t *rec = kcu_paged_rec(L, S.table, ks + j, kvh, true);
+                if (rec) x = kcu_codec_elem(L.v, rec, vhd, d);
+            }
+            Vs[i] = x;
+        }
+        __syncthreads();
+        float s[RPW];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) s[r] = 0.0f;
+        const float *kr = Ks + lane * (hd + 1);
+        const float *qw = Qs + warp * RPW * hd;
+        for (int d = 0; d < hd; d++) {
+            float kd = kr[d];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) s[r] = fmaf(qw[r * hd + d], kd, s[r]);
+        }
+        const int j = ks + lane;
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            bool ok = live[r] && j < k1 && j >= lo[r] && j < hi[r];
+            float sc = s[r];
+            if (P.softcap > 0.0f) sc = P.softcap * kcu_tanh(sc / P.softcap);
+            sc = ok ? sc : -INFINITY;
+            float mt = kcu_warp_max(sc);
+            float mn = fmaxf(m[r], mt);
+            if (mn == -INFINITY) continue; /* nothing visible yet for this row (warp-uniform) */
+            float alpha = __expf(m[r] - mn);
+            float pj = ok ? __expf(sc - mn) : 0.0f;
+            l[r] = l[r] * alpha + kcu_warp_sum(pj);
+            m[r] = mn;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[r][i] *= alpha;
+            for (int jj = 0; jj < PATT_KT; jj++) {
+                float pb = __shfl_sync(0xffffffffu, pj, jj);
+                const float *vr = Vs + jj * vhd;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < vhd) acc[r][i] = fmaf(pb, vr[d], acc[r][i]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        if (!live[r]) continue;
+        int row = row0 + warp * RPW + r;
+        int t = row / G, h = kvh * G + row % G;
+        if (P.splits == 1) {
+            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            float *o = out + ((int64_t)t * n_heads + h) * vhd;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i] * inv;
+        } else {
+            int64_t pi = (((int64_t)si * P.splits + z) * L.n_kv_heads + kvh) * P.rows_max + row;
+            float *o = P.part_o + pi * vhd;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i];
+            if (lane == 0) P.part_ml[2 * pi] = m[r], P.part_ml[2 * pi + 1] = l[r];
+        }
+    }
+}
+
+/* One block per (row, kv head, seq): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M). */
+__global__ void k_paged_attn_merge(const __grid_constant__ patt_launch P) {
+    KCU_PDL_ENTER();
+    const kcu_paged_layer &L = P.L;
+    const patt_seq &S = P.s[blockIdx.z];
+    const int row = blockIdx.x, kvh = blockIdx.y, vhd = L.v_head_dim, G = P.group;
+    const int splits = P.splits;
+    if (row >= S.n * G) return;
+    int64_t per_split = (int64_t)L.n_kv_heads * P.rows_max;
+    int64_t base = (int64_t)blockIdx.z * splits * per_split + (int64_t)kvh * P.rows_max + row;
+    float M = -INFINITY;
+    for (int z = 0; z < splits; z++) M = fmaxf(M, P.part_ml[2 * (z * per_split + base)]);
+    float den = 0.0f;
+    for (int z = 0; z < splits; z++) {
+        float mz = P.part_ml[2 * (z * per_split + base)];
+        if (mz != -INFINITY) den += P.part_ml[2 * (z * per_split + base) + 1] * __expf(mz - M);
+    }
+    int t = row / G, h = kvh * G + row % G;
+    float *o = P.out + ((int64_t)(S.t0 + t) * P.n_heads + h) * vhd;
+    for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
+        float num = 0.0f;
+        for (int z = 0; z < splits; z++) {
+            float mz = P.part_ml[2 * (z * per_split + base)];
+            if (mz != -INFINITY) num += P.part_o[(z * per_split + base) * vhd + d] * __expf(mz - M);
+        }
+        o[d] = den > 0.0f ? num / den : 0.0f;
+    }
+}
+
+/* TurboQuant values: each output row (token t of seq blockIdx.z, head blockIdx.y) back from the
+ * rotated basis, x <- D.H.x / sqrt(vhd) (kiln_hadamard_unrotate). */
+__global__ void k_paged_unrotate(const __grid_constant__ patt_launch P) {
+    KCU_PDL_ENTER();
+    const patt_seq &S = P.s[blockIdx.z];
+    const int t = blockIdx.x, h = blockIdx.y, vhd = P.L.v_head_dim;
+    if (t >= S.n) return;
+    extern __shared__ float xs[];
+    float *o = P.out + ((int64_t)(S.t0 + t) * P.n_heads + h) * vhd;
+    for (int d = threadIdx.x; d < vhd; d += blockDim.x) xs[d] = o[d];
+    kcu_fwht_rows(xs, 1, vhd);
+    const float s = kcu_inv_sqrt_rn(vhd);
+    for (int d = threadIdx.x; d < vhd; d += blockDim.x) o[d] = xs[d] * (s * kcu_hadamard_sign(d));
+}
+
+template <int DPL, int RPW> static void launch(kcu_state *st, const patt_launch &P, dim3 grid) {
+    const int hd = P.L.head_dim, vhd = P.L.v_head_dim;
+    size_t smem = sizeof(float) * ((size_t)PATT_WARPS * RPW * hd + (size_t)PATT_KT * (hd + 1) +
+                                   (size_t)PATT_KT * vhd);
+    static size_t raised = 48 * 1024;
+    if (smem > raised) {
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_paged_attn<DPL, RPW>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)smem)))
+            return;
+        raised = smem;
+    }
+    KCU_LAUNCH(st, (k_paged_attn<DPL, RPW>), grid, PATT_WARPS * 32, smem, P);
+    KCU_LAUNCHED(st);
+}
+
+template <int RPW> static void launch_dpl(kcu_state *st, const patt_launch &P, dim3 grid) {
+    const int vhd = P.L.v_head_dim;
+    if (vhd <= 64)
+        launch<2, RPW>(st, P, grid);
+    else if (vhd <= 128)
+        launch<4, RPW>(st, P, grid);
+    else if (vhd <= 256)
+        launch<8, RPW>(st, P, grid);
+    else
+        launch<16, RPW>(st, P, grid);
+}
+
+/* One chunk of at most KCU_ATT_MAX_SEQ sequences; the split geometry is attention.cu's. */
+static void paged_chunk(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
+                        const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq) {
+    patt_launch P;
+    memset(&P, 0, sizeof P);
+    P.L = *L;
+    P.q = q;
+    P.out = out;
+    P.positions = p->positions;
+    P.n_heads = p->n_heads;
+    P.scale = p->scale;
+    P.softcap = p->softcap;
+    P.group = p->n_heads / L->n_kv_heads;
+    P.n_seq = n_seq;
+    int max_n = 0, keys = 0;
+    for (int i = 0; i < n_seq; i++) {
+        patt_seq *d = &P.s[i];
+        d->table = seqs[i].table;
+        d->pos0 = seqs[i].pos0;
+        d->n = seqs[i].n > 0 ? seqs[i].n : 0;
+        d->t0 = seqs[i].t0;
+        d->kbeg = L->window > 0 ? (d->pos0 - L->window + 1 > 0 ? d->pos0 - L->window + 1 : 0) : 0;
+        int kend = d->pos0 + d->n;
+        if (kend - d->kbeg > keys) keys = kend - d->kbeg;
+        if (d->n > max_n) max_n = d->n;
+    }
+    if (max_n <= 0) return;
+    if (p->positions && max_n == 1) keys = kcu_attn_keys_bucket(keys);
+    P.rows_max = max_n * P.group;
+    const int rpw = P.rows_max <= 2 * PATT_WARPS ? 1 : 4;
+    const int rows_per_block = PATT_WARPS * rpw;
+    const int tiles = (P.rows_max + rows_per_block - 1) / rows_per_block;
+    const int blocks = tiles * L->n_kv_heads * n_seq;
+    int splits = 1;
+    if (blocks < 2 * st->n_sms && keys > PATT_KT) {
+        splits = (4 * st->n_sms + blocks - 1) / blocks;
+        int max_splits = keys > 1024 ? (keys + 127) / 128 : (keys + PATT_KT - 1) / PATT_KT;
+        if (splits > max_splits) splits = max_splits;
+    }
+    P.kps = (keys + splits - 1) / splits;
+    P.kps = (P.kps + PATT_KT - 1) / PATT_KT * PATT_KT;
+    splits = (keys + P.kps - 1) / P.kps;
+    if (splits < 1) splits = 1;
+    P.splits = splits;
+    if (splits > 1) {
+        size_t n_part = (size_t)n_seq * splits * L->n_kv_heads * P.rows_max;
+        float *scr = (float *)kcu_scratch(st, n_part * (L->v_head_dim + 2) * sizeof(float));
+        if (!scr) return;
+        P.part_o = scr;
+        P.part_ml = scr + n_part * L->v_head_dim;
+    }
+    dim3 grid(tiles, L->n_kv_heads, n_seq * splits);
+    if (rpw == 1)
+        launch_dpl<1>(st, P, grid);
+    else
+        launch_dpl<4>(st, P, grid);
+    if (splits > 1) {
+        KCU_LAUNCH(st, k_paged_attn_merge, dim3(P.rows_max, L->n_kv_heads, n_seq), 128, 0, P);
+        KCU_LAUNCHED(st);
+    }
+    if (L->v.rotate) {
+        KCU_LAUNCH(st, k_paged_unrotate, dim3(max_n, p->n_heads, n_seq), 128,
+                   (size_t)L->v_head_dim * sizeof(float), P);
+        KCU_LAUNCHED(st);
+    }
+}
+
+void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
+                         const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq) {
+    if (n_seq <= 0) return;
+    if (L->v_head_dim > 512 || L->n_kv_heads <= 0 || p->n_heads % L->n_kv_heads) {
+        kcu_report(st, "kcu_paged_attention", "unsupported head geometry", __FILE__, __LINE__);
+        return;
+    }
+    for (int i = 0; i < n_seq; i += KCU_ATT_MAX_SEQ)
+        paged_chunk(st, L, q, out, p, seqs + i,
+                    n_seq - i < KCU_ATT_MAX_SEQ ? n_seq - i : KCU_ATT_MAX_SEQ);
+}

@@ -1,0 +1,24 @@
+/* attention_paged.cuh — the paged-cache attention launcher (attention_paged.cu), used by the
+ * device paged caches of kv_paged.cu. Internal to src/backend/cuda/. */
+#ifndef KILN_CUDA_ATTENTION_PAGED_CUH
+#define KILN_CUDA_ATTENTION_PAGED_CUH
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/kv_codec.cuh"
+
+/* One sequence of a paged launch: its device block table ([blocks][table_stride] ids), first
+ * position (its length before this step), token count and first row of the stacked rows. */
+typedef struct kcu_paged_seq {
+    const int32_t *table;
+    int pos0, n, t0;
+} kcu_paged_seq;
+
+/* Causal (window-limited) GQA attention of the stacked queries q [T, n_heads*head_dim] of n_seq
+ * sequences against their paged K/V (stored through the block tables, decoded in the kernel) ->
+ * out [T, n_heads*v_head_dim]; long key ranges are split and merged by log-sum-exp; TurboQuant
+ * values (L.v.rotate) are unrotated once per output row. p->positions (device, optional) gives
+ * each sequence's first position instead of seqs[i].pos0 (recorded decode steps). */
+void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
+                         const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq);
+
+#endif

@@ -1,0 +1,284 @@
+/* test_parity_cuda_kv.c — whole models on the GPU with the paged device KV caches against the
+ * same models on the CPU with the same --kv kind (fixtures in ../shared/fixtures):
+ *   - logits of the fixture prompt (one forward, every position) within a relative L2 bound of
+ *     the kind (the K/V rows differ by the backends' float error before they are quantized);
+ *   - a 24-token greedy continuation through the cache: the same tokens (a flip where the CPU's
+ *     top-2 margin is below 2e-3 of its logit range is reported as a near-tie, not failed);
+ *   - prefix sharing on the device pool: a sequence attached to the cached blocks of another
+ *     (kiln_seq_prefix_attach; with a prompt of whole blocks, its first write is a copy-on-write
+ *     of the shared last block) gives the logits it gets alone, then both decode as one batch;
+ *     the hybrid fixture (qwen3_next: recurrent states in device memory, snapshots copied to the
+ *     host) reuses up to the boundary where the first sequence's first call ended;
+ *   - decode steps replayed from recorded CUDA graphs give the same bits as launched ops while
+ *     the block tables grow under them.
+ * Without a GPU (or KILN_CUDA_PAGED=0) the test exits 77 with the reason. */
+#include "kiln.h"
+#ifdef KILN_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
+#include "fixture_parity.h"
+#include "test_util.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef KILN_HAVE_CUDA
+/* hybrid: recurrent layers beside attention ones (states in device memory); prefix sharing then
+ * reuses up to the last block boundary where a forward call ended (a state snapshot) */
+static const struct {
+    const char *name;
+    bool hybrid;
+} fixtures[] = {
+    {"llama", false}, {"qwen3", false}, {"llama-mlx-q4g32", false}, {"qwen3_next", true}};
+static const struct {
+    const char *kind;
+    double tol;
+} kinds[] = {
+    {"bf16", 2e-3},       {"q8", 5e-3},         {"q4", 2e-2},
+    {"turbo:k8v4", 2e-2}, {"turbo:k8v3", 3e-2}, {"turbo:k4v4:rotk", 3e-2},
+};
+
+static kiln_model *load(const char *dir, kiln_device dev, const char *kind, int block) {
+    kiln_load_options lo;
+    kiln_load_options_default(&lo);
+    lo.device = dev;
+    CHECK_OK(kiln_kv_options_parse(kind, &lo.kv));
+    if (block > 0) lo.kv.block_tokens = block, lo.kv.paged = true;
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_load(dir, &lo, &m));
+    return m;
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Top-2 margin of x relative to its range. */
+static double margin(const float *x, int n) {
+    int32_t b = argmax(x, n);
+    float second = -INFINITY, lo = x[0], hi = x[0];
+    for (int i = 0; i < n; i++) {
+        if (i != b && x[i] > second) second = x[i];
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    return hi > lo ? (x[b] - second) / (hi - lo) : 0;
+}
+
+static bool read_prompt(const char *dir, int32_t **ids, int *n) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    char *text = test_read_file(path, NULL);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!j) return false;
+    *ids = fixture_json_ids(cJSON_GetObjectItem(j, "input_ids"), n);
+    cJSON_Delete(j);
+    return *n > 1;
+}
+
+/* Prompt logits and greedy continuation: CUDA vs CPU with the same cache kind. */
+static void kind_parity(const char *name, const char *dir, const char *kind, double tol,
+                        const int32_t *prompt, int n) {
+    kiln_model *cpu = load(dir, KILN_DEVICE_CPU, kind, 0);
+    kiln_model *gpu = load(dir, KILN_DEVICE_CUDA, kind, 0);
+    if (!cpu || !gpu) {
+        kiln_model_free(cpu);
+        kiln_model_free(gpu);
+        return;
+    }
+    const int V = kiln_model_get_info(cpu)->vocab_size;
+    kiln_seq *sc = NULL, *sg = NULL;
+    CHECK_OK(kiln_seq_new(cpu, &sc));
+    CHECK_OK(kiln_seq_new(gpu, &sg));
+    float *lc = malloc(sizeof(float) * (size_t)n * V), *lg = malloc(sizeof(float) * (size_t)n * V);
+    kiln_batch_entry e = {sc, prompt, n, KILN_LOGITS_ALL, lc};
+    CHECK_OK(kiln_forward(cpu, &e, 1));
+    e = (kiln_batch_entry){sg, prompt, n, KILN_LOGITS_ALL, lg};
+    CHECK_OK(kiln_forward(gpu, &e, 1));
+    double err = test_rel_l2(lg, lc, (size_t)n * V);
+    CHECK_MSG(err <= tol, "%s --kv %s: prompt logits cuda vs cpu rel err %.3g (tol %.1g)", name,
+              kind, err, tol);
+    /* greedy through the cache, each side feeding its own picks */
+    enum { STEPS = 24 };
+    int32_t tc = argmax(lc + (size_t)(n - 1) * V, V), tg = argmax(lg + (size_t)(n - 1) * V, V);
+    int same = 0, near_tie = -1;
+    double worst = err;
+    const float *last_c = lc + (size_t)(n - 1) * V; /* the CPU logits that picked tc */
+    for (int s = 0; s < STEPS; s++) {
+        if (tc != tg) {
+            if (margin(last_c, V) < 2e-3)
+                near_tie = s;
+            else
+                CHECK_MSG(false, "%s --kv %s: greedy step %d: cpu %d, cuda %d", name, kind, s, tc,
+                          tg);
+            break;
+        }
+        same++;
+        e = (kiln_batch_entry){sc, &tc, 1, KILN_LOGITS_LAST, lc};
+        CHECK_OK(kiln_forward(cpu, &e, 1));
+        e = (kiln_batch_entry){sg, &tg, 1, KILN_LOGITS_LAST, lg};
+        CHECK_OK(kiln_forward(gpu, &e, 1));
+        double d = test_rel_l2(lg, lc, (size_t)V);
+        if (d > worst) worst = d;
+        CHECK_MSG(d <= tol, "%s --kv %s: decode step %d logits rel err %.3g (tol %.1g)", name, kind,
+                  s, d, tol);
+        tc = argmax(lc, V);
+        tg = argmax(lg, V);
+        last_c = lc;
+    }
+    fprintf(stderr, "%-16s --kv %-18s prompt err %.2g, worst %.2g, greedy %d/%d same%s\n", name,
+            kind, err, worst, same, STEPS, near_tie >= 0 ? " (then a near-tie)" : "");
+    free(lc), free(lg);
+    kiln_seq_free(sc);
+    kiln_seq_free(sg);
+    kiln_model_free(cpu);
+    kiln_model_free(gpu);
+}
+
+/* Prefix sharing on the device pool (4-token blocks so the short prompt has full ones). */
+static void prefix_check(const char *name, const char *dir, const char *kind, const int32_t *prompt,
+                         int n, bool hybrid) {
+    const int B = 4;
+    n -= n % B; /* whole blocks: the attached sequence recomputes the last token in place (COW) */
+    if (n < 2 * B) return;
+    kiln_model *m = load(dir, KILN_DEVICE_CUDA, kind, B);
+    if (!m) return;
+    const int V = kiln_model_get_info(m)->vocab_size;
+    kiln_seq *a = NULL, *b = NULL, *solo = NULL;
+    CHECK_OK(kiln_seq_new(m, &a));
+    CHECK_OK(kiln_seq_new(m, &b));
+    CHECK_OK(kiln_seq_new(m, &solo));
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V),
+          *ls = malloc(sizeof(float) * V);
+    /* a: two calls, the first ending on a block boundary (a hybrid model's snapshot point) */
+    const int first = n - B;
+    kiln_batch_entry e = {a, prompt, first, KILN_LOGITS_NONE, NULL};
+    CHECK_OK(kiln_forward(m, &e, 1));
+    e = (kiln_batch_entry){a, prompt + first, n - first, KILN_LOGITS_LAST, la};
+    CHECK_OK(kiln_forward(m, &e, 1));
+    e = (kiln_batch_entry){solo, prompt, n, KILN_LOGITS_LAST, ls};
+    CHECK_OK(kiln_forward(m, &e, 1));
+    int reused = 0;
+    CHECK_OK(kiln_seq_prefix_attach(b, prompt, n, &reused));
+    CHECK_MSG(reused == (hybrid ? first : n - 1), "%s --kv %s: attached %d of %d prompt tokens",
+              name, kind, reused, n);
+    e = (kiln_batch_entry){b, prompt + reused, n - reused, KILN_LOGITS_LAST, lb};
+    CHECK_OK(kiln_forward(m, &e, 1));
+    double err = test_rel_l2(lb, ls, (size_t)V);
+    CHECK_MSG(err <= 5e-3, "%s --kv %s: attached sequence vs solo logits rel err %.3g", name, kind,
+              err);
+    /* a and b (sharing blocks) decode one batch together; each matches the solo sequence */
+    int32_t tok = argmax(ls, V);
+    kiln_batch_entry be2[2] = {{a, &tok, 1, KILN_LOGITS_LAST, la},
+                               {b, &tok, 1, KILN_LOGITS_LAST, lb}};
+    CHECK_OK(kiln_forward(m, be2, 2));
+    e = (kiln_batch_entry){solo, &tok, 1, KILN_LOGITS_LAST, ls};
+    CHECK_OK(kiln_forward(m, &e, 1));
+    double ea = test_rel_l2(la, ls, (size_t)V), eb = test_rel_l2(lb, ls, (size_t)V);
+    CHECK_MSG(ea <= 5e-3 && eb <= 5e-3, "%s --kv %s: batched decode vs solo rel err %.3g / %.3g",
+              name, kind, ea, eb);
+    fprintf(stderr, "%-16s --kv %-18s prefix: %d reused, err %.2g, batched %.2g / %.2g\n", name,
+            kind, reused, err, ea, eb);
+    free(la), free(lb), free(ls);
+    kiln_seq_free(a);
+    kiln_seq_free(b);
+    kiln_seq_free(solo);
+    kiln_model_free(m);
+}
+
+/* Graph replays vs launched ops, 200 decode steps of two sequences (alone, then batched). */
+static void graph_check(const char *name, const char *dir, const char *kind) {
+    kiln_model *m[2];
+    for (int g = 0; g < 2; g++) {
+        kiln_cuda_set_graph_mode(g);
+        m[g] = load(dir, KILN_DEVICE_CUDA, kind, 0);
+    }
+    kiln_cuda_set_graph_mode(-1);
+    if (!m[0] || !m[1]) {
+        kiln_model_free(m[0]);
+        kiln_model_free(m[1]);
+        return;
+    }
+    const int V = kiln_model_get_info(m[0])->vocab_size, STEPS = 200;
+    kiln_seq *s[2][2] = {{0}};
+    float *row[2][2];
+    const int32_t prompt[7] = {1, 5, 9, 2, 7, 3, 11};
+    for (int g = 0; g < 2; g++)
+        for (int i = 0; i < 2; i++) {
+            CHECK_OK(kiln_seq_new(m[g], &s[g][i]));
+            row[g][i] = malloc(sizeof(float) * V);
+            kiln_batch_entry e = {s[g][i], prompt, 7 - 4 * i, KILN_LOGITS_NONE, NULL};
+            CHECK_OK(kiln_forward(m[g], &e, 1));
+        }
+    long long replays0 = kiln_cuda_graph_replays();
+    int mismatches = 0, first_bad = -1;
+    for (int t = 0; t < STEPS; t++) {
+        int32_t tok[2] = {(int32_t)((t * 7919 + 13) % V), (int32_t)((t * 104729 + 5) % V)};
+        int nb = t < 60 ? 1 : 2;
+        for (int g = 0; g < 2; g++) {
+            kiln_batch_entry e[2];
+            for (int i = 0; i < nb; i++)
+                e[i] = (kiln_batch_entry){s[g][i], &tok[i], 1, KILN_LOGITS_LAST, row[g][i]};
+            CHECK_OK(kiln_forward(m[g], e, nb));
+        }
+        for (int i = 0; i < nb; i++)
+            if (memcmp(row[0][i], row[1][i], sizeof(float) * V) != 0) {
+                if (first_bad < 0) first_bad = t;
+                mismatches++;
+            }
+    }
+    long long replays = kiln_cuda_graph_replays() - replays0;
+    CHECK_MSG(mismatches == 0, "%s --kv %s: graph replay differs at %d steps (first %d)", name,
+              kind, mismatches, first_bad);
+    CHECK_MSG(replays >= STEPS / 2, "%s --kv %s: only %lld of %d steps replayed", name, kind,
+              replays, STEPS);
+    fprintf(stderr, "%-16s --kv %-18s graphs: %d steps, %lld replayed, %d differ\n", name, kind,
+            STEPS, replays, mismatches);
+    for (int g = 0; g < 2; g++) {
+        for (int i = 0; i < 2; i++) {
+            kiln_seq_free(s[g][i]);
+            free(row[g][i]);
+        }
+        kiln_model_free(m[g]);
+    }
+}
+#endif
+
+int main(void) {
+#ifndef KILN_HAVE_CUDA
+    return test_skip("built without CUDA (no nvcc at configure time)");
+#else
+    char why[200];
+    if (kiln_cuda_device_count(why, sizeof why) == 0) return test_skip(why);
+    const char *env = getenv("KILN_CUDA_PAGED");
+    if (env && strcmp(env, "0") == 0)
+        return test_skip("KILN_CUDA_PAGED=0: the device paged caches are switched off");
+    for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
+        char rel[256], dir[4000];
+        const char *name = fixtures[f].name;
+        snprintf(rel, sizeof rel, "fixtures/%s", name);
+        snprintf(dir, sizeof dir, "%s", test_shared(rel));
+        int32_t *prompt = NULL;
+        int n = 0;
+        if (!read_prompt(dir, &prompt, &n)) {
+            CHECK_MSG(false, "%s: cannot read reference.json", dir);
+            free(prompt);
+            continue;
+        }
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+            kind_parity(name, dir, kinds[k].kind, kinds[k].tol, prompt, n);
+        prefix_check(name, dir, "q8", prompt, n, fixtures[f].hybrid);
+        prefix_check(name, dir, "turbo:k8v4", prompt, n, fixtures[f].hybrid);
+        free(prompt);
+    }
+    graph_check("qwen3", test_shared("fixtures/qwen3"), "q8");
+    graph_check("llama", test_shared("fixtures/llama"), "turbo:k4v4:rotk");
+    return test_finish();
+#endif
+}
