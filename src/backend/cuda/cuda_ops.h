@@ -77,6 +77,13 @@ long long kiln_cuda_graph_replays(void);
  * the register-resident one where dk allows (dk = 16, 32, 64, 128). Default: env KILN_CUDA_GDN (2:
  * the register kernel, not yet run on a GPU; otherwise the simple one). */
 void kiln_cuda_set_gdn_simple(int on);
+/* Prefill attention on tensor cores (attention_prefill_tc.cu): 0 = off (the CUDA-core kernel),
+ * 1 = sequences of >= 64 tokens with an f16/bf16 cache and head dim 64/80/96/128/256, 2 = every
+ * such sequence whatever its length (tests); -1 goes back to env KILN_CUDA_FA (default 1). */
+void kiln_cuda_set_fa_mode(int mode);
+/* Tensor-core prefill attention launches so far (every backend of the process): tests check that
+ * the path really ran. */
+long long kiln_cuda_fa_launches(void);
 /* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
 void *kiln_cuda_stream(kiln_backend *be);
 
