@@ -795,6 +795,8 @@ static void test_attention(void) {
 /* ---- prefill attention on tensor cores (attention_prefill_tc.cu) ---- */
 
 /* Q is rounded to the cache's 16-bit type and so is P: bf16 ~3e-3 relative, f16 ~4e-4. */
+static int tc_simple; /* which tensor-core kernel (kiln_cuda_set_fa_simple) */
+
 static double tc_tol(const char *kind) {
     return strcmp(kind, "bf16") ? 2e-3 : 1e-2;
 }
@@ -842,8 +844,8 @@ static void test_attention_tc_case(const char *kind, int n_kv, int group, int hd
         CHECK_MSG(kiln_cuda_fa_launches() == launches + 1, "tensor-core attention not launched");
         kv->vt->commit(kv, n);
         char what[160];
-        snprintf(what, sizeof what, "attention tc %s kv=%d g=%d hd=%d win=%d cap=%g pos=%d n=%d",
-                 kind, n_kv, group, hd, window, softcap, len, n);
+        snprintf(what, sizeof what, "attention tc%s %s kv=%d g=%d hd=%d win=%d cap=%g pos=%d n=%d",
+                 tc_simple ? "-simple" : "", kind, n_kv, group, hd, window, softcap, len, n);
         double err = compare(what, dout, ref, n * heads * hd, tc_tol(kind));
         if (getenv("KILN_TEST_VERBOSE")) printf("  %-70s err %.2e\n", what, err);
         len += n;
@@ -914,8 +916,8 @@ static void test_attention_tc_batch(const char *kind, int n_kv, int group, int h
     kiln_cuda_set_fa_mode(-1);
     CHECK_MSG(kiln_cuda_fa_launches() == launches + 1, "batch: tensor-core attention not launched");
     char what[160];
-    snprintf(what, sizeof what, "attention tc batch %s kv=%d g=%d hd=%d win=%d cap=%g", kind, n_kv,
-             group, hd, window, softcap);
+    snprintf(what, sizeof what, "attention tc%s batch %s kv=%d g=%d hd=%d win=%d cap=%g",
+             tc_simple ? "-simple" : "", kind, n_kv, group, hd, window, softcap);
     double err = compare(what, dout, ref, T * qw, tc_tol(kind));
     if (getenv("KILN_TEST_VERBOSE")) printf("  %-70s err %.2e\n", what, err);
     for (int i = 0; i < NS; i++) {
@@ -927,24 +929,29 @@ static void test_attention_tc_batch(const char *kind, int n_kv, int group, int h
     free(q), free(k), free(v), free(ref);
 }
 
+/* Both tensor-core kernels (the pipelined default, then the simple one) on every case. */
 static void test_attention_tc(void) {
     const int a[] = {64, 100, 1}, b[] = {37, 257}, c[] = {1000}, d[] = {37, 1000};
-    /* kind, kv heads, group, head dim, window, softcap, steps (pos0 = sum of earlier steps) */
-    test_attention_tc_case("bf16", 2, 4, 128, 0, 0.0f, a, 3);
-    test_attention_tc_case("f16", 2, 4, 128, 0, 0.0f, b, 2);
-    test_attention_tc_case("bf16", 1, 8, 256, 0, 50.0f, b, 2);
-    test_attention_tc_case("f16", 2, 1, 64, 40, 0.0f, c, 1);
-    test_attention_tc_case("bf16", 2, 1, 80, 0, 50.0f, a, 3);
-    test_attention_tc_case("f16", 1, 8, 96, 30, 50.0f, b, 2);
-    test_attention_tc_case("bf16", 8, 4, 128, 200, 0.0f, d, 2);
-    test_attention_tc_case("bf16", 1, 4, 64, 0, 0.0f, c, 1);
-    test_attention_tc_case("f16", 1, 4, 256, 0, 50.0f, c, 1);
-    test_attention_tc_case("bf16", 1, 1, 96, 0, 0.0f, d, 2);
-    test_attention_tc_case("f16", 1, 8, 80, 0, 0.0f, a, 3);
-    test_attention_tc_batch("bf16", 2, 4, 128, 0, 0.0f);
-    test_attention_tc_batch("f16", 1, 8, 64, 50, 50.0f);
-    test_attention_tc_batch("bf16", 2, 1, 256, 0, 0.0f);
-    test_attention_tc_batch("f16", 2, 4, 96, 0, 0.0f);
+    for (tc_simple = 0; tc_simple < 2; tc_simple++) {
+        kiln_cuda_set_fa_simple(tc_simple);
+        /* kind, kv heads, group, head dim, window, softcap, steps (pos0 = sum of earlier steps) */
+        test_attention_tc_case("bf16", 2, 4, 128, 0, 0.0f, a, 3);
+        test_attention_tc_case("f16", 2, 4, 128, 0, 0.0f, b, 2);
+        test_attention_tc_case("bf16", 1, 8, 256, 0, 50.0f, b, 2);
+        test_attention_tc_case("f16", 2, 1, 64, 40, 0.0f, c, 1);
+        test_attention_tc_case("bf16", 2, 1, 80, 0, 50.0f, a, 3);
+        test_attention_tc_case("f16", 1, 8, 96, 30, 50.0f, b, 2);
+        test_attention_tc_case("bf16", 8, 4, 128, 200, 0.0f, d, 2);
+        test_attention_tc_case("bf16", 1, 4, 64, 0, 0.0f, c, 1);
+        test_attention_tc_case("f16", 1, 4, 256, 0, 50.0f, c, 1);
+        test_attention_tc_case("bf16", 1, 1, 96, 0, 0.0f, d, 2);
+        test_attention_tc_case("f16", 1, 8, 80, 0, 0.0f, a, 3);
+        test_attention_tc_batch("bf16", 2, 4, 128, 0, 0.0f);
+        test_attention_tc_batch("f16", 1, 8, 64, 50, 50.0f);
+        test_attention_tc_batch("bf16", 2, 1, 256, 0, 0.0f);
+        test_attention_tc_batch("f16", 2, 4, 96, 0, 0.0f);
+    }
+    kiln_cuda_set_fa_simple(-1);
     /* KILN_CUDA_FA=0 equivalent: nothing launched */
     long long launches = kiln_cuda_fa_launches();
     kiln_cuda_set_fa_mode(0);

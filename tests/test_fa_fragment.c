@@ -6,6 +6,8 @@
  *     fa_k_frag, fa_v_frag), the S -> P repacking (fa_p_nb / fa_p_c) and the output mapping
  *     (fa_c_row / fa_c_col) must give S = Q K^T and O = S V exactly (small integers);
  *   - every A / B element is delivered exactly once, fragment loads are free of bank conflicts;
+ *   - the fast kernel's ldmatrix addresses (fa_ldsm_*) against the same per-register fragments,
+ *     with ldmatrix modelled from the PTX ISA, and without bank conflicts;
  *   - the causal / window key ranges (fa_rows_keys) against brute force. */
 #include "backend/cuda/fa_fragment.h"
 #include "test_util.h"
@@ -207,6 +209,85 @@ static void check_tile(int D, int KT) {
     free(Q), free(K), free(V), free(Qs), free(Ks), free(Vt), free(s), free(o), free(out);
 }
 
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 from the PTX ISA: lanes 8i..8i+7 address the
+ * rows of matrix i; lane gets in register i the elements (groupID, 2 * tig + {0, 1}) of matrix i,
+ * of its transpose with .trans. Also checks that each matrix's 8 rows (16 bytes each) fall into
+ * distinct banks. */
+static bool model_ldsm(const double *mem, const int addr[32], bool trans, double reg[32][4][2]) {
+    bool banks_ok = true;
+    for (int i = 0; i < 4; i++) {
+        int used[32] = {0};
+        for (int r = 0; r < 8; r++) {
+            if (addr[8 * i + r] % 8) banks_ok = false; /* 16-byte aligned rows */
+            for (int w = 0; w < 4; w++) used[(addr[8 * i + r] / 2 + w) % 32]++;
+        }
+        for (int b = 0; b < 32; b++) banks_ok = banks_ok && used[b] == 1;
+        for (int lane = 0; lane < 32; lane++) {
+            int gid = lane >> 2, tig = lane & 3;
+            for (int e = 0; e < 2; e++) {
+                int row = trans ? 2 * tig + e : gid, col = trans ? gid : 2 * tig + e;
+                reg[lane][i][e] = mem[addr[8 * i + row] + col];
+            }
+        }
+    }
+    return banks_ok;
+}
+
+/* The fast kernel's ldmatrix addresses give the same fragments as the per-register loads checked
+ * by check_tile (Q, K as there; V key-major like K, through .trans). */
+static void check_ldsm(int D, int KT) {
+    uint64_t rng = 77 + (uint64_t)D;
+    int nq = 64 * (D + FA_PAD), nk = KT * (D + FA_PAD);
+    double *Qs = malloc(sizeof(double) * nq), *Ks = malloc(sizeof(double) * nk);
+    double *Vs = malloc(sizeof(double) * nk);
+    for (int i = 0; i < nq; i++) Qs[i] = (double)(test_rand_u64(&rng) % 100000);
+    for (int i = 0; i < nk; i++) Ks[i] = (double)(test_rand_u64(&rng) % 100000);
+    for (int i = 0; i < nk; i++) Vs[i] = (double)(test_rand_u64(&rng) % 100000);
+    int bad = 0;
+    bool banks_ok = true;
+    double reg[32][4][2];
+    int addr[32];
+    const int qrow0 = 32; /* warp 2 */
+    for (int kk = 0; kk < D / 16; kk++) {
+        for (int lane = 0; lane < 32; lane++)
+            addr[lane] = fa_qs_off(D, qrow0 + fa_ldsm_q_row(lane), 16 * kk + fa_ldsm_q_col(lane));
+        banks_ok = model_ldsm(Qs, addr, false, reg) && banks_ok;
+        for (int lane = 0; lane < 32; lane++)
+            for (int r = 0; r < 4; r++) {
+                int off = fa_q_frag(D, qrow0, kk, lane, r);
+                bad += reg[lane][r][0] != Qs[off] || reg[lane][r][1] != Qs[off + 1];
+            }
+        for (int nb = 0; nb < KT / 8; nb += 2) {
+            for (int lane = 0; lane < 32; lane++)
+                addr[lane] =
+                    fa_ks_off(D, 8 * nb + fa_ldsm_k_key(lane), 16 * kk + fa_ldsm_k_dim(lane));
+            banks_ok = model_ldsm(Ks, addr, false, reg) && banks_ok;
+            for (int lane = 0; lane < 32; lane++)
+                for (int r = 0; r < 4; r++) {
+                    int off = fa_k_frag(D, nb + r / 2, kk, lane, r % 2);
+                    bad += reg[lane][r][0] != Ks[off] || reg[lane][r][1] != Ks[off + 1];
+                }
+        }
+    }
+    for (int kk = 0; kk < KT / 16; kk++)
+        for (int db = 0; db < D / 8; db += 2) {
+            for (int lane = 0; lane < 32; lane++)
+                addr[lane] =
+                    fa_ks_off(D, 16 * kk + fa_ldsm_v_key(lane), 8 * db + fa_ldsm_v_dim(lane));
+            banks_ok = model_ldsm(Vs, addr, true, reg) && banks_ok;
+            for (int lane = 0; lane < 32; lane++)
+                for (int r = 0; r < 4; r++) {
+                    /* B of dim block db + r / 2, register r % 2: V[key][dim], V[key + 1][dim] */
+                    int key = 16 * kk + fa_b_k(lane, r % 2), dim = 8 * (db + r / 2) + fa_b_n(lane);
+                    bad += reg[lane][r][0] != Vs[fa_ks_off(D, key, dim)] ||
+                           reg[lane][r][1] != Vs[fa_ks_off(D, key + 1, dim)];
+                }
+        }
+    CHECK_MSG(bad == 0, "ldmatrix fragments: D=%d KT=%d, %d wrong registers", D, KT, bad);
+    CHECK_MSG(banks_ok, "ldmatrix bank conflicts: D=%d KT=%d", D, KT);
+    free(Qs), free(Ks), free(Vs);
+}
+
 /* fa_rows_keys against brute force over the rows' visible keys. */
 static void check_ranges(void) {
     uint64_t rng = 42;
@@ -244,6 +325,8 @@ int main(void) {
     for (int i = 0; i < 5; i++) {
         check_tile(dims[i], 64);
         check_tile(dims[i], 32);
+        check_ldsm(dims[i], 64);
+        check_ldsm(dims[i], 32);
     }
     check_ranges();
     return test_finish();

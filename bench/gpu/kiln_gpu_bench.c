@@ -269,7 +269,8 @@ static void bench_attention(const char *kind, int ctx) {
 
 /* Prefill attention at the Llama-3-8B shape (32 query / 8 kv heads, hd 128), n tokens from
  * position 0 against an f16 / bf16 cache: the CUDA-core kernel (KILN_CUDA_FA=0) vs the tensor-core
- * one, as ms and TFLOP/s of causal attention (2 * 2 * n * n / 2 * heads * hd). */
+ * ones (pipelined default, simple), as ms and TFLOP/s of causal attention (2 * 2 * n * n / 2 *
+ * heads * hd). */
 static void bench_prefill_attention(const char *kind, int n) {
     kiln_kv_layer_desc l = {
         .n_kv_heads = 8, .head_dim = 128, .v_head_dim = 128, .is_attention = true};
@@ -290,8 +291,10 @@ static void bench_prefill_attention(const char *kind, int n) {
     kv->vt->reserve(kv, n);
     kv->vt->store(kv, 0, dk, dv, n); /* not committed: every attend is the prefill at 0..n-1 */
     double flops = 2.0 * 2.0 * n * (double)n / 2.0 * 32 * 128;
-    for (int tc = 0; tc < 2; tc++) {
+    static const char *names[3] = {"cuda-core        ", "tensor-core      ", "tensor-core simple"};
+    for (int tc = 0; tc < 3; tc++) { /* CUDA-core, tensor-core pipelined, tensor-core simple */
         kiln_cuda_set_fa_mode(tc ? 1 : 0);
+        kiln_cuda_set_fa_simple(tc == 2);
         long long l0 = kiln_cuda_fa_launches();
         for (int i = 0; i < 3; i++) kv->vt->attend(kv, 0, q, n, out, &p, NULL);
         be->synchronize(be);
@@ -303,11 +306,12 @@ static void bench_prefill_attention(const char *kind, int n) {
         clock_gettime(CLOCK_MONOTONIC, &b);
         double ms = ((b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6) / iters;
         bool ran_tc = kiln_cuda_fa_launches() > l0;
-        printf("attn  prefill %s n=%d 32q/8kv hd128 %s: %.3f ms  %.1f TFLOP/s\n", kind, n,
-               tc ? (ran_tc ? "tensor-core" : "tensor-core (NOT RUN)") : "cuda-core  ", ms,
-               flops / (ms * 1e-3) / 1e12);
+        printf("attn  prefill %s n=%d 32q/8kv hd128 %s: %.3f ms  %.1f TFLOP/s%s\n", kind, n,
+               names[tc], ms, flops / (ms * 1e-3) / 1e12,
+               tc && !ran_tc ? "  (tensor-core kernel NOT RUN)" : "");
     }
     kiln_cuda_set_fa_mode(-1);
+    kiln_cuda_set_fa_simple(-1);
     kiln_kv_free(kv);
     be->free(be, dk), be->free(be, dv), be->free(be, q), be->free(be, out);
     free(h);

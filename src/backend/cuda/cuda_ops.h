@@ -81,6 +81,10 @@ void kiln_cuda_set_gdn_simple(int on);
  * 1 = sequences of >= 64 tokens with an f16/bf16 cache and head dim 64/80/96/128/256, 2 = every
  * such sequence whatever its length (tests); -1 goes back to env KILN_CUDA_FA (default 1). */
 void kiln_cuda_set_fa_mode(int mode);
+/* Which tensor-core prefill kernel: 0 = the pipelined one (cp.async double buffer, ldmatrix
+ * fragments; default), 1 = the simple one (one stage staged through registers, 32-bit fragment
+ * loads); -1 goes back to env KILN_CUDA_FA_SIMPLE (default 0). */
+void kiln_cuda_set_fa_simple(int simple);
 /* Tensor-core prefill attention launches so far (every backend of the process): tests check that
  * the path really ran. */
 long long kiln_cuda_fa_launches(void);

@@ -93,6 +93,35 @@ FA_FN int fa_p_c(int r) {
     return (r & 1) * 2;
 }
 
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (the fast kernel): lanes 8i..8i+7 give the
+ * addresses of the 8 rows (16 bytes each) of matrix i, and lane gets in register i the elements
+ * (row g, cols 2t, 2t+1) of matrix i, or with .trans (rows 2t, 2t+1, col g): the transpose.
+ * The row each lane addresses, relative to the fragment's origin:
+ *   Q, A of k-step kk: matrices (rows 0-7, 8-15) x (cols 0-7, 8-15) in A register order:
+ *     row fa_ldsm_q_row(lane), col 16kk + fa_ldsm_q_col(lane)          (plain)
+ *   K, B of key blocks nb and nb+1 at k-step kk: registers 0, 1 = B of nb, 2, 3 = B of nb + 1:
+ *     key 8nb + fa_ldsm_k_key(lane), dim 16kk + fa_ldsm_k_dim(lane)     (plain)
+ *   V (key-major, like K), B of dim blocks db and db+1 at key step kk: registers 0, 1 = B of db,
+ *     2, 3 = B of db + 1: key 16kk + fa_ldsm_v_key(lane), dim 8db + fa_ldsm_v_dim(lane) (.trans) */
+FA_FN int fa_ldsm_q_row(int lane) {
+    return (lane & 7) + ((lane >> 3) & 1) * 8;
+}
+FA_FN int fa_ldsm_q_col(int lane) {
+    return (lane >> 4) * 8;
+}
+FA_FN int fa_ldsm_k_key(int lane) {
+    return (lane & 7) + (lane >> 4) * 8;
+}
+FA_FN int fa_ldsm_k_dim(int lane) {
+    return ((lane >> 3) & 1) * 8;
+}
+FA_FN int fa_ldsm_v_key(int lane) {
+    return (lane & 7) + ((lane >> 3) & 1) * 8;
+}
+FA_FN int fa_ldsm_v_dim(int lane) {
+    return (lane >> 4) * 8;
+}
+
 /* Causal / window ranges. Row r (token r / G) of a sequence at positions pos0.. sees keys
  * [lo, hi]: hi = pos0 + r / G, lo = max(0, hi - window + 1) (0 without a window). */
 FA_FN int fa_row_hi(int pos0, int G, int row) {
