@@ -463,6 +463,10 @@ static void fa_run(kcu_state *st, const kcu_attn_args *a, const fa_launch &L, in
 int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_attn_seq *seqs,
                              int n_seq, kcu_attn_seq *rest) {
     int min_n = fa_min_tokens(a), n_rest = 0;
+    /* this kernel takes positions from the host (pos0), never from kiln_attn_params.positions:
+     * only recorded decode steps need those, and they are far below FA_MIN_TOKENS; keep it so
+     * even when mode 2 forces short sequences here */
+    if (a->p.positions && min_n >= 0 && min_n < FA_MIN_TOKENS) min_n = FA_MIN_TOKENS;
     fa_launch L;
     L.a = *a;
     L.group = min_n > 0 ? a->p.n_heads / a->n_kv_heads : 1;
