@@ -18,8 +18,11 @@
  * cp.async (the next tile loads while this one is computed) and loads fragments with ldmatrix
  * (V through .trans); the simple one (KILN_CUDA_FA_SIMPLE=1) stages one tile through registers,
  * stores V transposed and loads fragments 32 bits at a time: a fallback with less to go wrong. */
+/* tests/emu/fa_emulate.cc compiles the kernel on the CPU (FA_HOST_EMU) with its own shims */
+#ifndef FA_HOST_EMU
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_ops.h"
+#endif
 #include "backend/cuda/fa_fragment.h"
 
 #include <stdlib.h>
@@ -41,6 +44,7 @@ struct fa_launch {
     fa_seq s[KCU_ATT_MAX_SEQ];
 };
 
+#ifndef FA_HOST_EMU
 template <bool BF16> __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
     if (BF16) {
         __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x = lo: the low half */
@@ -90,6 +94,22 @@ template <bool TRANS> __device__ __forceinline__ void fa_ldsm4(uint32_t r[4], co
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                      : "r"(sa));
 }
+#else /* the emulator's warp-collective versions (tests/emu/fa_emulate.cc) */
+template <bool BF16> uint32_t fa_pack(float lo, float hi) {
+    return fa_emu_pack(lo, hi, BF16);
+}
+template <bool BF16> void fa_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    fa_emu_mma(d, a, b, BF16);
+}
+static void fa_cp16(void *smem, const void *gmem, int src_bytes) {
+    fa_emu_cp16(smem, gmem, src_bytes);
+}
+static void fa_cp_commit() {}
+template <int N> void fa_cp_wait() {}
+template <bool TRANS> void fa_ldsm4(uint32_t r[4], const void *smem) {
+    fa_emu_ldsm4(r, smem, TRANS);
+}
+#endif
 
 /* Shared memory (16-bit elements), row strides D + 8 and KT + 8. In 32-bit words that is D/2 + 4
  * (KT/2 + 4): the 8 groups g of a warp read words g * stride + t (t = 0..3), 8 distinct bank
@@ -357,6 +377,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
     }
 }
 
+#ifndef FA_HOST_EMU /* host side */
 template <int D, int KT, bool BF16, bool FAST>
 static void fa_launch_one(kcu_state *st, const fa_launch &L, dim3 grid) {
     const size_t smem = fa_smem<D, KT, FAST>::bytes;
@@ -491,3 +512,4 @@ int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_at
     if (L.n_seq > 0) fa_run(st, a, L, max_n);
     return n_rest;
 }
+#endif
