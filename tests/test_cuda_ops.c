@@ -794,11 +794,12 @@ static void test_attention(void) {
 
 /* ---- prefill attention on tensor cores (attention_prefill_tc.cu) ---- */
 
-/* Q is rounded to the cache's 16-bit type and so is P: bf16 ~3e-3 relative, f16 ~4e-4. */
+/* Q is rounded to the cache's 16-bit type and so is P: bf16 ~3e-3 relative, f16 ~4e-4; f32
+ * caches (opt-in) round K and V to bf16 too. */
 static int tc_simple; /* which tensor-core kernel (kiln_cuda_set_fa_simple) */
 
 static double tc_tol(const char *kind) {
-    return strcmp(kind, "bf16") ? 2e-3 : 1e-2;
+    return strcmp(kind, "f16") ? 1e-2 : 2e-3;
 }
 
 /* One sequence through kv->vt->attend (kcu_attention) with the tensor-core kernel forced for
@@ -952,6 +953,13 @@ static void test_attention_tc(void) {
         test_attention_tc_batch("f16", 2, 4, 96, 0, 0.0f);
     }
     kiln_cuda_set_fa_simple(-1);
+    /* f32 caches, opt-in (KILN_CUDA_FA_F32=1): the simple kernel, K/V rounded to bf16 on load */
+    tc_simple = 1;
+    kiln_cuda_set_fa_f32(1);
+    test_attention_tc_case("f32", 2, 4, 128, 0, 0.0f, b, 2);
+    test_attention_tc_case("f32", 1, 1, 80, 30, 50.0f, a, 3);
+    test_attention_tc_batch("f32", 2, 4, 64, 0, 0.0f);
+    kiln_cuda_set_fa_f32(-1);
     /* KILN_CUDA_FA=0 equivalent: nothing launched */
     long long launches = kiln_cuda_fa_launches();
     kiln_cuda_set_fa_mode(0);

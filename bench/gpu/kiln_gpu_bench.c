@@ -291,6 +291,7 @@ static void bench_prefill_attention(const char *kind, int n) {
     kv->vt->reserve(kv, n);
     kv->vt->store(kv, 0, dk, dv, n); /* not committed: every attend is the prefill at 0..n-1 */
     double flops = 2.0 * 2.0 * n * (double)n / 2.0 * 32 * 128;
+    kiln_cuda_set_fa_f32(1); /* f32 cache: both tensor-core rows are the simple kernel */
     static const char *names[3] = {"cuda-core        ", "tensor-core      ", "tensor-core simple"};
     for (int tc = 0; tc < 3; tc++) { /* CUDA-core, tensor-core pipelined, tensor-core simple */
         kiln_cuda_set_fa_mode(tc ? 1 : 0);
@@ -312,6 +313,7 @@ static void bench_prefill_attention(const char *kind, int n) {
     }
     kiln_cuda_set_fa_mode(-1);
     kiln_cuda_set_fa_simple(-1);
+    kiln_cuda_set_fa_f32(-1);
     kiln_kv_free(kv);
     be->free(be, dk), be->free(be, dv), be->free(be, q), be->free(be, out);
     free(h);
@@ -374,6 +376,7 @@ int main(int argc, char **argv) {
         bench_prefill_attention("bf16", 512);
         bench_prefill_attention("bf16", 4096);
         bench_prefill_attention("f16", 4096);
+        bench_prefill_attention("f32", 4096);
         kiln_status st = be->synchronize(be);
         if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
         kiln_backend_free(be);

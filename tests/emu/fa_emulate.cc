@@ -34,6 +34,9 @@ struct uint4 {
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
     return {a, b, c, d};
 }
+struct float4 {
+    float x, y, z, w;
+};
 struct emu_dim3 {
     unsigned x, y, z;
 };
@@ -41,6 +44,9 @@ thread_local emu_dim3 threadIdx, blockIdx;
 static emu_dim3 blockDim, gridDim;
 thread_local int t_warp, t_lane;
 static inline uint4 __ldg(const uint4 *p) {
+    return *p;
+}
+static inline float4 __ldg(const float4 *p) {
     return *p;
 }
 #define __expf(x) expf(x)          /* glibc declares its own __expf */
@@ -163,7 +169,7 @@ static inline float kcu_tanh(float x) {
 #include "backend/cuda/attention_prefill_tc.cu"
 
 /* ---- driver ---- */
-template <int D, int KT, bool BF16, bool FAST>
+template <int D, int KT, bool BF16, bool FAST, bool F32KV>
 static void run_grid(const fa_launch &L, emu_dim3 g) {
     gridDim = g;
     blockDim = {FA_WARPS * 32, 1, 1};
@@ -182,7 +188,7 @@ static void run_grid(const fa_launch &L, emu_dim3 g) {
                         threadIdx = {(unsigned)t, 0, 0};
                         blockIdx = {x, y, z};
                         t_warp = t >> 5, t_lane = t & 31;
-                        k_fa_prefill<D, KT, BF16, FAST>(L);
+                        k_fa_prefill<D, KT, BF16, FAST, F32KV>(L);
                     });
                 for (auto &t : th) t.join();
             }
@@ -204,13 +210,15 @@ struct seq_spec {
 
 static int failures = 0;
 
-template <int D, int KT, bool BF16, bool FAST>
+/* F32KV: the cache holds f32 (the reference reads it unrounded), the kernel rounds to bf16. */
+template <int D, int KT, bool BF16, bool FAST, bool F32KV = false>
 static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> seqs) {
     int heads = n_kv * G, T = 0;
     for (auto &s : seqs) T += s.n;
     std::vector<float> q((size_t)T * heads * D), out((size_t)T * heads * D, NAN);
     for (auto &x : q) x = rnd();
     std::vector<std::vector<uint16_t>> K(seqs.size()), V(seqs.size());
+    std::vector<std::vector<float>> Kf(seqs.size()), Vf(seqs.size());
     fa_launch L;
     memset(&L, 0, sizeof L);
     L.a.q = q.data(), L.a.out = out.data();
@@ -221,15 +229,20 @@ static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> 
     for (size_t i = 0; i < seqs.size(); i++) {
         int keys = seqs[i].pos0 + seqs[i].n;
         K[i].resize((size_t)keys * n_kv * D), V[i].resize((size_t)keys * n_kv * D);
-        for (auto &x : K[i]) x = f_to_h16(rnd(), BF16);
-        for (auto &x : V[i]) x = f_to_h16(rnd(), BF16);
-        L.s[i].k = K[i].data(), L.s[i].v = V[i].data();
+        Kf[i].resize(K[i].size()), Vf[i].resize(V[i].size());
+        for (size_t e = 0; e < K[i].size(); e++) {
+            Kf[i][e] = rnd(), Vf[i][e] = rnd();
+            K[i][e] = f_to_h16(Kf[i][e], BF16), V[i][e] = f_to_h16(Vf[i][e], BF16);
+            if (!F32KV) Kf[i][e] = h16_to_f(K[i][e], BF16), Vf[i][e] = h16_to_f(V[i][e], BF16);
+        }
+        L.s[i].k = F32KV ? (const void *)Kf[i].data() : K[i].data();
+        L.s[i].v = F32KV ? (const void *)Vf[i].data() : V[i].data();
         L.s[i].pos0 = seqs[i].pos0, L.s[i].n = seqs[i].n, L.s[i].t0 = t0;
         t0 += seqs[i].n;
         if (seqs[i].n > max_n) max_n = seqs[i].n;
     }
-    run_grid<D, KT, BF16, FAST>(L, {(unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS), (unsigned)n_kv,
-                                    (unsigned)seqs.size()});
+    run_grid<D, KT, BF16, FAST, F32KV>(L, {(unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS),
+                                           (unsigned)n_kv, (unsigned)seqs.size()});
     /* reference */
     double num = 0, den = 0;
     long bad = 0;
@@ -244,7 +257,7 @@ static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> 
                 for (int j = lo; j <= p; j++) {
                     double s = 0;
                     for (int d = 0; d < D; d++)
-                        s += (double)qr[d] * h16_to_f(K[i][((size_t)j * n_kv + g) * D + d], BF16);
+                        s += (double)qr[d] * Kf[i][((size_t)j * n_kv + g) * D + d];
                     s *= L.a.p.scale;
                     if (cap > 0) s = cap * tanh(s / cap);
                     sc[j - lo] = s, mx = std::max(mx, s);
@@ -255,7 +268,7 @@ static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> 
                 for (int d = 0; d < D; d++) {
                     double r = 0;
                     for (int j = lo; j <= p; j++)
-                        r += sc[j - lo] * h16_to_f(V[i][((size_t)j * n_kv + g) * D + d], BF16);
+                        r += sc[j - lo] * Vf[i][((size_t)j * n_kv + g) * D + d];
                     r /= sum;
                     if (!std::isfinite(o[d])) bad++;
                     num += (o[d] - r) * (o[d] - r), den += r * r;
@@ -267,7 +280,10 @@ static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> 
     bool ok = bad == 0 && err <= tol;
     failures += !ok;
     printf("%s D=%d KT=%d %s %s kv=%d G=%d win=%d cap=%g seqs=", ok ? "ok  " : "FAIL", D, KT,
-           BF16 ? "bf16" : "f16 ", FAST ? "fast  " : "simple", n_kv, G, window, cap);
+           F32KV  ? "f32 "
+           : BF16 ? "bf16"
+                  : "f16 ",
+           FAST ? "fast  " : "simple", n_kv, G, window, cap);
     for (auto &s : seqs) printf("(%d+%d)", s.pos0, s.n);
     printf(": rel err %.2e, %ld non-finite\n", err, bad);
     fflush(stdout);
@@ -287,6 +303,10 @@ template <bool FAST> static void all_cases() {
 int main() {
     all_cases<true>();
     all_cases<false>();
+    check<64, 64, true, false, true>(2, 4, 0, 0.0f, {{37, 70}});
+    check<80, 64, true, false, true>(1, 1, 20, 50.0f, {{0, 90}, {3, 10}});
+    check<128, 64, true, false, true>(1, 8, 0, 0.0f, {{10, 24}});
+    check<256, 32, true, false, true>(1, 2, 0, 0.0f, {{0, 40}});
     printf("%s\n", failures ? "FAILED" : "all passed");
     return failures != 0;
 }

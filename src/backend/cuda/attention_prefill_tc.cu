@@ -17,7 +17,9 @@
  * Two variants of the same kernel (template FAST): the default double-buffers K/V tiles with
  * cp.async (the next tile loads while this one is computed) and loads fragments with ldmatrix
  * (V through .trans); the simple one (KILN_CUDA_FA_SIMPLE=1) stages one tile through registers,
- * stores V transposed and loads fragments 32 bits at a time: a fallback with less to go wrong. */
+ * stores V transposed and loads fragments 32 bits at a time: a fallback with less to go wrong.
+ * f32 caches (opt-in, KILN_CUDA_FA_F32=1: results then carry bf16 rounding of K and V) take the
+ * simple kernel, which converts K/V tiles to bf16 as it stages them. */
 /* tests/emu/fa_emulate.cc compiles the kernel on the CPU (FA_HOST_EMU) with its own shims */
 #ifndef FA_HOST_EMU
 #include "backend/cuda/attention.cuh"
@@ -128,7 +130,8 @@ template <int D, int KT, bool FAST> struct fa_smem {
     static constexpr size_t bytes = (size_t)(Q + STAGES * (K + V)) * 2;
 };
 
-template <int D, int KT, bool BF16, bool FAST>
+/* F32KV (simple kernel only, BF16): the cache holds f32, rounded to bf16 as tiles are staged. */
+template <int D, int KT, bool BF16, bool FAST, bool F32KV>
 __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_constant__ fa_launch L) {
     using SM = fa_smem<D, KT, FAST>;
     const fa_seq &S = L.s[blockIdx.z];
@@ -223,19 +226,28 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
         } else {
             __syncthreads(); /* Q staged / previous tile consumed */
             uint16_t *Kd = Ks0, *Vt = Vs0;
+            /* 8 dims of key `key` as 16-bit values (zeros past the block's keys: never NaN) */
+            auto load8 = [&](const void *base, int key, int d) -> uint4 {
+                if (key >= k1) return make_uint4(0, 0, 0, 0);
+                int64_t off = (int64_t)key * kvstride + (int64_t)kvh * D + d;
+                if (F32KV) {
+                    const float4 *f = (const float4 *)((const float *)base + off);
+                    float4 x = __ldg(f), y = __ldg(f + 1);
+                    return make_uint4(fa_pack<BF16>(x.x, x.y), fa_pack<BF16>(x.z, x.w),
+                                      fa_pack<BF16>(y.x, y.y), fa_pack<BF16>(y.z, y.w));
+                }
+                return __ldg((const uint4 *)((const uint16_t *)base + off));
+            };
             /* K: 16 bytes (8 dims of one key) per thread and step, dims fastest (coalesced) */
             for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
                 int j = i / (D / 8), d = (i - j * (D / 8)) * 8;
-                uint4 u = make_uint4(0, 0, 0, 0);
-                if (ks + j < k1) u = __ldg((const uint4 *)(kg + (int64_t)(ks + j) * kvstride + d));
-                *(uint4 *)(Kd + fa_ks_off(D, j, d)) = u;
+                *(uint4 *)(Kd + fa_ks_off(D, j, d)) = load8(S.k, ks + j, d);
             }
             /* V, transposed: keys fastest, so a warp's 16-bit stores go to 32 consecutive keys
              * of one Vt row (no bank conflicts); keys past the block's range are zero */
             for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
                 int d = (i / KT) * 8, j = i % KT;
-                uint4 u = make_uint4(0, 0, 0, 0);
-                if (ks + j < k1) u = __ldg((const uint4 *)(vg + (int64_t)(ks + j) * kvstride + d));
+                uint4 u = load8(S.v, ks + j, d);
                 uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
@@ -378,18 +390,18 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
 }
 
 #ifndef FA_HOST_EMU /* host side */
-template <int D, int KT, bool BF16, bool FAST>
+template <int D, int KT, bool BF16, bool FAST, bool F32KV = false>
 static void fa_launch_one(kcu_state *st, const fa_launch &L, dim3 grid) {
     const size_t smem = fa_smem<D, KT, FAST>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised && smem > 48 * 1024) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_fa_prefill<D, KT, BF16, FAST>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_fa_prefill<D, KT, BF16, FAST, F32KV>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    k_fa_prefill<D, KT, BF16, FAST><<<grid, FA_WARPS * 32, smem, st->stream>>>(L);
+    k_fa_prefill<D, KT, BF16, FAST, F32KV><<<grid, FA_WARPS * 32, smem, st->stream>>>(L);
     KCU_LAUNCHED(st);
 }
 
@@ -402,13 +414,15 @@ static void fa_launch_dt(kcu_state *st, const fa_launch &L, dim3 grid) {
 }
 
 template <int D, int KT> static void fa_launch_d(kcu_state *st, const fa_launch &L, dim3 grid) {
-    if (L.fast)
+    if (L.a.kv_dtype == KILN_DT_F32)
+        fa_launch_one<D, KT, true, false, true>(st, L, grid);
+    else if (L.fast)
         fa_launch_dt<D, KT, true>(st, L, grid);
     else
         fa_launch_dt<D, KT, false>(st, L, grid);
 }
 
-static int fa_mode_set = -1, fa_simple_set = -1;
+static int fa_mode_set = -1, fa_simple_set = -1, fa_f32_set = -1;
 static long long fa_launches = 0;
 
 extern "C" void kiln_cuda_set_fa_mode(int mode) {
@@ -422,6 +436,16 @@ extern "C" void kiln_cuda_set_fa_simple(int simple) {
 static bool fa_simple(void) {
     if (fa_simple_set >= 0) return fa_simple_set != 0;
     const char *e = getenv("KILN_CUDA_FA_SIMPLE");
+    return e && *e && atoi(e) != 0;
+}
+
+extern "C" void kiln_cuda_set_fa_f32(int on) {
+    fa_f32_set = on;
+}
+
+static bool fa_f32(void) {
+    if (fa_f32_set >= 0) return fa_f32_set != 0;
+    const char *e = getenv("KILN_CUDA_FA_F32");
     return e && *e && atoi(e) != 0;
 }
 
@@ -439,7 +463,8 @@ static int fa_mode(void) {
 static int fa_min_tokens(const kcu_attn_args *a) {
     int mode = fa_mode();
     if (mode == 0) return -1;
-    if (a->kv_dtype != KILN_DT_F16 && a->kv_dtype != KILN_DT_BF16) return -1;
+    bool f32 = a->kv_dtype == KILN_DT_F32 && fa_f32(); /* opt-in: K/V rounded to bf16 */
+    if (a->kv_dtype != KILN_DT_F16 && a->kv_dtype != KILN_DT_BF16 && !f32) return -1;
     if (a->head_dim != a->v_head_dim || a->n_kv_heads <= 0 || a->p.n_heads % a->n_kv_heads)
         return -1;
     switch (a->head_dim) {
@@ -492,7 +517,7 @@ int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_at
     L.a = *a;
     L.group = min_n > 0 ? a->p.n_heads / a->n_kv_heads : 1;
     L.n_seq = 0;
-    L.fast = !fa_simple();
+    L.fast = !fa_simple(); /* (f32 caches always take the simple kernel) */
     int max_n = 0;
     for (int i = 0; i < n_seq; i++) {
         const kcu_attn_seq *q = &seqs[i];
