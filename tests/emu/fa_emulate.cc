@@ -8,7 +8,7 @@
  * K/V, f32 Q: relative L2 error within 16-bit rounding, every element finite.
  *
  * A development check for machines without a GPU (it does not see races or the real hardware);
- * not part of CTest (C++20, slow). Build and run from the repository root:
+ * run by tests/test_fa_emulate.sh (CTest), or by hand from the repository root:
  *   g++ -std=c++20 -O2 -pthread -Isrc -DFA_HOST_EMU tests/emu/fa_emulate.cc -o /tmp/fa_emulate
  *   /tmp/fa_emulate */
 #include <barrier>
