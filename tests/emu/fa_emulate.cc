@@ -241,8 +241,9 @@ static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> 
         t0 += seqs[i].n;
         if (seqs[i].n > max_n) max_n = seqs[i].n;
     }
-    run_grid<D, KT, BF16, FAST, F32KV>(L, {(unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS),
-                                           (unsigned)n_kv, (unsigned)seqs.size()});
+    run_grid<D, KT, BF16, FAST, F32KV>(
+        L,
+        {(unsigned)n_kv, (unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS), (unsigned)seqs.size()});
     /* reference */
     double num = 0, den = 0;
     long bad = 0;

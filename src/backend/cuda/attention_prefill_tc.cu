@@ -136,11 +136,12 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
     using SM = fa_smem<D, KT, FAST>;
     const fa_seq &S = L.s[blockIdx.z];
     const int G = L.group, rows_total = S.n * G;
-    /* heavy tiles (late tokens see more keys) first */
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * FA_ROWS;
+    /* blockIdx.x = KV head (fastest, so every head's heavy tiles start first), blockIdx.y = row
+     * tile, heavy tiles (late tokens see more keys) first */
+    const int row0 = (gridDim.y - 1 - blockIdx.y) * FA_ROWS;
     if (row0 >= rows_total) return; /* a shorter sequence of the batch */
     const kcu_attn_args &a = L.a;
-    const int kvh = blockIdx.y, n_heads = a.p.n_heads, pos0 = S.pos0, window = a.window;
+    const int kvh = blockIdx.x, n_heads = a.p.n_heads, pos0 = S.pos0, window = a.window;
     const float *q = a.q + (int64_t)S.t0 * n_heads * D;
     float *out = a.out + (int64_t)S.t0 * n_heads * D;
     const int64_t kvstride = (int64_t)a.n_kv_heads * D;
@@ -203,6 +204,18 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
     if (warp_live) {
         fa_rows_keys(pos0, G, window, rows_total, wrow0, 16, &w_lo, &w_hi, &all_lo, &all_hi);
         w_hi--; /* inclusive */
+    }
+
+    /* the fast kernel keeps the warp's Q fragments in registers where they fit (D <= 128) */
+    constexpr bool QREG = FAST && D <= 128;
+    uint32_t qf[QREG ? D / 16 : 1][4];
+    if (QREG) {
+        __syncthreads(); /* Q staged */
+        if (warp_live)
+#pragma unroll
+            for (int kk = 0; kk < (QREG ? D / 16 : 0); kk++)
+                fa_ldsm4<false>(qf[kk], Qs + fa_qs_off(D, warp * 16 + fa_ldsm_q_row(lane),
+                                                       16 * kk + fa_ldsm_q_col(lane)));
     }
 
     float o[D / 8][4];
@@ -269,8 +282,13 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
             for (int kk = 0; kk < D / 16; kk++) {
                 uint32_t af[4];
                 if (FAST) {
-                    fa_ldsm4<false>(af, Qs + fa_qs_off(D, warp * 16 + fa_ldsm_q_row(lane),
-                                                       16 * kk + fa_ldsm_q_col(lane)));
+                    if (QREG) {
+#pragma unroll
+                        for (int r = 0; r < 4; r++) af[r] = qf[QREG ? kk : 0][r];
+                    } else {
+                        fa_ldsm4<false>(af, Qs + fa_qs_off(D, warp * 16 + fa_ldsm_q_row(lane),
+                                                           16 * kk + fa_ldsm_q_col(lane)));
+                    }
 #pragma unroll
                     for (int nb = 0; nb < KT / 8; nb += 2) {
                         uint32_t bf[4];
@@ -482,7 +500,7 @@ static int fa_min_tokens(const kcu_attn_args *a) {
 
 static void fa_run(kcu_state *st, const kcu_attn_args *a, const fa_launch &L, int max_n) {
     int64_t rows = (int64_t)max_n * L.group;
-    dim3 grid((unsigned)((rows + FA_ROWS - 1) / FA_ROWS), a->n_kv_heads, L.n_seq);
+    dim3 grid(a->n_kv_heads, (unsigned)((rows + FA_ROWS - 1) / FA_ROWS), L.n_seq);
     switch (a->head_dim) {
     case 64:
         fa_launch_d<64, 64>(st, L, grid);
@@ -522,7 +540,8 @@ int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_at
     for (int i = 0; i < n_seq; i++) {
         const kcu_attn_seq *q = &seqs[i];
         bool aligned = (((uintptr_t)q->k | (uintptr_t)q->v) & 15) == 0;
-        if (min_n < 0 || q->n < min_n || !aligned) {
+        bool fits = (int64_t)q->n * L.group <= (int64_t)65535 * FA_ROWS; /* gridDim.y */
+        if (min_n < 0 || q->n < min_n || !aligned || !fits) {
             rest[n_rest++] = *q;
             continue;
         }
