@@ -893,6 +893,7 @@ static void test_attention_case(const char *kind, int n_kv, int group, int hd, i
 }
 
 static void test_attention(void) {
+    kiln_cuda_set_fa_mode(0); /* the CUDA-core kernel, exact to 1e-5 (the tensor-core one below) */
     const int short_steps[] = {37, 1, 1, 1, 3, 1};
     const int long_steps[] = {1200, 1, 2, 700, 1};
     test_attention_case("f32", 2, 4, 64, 64, 0, 0.0f, short_steps, 6);
@@ -902,6 +903,183 @@ static void test_attention(void) {
     test_attention_case("f16", 2, 2, 128, 64, 0, 0.0f, long_steps, 5);
     test_attention_case("bf16", 1, 5, 80, 80, 0, 30.0f, short_steps, 6);
     test_attention_case("f32", 1, 4, 512, 512, 0, 0.0f, short_steps, 6);
+    kiln_cuda_set_fa_mode(-1);
+}
+
+/* ---- prefill attention on tensor cores (attention_prefill_tc.cu) ---- */
+
+/* Q is rounded to the cache's 16-bit type and so is P: bf16 ~3e-3 relative, f16 ~4e-4; f32
+ * caches (opt-in) round K and V to bf16 too. */
+static int tc_simple; /* which tensor-core kernel (kiln_cuda_set_fa_simple) */
+
+static double tc_tol(const char *kind) {
+    return strcmp(kind, "f16") ? 1e-2 : 2e-3;
+}
+
+/* One sequence through kv->vt->attend (kcu_attention) with the tensor-core kernel forced for
+ * every step (kiln_cuda_set_fa_mode(2): also the short and decode steps), against the CPU
+ * reference; every step must have launched it. */
+static void test_attention_tc_case(const char *kind, int n_kv, int group, int hd, int window,
+                                   float softcap, const int *steps, int n_steps) {
+    kiln_kv_layer_desc layer = {.n_kv_heads = n_kv,
+                                .head_dim = hd,
+                                .v_head_dim = hd,
+                                .window = window,
+                                .is_attention = true};
+    kiln_kv_options opts;
+    memset(&opts, 0, sizeof opts);
+    snprintf(opts.kind, sizeof opts.kind, "%s", kind);
+    int total = 0;
+    for (int s = 0; s < n_steps; s++) total += steps[s];
+    kiln_kv *kv = NULL;
+    CHECK_OK(be->kv_new(be, &layer, 1, &opts, total, &kv));
+    if (!kv) return;
+    int heads = n_kv * group;
+    kiln_attn_params p = {.n_heads = heads, .scale = 1.0f / sqrtf((float)hd), .softcap = softcap};
+    int64_t kw = (int64_t)n_kv * hd;
+    float *all_k = malloc((size_t)(total * kw) * 4), *all_v = malloc((size_t)(total * kw) * 4);
+    int len = 0;
+    kiln_cuda_set_fa_mode(2);
+    for (int s = 0; s < n_steps; s++) {
+        int n = steps[s];
+        float *q = rand_f32(n * heads * hd, 1.0f), *k = rand_f32(n * kw, 1.0f),
+              *v = rand_f32(n * kw, 1.0f);
+        for (int64_t i = 0; i < n * kw; i++) all_k[len * kw + i] = round_kv(k[i], kind);
+        for (int64_t i = 0; i < n * kw; i++) all_v[len * kw + i] = round_kv(v[i], kind);
+        float *ref = malloc((size_t)(n * heads * hd) * 4);
+        kiln_attention_contiguous(q, n, len, all_k, all_v, len + n, 0, n_kv, hd, hd, window, ref,
+                                  &p, NULL);
+        float *dq = dev_copy(q, (size_t)(n * heads * hd) * 4),
+              *dk = dev_copy(k, (size_t)(n * kw) * 4);
+        float *dv = dev_copy(v, (size_t)(n * kw) * 4), *dout = dev_poisoned(n * heads * hd);
+        CHECK_OK(kv->vt->reserve(kv, n));
+        kv->vt->store(kv, 0, dk, dv, n);
+        long long launches = kiln_cuda_fa_launches();
+        kv->vt->attend(kv, 0, dq, n, dout, &p, NULL);
+        CHECK_MSG(kiln_cuda_fa_launches() == launches + 1, "tensor-core attention not launched");
+        kv->vt->commit(kv, n);
+        char what[160];
+        snprintf(what, sizeof what, "attention tc%s %s kv=%d g=%d hd=%d win=%d cap=%g pos=%d n=%d",
+                 tc_simple ? "-simple" : "", kind, n_kv, group, hd, window, softcap, len, n);
+        double err = compare(what, dout, ref, n * heads * hd, tc_tol(kind));
+        if (getenv("KILN_TEST_VERBOSE")) printf("  %-70s err %.2e\n", what, err);
+        len += n;
+        be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dout);
+        free(q), free(k), free(v), free(ref);
+    }
+    kiln_cuda_set_fa_mode(-1);
+    kiln_kv_free(kv);
+    free(all_k);
+    free(all_v);
+}
+
+/* Several sequences of different lengths and cached prefixes in one store_attend_batch (the
+ * default mode: sequences of >= 64 tokens on tensor cores, the others on the CUDA-core kernel
+ * in the same call), each against the CPU reference. */
+static void test_attention_tc_batch(const char *kind, int n_kv, int group, int hd, int window,
+                                    float softcap) {
+    enum { NS = 5 };
+    const int pre[NS] = {0, 37, 5, 0, 300}; /* cached tokens before the batch */
+    const int n[NS] = {100, 64, 1, 257, 20};
+    kiln_kv_layer_desc layer = {.n_kv_heads = n_kv,
+                                .head_dim = hd,
+                                .v_head_dim = hd,
+                                .window = window,
+                                .is_attention = true};
+    kiln_kv_options opts;
+    memset(&opts, 0, sizeof opts);
+    snprintf(opts.kind, sizeof opts.kind, "%s", kind);
+    int heads = n_kv * group, T = 0;
+    kiln_attn_params p = {.n_heads = heads, .scale = 1.0f / sqrtf((float)hd), .softcap = softcap};
+    int64_t kw = (int64_t)n_kv * hd, qw = (int64_t)heads * hd;
+    kiln_kv *kvs[NS];
+    float *ks[NS], *vs[NS];
+    for (int i = 0; i < NS; i++) {
+        kvs[i] = NULL;
+        CHECK_OK(be->kv_new(be, &layer, 1, &opts, pre[i] + n[i], &kvs[i]));
+        if (!kvs[i]) return;
+        int len = pre[i] + n[i];
+        float *k = rand_f32(len * kw, 1.0f), *v = rand_f32(len * kw, 1.0f);
+        if (pre[i]) { /* the cached prefix */
+            float *dk = dev_copy(k, (size_t)(pre[i] * kw) * 4),
+                  *dv = dev_copy(v, (size_t)(pre[i] * kw) * 4);
+            CHECK_OK(kvs[i]->vt->reserve(kvs[i], pre[i]));
+            kvs[i]->vt->store(kvs[i], 0, dk, dv, pre[i]);
+            kvs[i]->vt->commit(kvs[i], pre[i]);
+            be->free(be, dk), be->free(be, dv);
+        }
+        for (int64_t e = 0; e < len * kw; e++) k[e] = round_kv(k[e], kind);
+        for (int64_t e = 0; e < len * kw; e++) v[e] = round_kv(v[e], kind);
+        ks[i] = k, vs[i] = v;
+        T += n[i];
+    }
+    /* the batch's new rows, stacked (already rounded: storing them again changes nothing) */
+    float *q = rand_f32(T * qw, 1.0f), *k = malloc((size_t)(T * kw) * 4),
+          *v = malloc((size_t)(T * kw) * 4), *ref = malloc((size_t)(T * heads * hd) * 4);
+    for (int i = 0, t = 0; i < NS; t += n[i], i++) {
+        memcpy(k + t * kw, ks[i] + pre[i] * kw, (size_t)(n[i] * kw) * 4);
+        memcpy(v + t * kw, vs[i] + pre[i] * kw, (size_t)(n[i] * kw) * 4);
+        kiln_attention_contiguous(q + t * qw, n[i], pre[i], ks[i], vs[i], pre[i] + n[i], 0, n_kv,
+                                  hd, hd, window, ref + t * qw, &p, NULL);
+        CHECK_OK(kvs[i]->vt->reserve(kvs[i], n[i]));
+    }
+    float *dq = dev_copy(q, (size_t)(T * qw) * 4), *dk = dev_copy(k, (size_t)(T * kw) * 4);
+    float *dv = dev_copy(v, (size_t)(T * kw) * 4), *dout = dev_poisoned(T * qw);
+    long long launches = kiln_cuda_fa_launches();
+    kiln_cuda_set_fa_mode(1);
+    kvs[0]->vt->store_attend_batch(kvs, n, NS, 0, dk, dv, dq, dout, &p, NULL);
+    kiln_cuda_set_fa_mode(-1);
+    CHECK_MSG(kiln_cuda_fa_launches() == launches + 1, "batch: tensor-core attention not launched");
+    char what[160];
+    snprintf(what, sizeof what, "attention tc%s batch %s kv=%d g=%d hd=%d win=%d cap=%g",
+             tc_simple ? "-simple" : "", kind, n_kv, group, hd, window, softcap);
+    double err = compare(what, dout, ref, T * qw, tc_tol(kind));
+    if (getenv("KILN_TEST_VERBOSE")) printf("  %-70s err %.2e\n", what, err);
+    for (int i = 0; i < NS; i++) {
+        kvs[i]->vt->commit(kvs[i], n[i]);
+        kiln_kv_free(kvs[i]);
+        free(ks[i]), free(vs[i]);
+    }
+    be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dout);
+    free(q), free(k), free(v), free(ref);
+}
+
+/* Both tensor-core kernels (the pipelined default, then the simple one) on every case. */
+static void test_attention_tc(void) {
+    const int a[] = {64, 100, 1}, b[] = {37, 257}, c[] = {1000}, d[] = {37, 1000};
+    for (tc_simple = 0; tc_simple < 2; tc_simple++) {
+        kiln_cuda_set_fa_simple(tc_simple);
+        /* kind, kv heads, group, head dim, window, softcap, steps (pos0 = sum of earlier steps) */
+        test_attention_tc_case("bf16", 2, 4, 128, 0, 0.0f, a, 3);
+        test_attention_tc_case("f16", 2, 4, 128, 0, 0.0f, b, 2);
+        test_attention_tc_case("bf16", 1, 8, 256, 0, 50.0f, b, 2);
+        test_attention_tc_case("f16", 2, 1, 64, 40, 0.0f, c, 1);
+        test_attention_tc_case("bf16", 2, 1, 80, 0, 50.0f, a, 3);
+        test_attention_tc_case("f16", 1, 8, 96, 30, 50.0f, b, 2);
+        test_attention_tc_case("bf16", 8, 4, 128, 200, 0.0f, d, 2);
+        test_attention_tc_case("bf16", 1, 4, 64, 0, 0.0f, c, 1);
+        test_attention_tc_case("f16", 1, 4, 256, 0, 50.0f, c, 1);
+        test_attention_tc_case("bf16", 1, 1, 96, 0, 0.0f, d, 2);
+        test_attention_tc_case("f16", 1, 8, 80, 0, 0.0f, a, 3);
+        test_attention_tc_batch("bf16", 2, 4, 128, 0, 0.0f);
+        test_attention_tc_batch("f16", 1, 8, 64, 50, 50.0f);
+        test_attention_tc_batch("bf16", 2, 1, 256, 0, 0.0f);
+        test_attention_tc_batch("f16", 2, 4, 96, 0, 0.0f);
+    }
+    kiln_cuda_set_fa_simple(-1);
+    /* f32 caches, opt-in (KILN_CUDA_FA_F32=1): the simple kernel, K/V rounded to bf16 on load */
+    tc_simple = 1;
+    kiln_cuda_set_fa_f32(1);
+    test_attention_tc_case("f32", 2, 4, 128, 0, 0.0f, b, 2);
+    test_attention_tc_case("f32", 1, 1, 80, 30, 50.0f, a, 3);
+    test_attention_tc_batch("f32", 2, 4, 64, 0, 0.0f);
+    kiln_cuda_set_fa_f32(-1);
+    /* KILN_CUDA_FA=0 equivalent: nothing launched */
+    long long launches = kiln_cuda_fa_launches();
+    kiln_cuda_set_fa_mode(0);
+    test_attention_case("bf16", 1, 4, 128, 128, 0, 0.0f, c, 1);
+    kiln_cuda_set_fa_mode(-1);
+    CHECK(kiln_cuda_fa_launches() == launches);
 }
 
 /* ---- sampling ---- */
@@ -1025,6 +1203,7 @@ int main(void) {
     test_qgemv_dp4a();
     test_gemv_bf16_rows();
     test_attention();
+    test_attention_tc();
     test_copy_zero_gate();
     test_l2norm();
     test_gdn_conv();

@@ -3,7 +3,9 @@
  * shapes (4096x4096, 14336x4096, 4096x14336, 1024x4096) for bf16 / q8g64 / q4g32 / q4g64 (GEMV
  * n=1 and n=4 for every GEMV kernel variant, as µs, GB/s of weight bytes (codes + scales + biases)
  * and fraction of the copy bandwidth, then the best variant; GEMM n=512 as TFLOP/s), a large bf16
- * GEMM, decode attention and the gated delta rule (`kiln_gpu_bench gdn` runs only that).
+ * GEMM, decode attention, prefill attention (CUDA-core vs tensor-core kernel, n = 512 / 4096;
+ * `kiln_gpu_bench prefill` runs only that) and the gated delta rule (`kiln_gpu_bench gdn` runs
+ * only that).
  * Weights rotate over enough copies to exceed the 60 MB L2, so numbers are HBM numbers.
  * Built and run by bench/gpu_bench.sh against build/libkiln.so. */
 #include "backend/backend.h"
@@ -265,6 +267,58 @@ static void bench_attention(const char *kind, int ctx) {
     free(hk);
 }
 
+/* Prefill attention at the Llama-3-8B shape (32 query / 8 kv heads, hd 128), n tokens from
+ * position 0 against an f16 / bf16 cache: the CUDA-core kernel (KILN_CUDA_FA=0) vs the tensor-core
+ * ones (pipelined default, simple), as ms and TFLOP/s of causal attention (2 * 2 * n * n / 2 *
+ * heads * hd). */
+static void bench_prefill_attention(const char *kind, int n) {
+    kiln_kv_layer_desc l = {
+        .n_kv_heads = 8, .head_dim = 128, .v_head_dim = 128, .is_attention = true};
+    kiln_kv_options o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.kind, sizeof o.kind, "%s", kind);
+    kiln_kv *kv;
+    if (be->kv_new(be, &l, 1, &o, n, &kv) != KILN_OK) exit(1);
+    int64_t kw = 8 * 128, qw = 32 * 128;
+    float *h = malloc((size_t)(n * qw) * 4);
+    for (int64_t i = 0; i < n * qw; i++) h[i] = xn();
+    float *dk = be->alloc(be, (size_t)(n * kw) * 4), *dv = be->alloc(be, (size_t)(n * kw) * 4);
+    float *q = be->alloc(be, (size_t)(n * qw) * 4), *out = be->alloc(be, (size_t)(n * qw) * 4);
+    be->upload(be, q, h, (size_t)(n * qw) * 4);
+    be->upload(be, dk, h + 7, (size_t)(n * kw) * 4);
+    be->upload(be, dv, h + 13, (size_t)(n * kw) * 4);
+    kiln_attn_params p = {.n_heads = 32, .scale = 0.088f, .softcap = 0};
+    kv->vt->reserve(kv, n);
+    kv->vt->store(kv, 0, dk, dv, n); /* not committed: every attend is the prefill at 0..n-1 */
+    double flops = 2.0 * 2.0 * n * (double)n / 2.0 * 32 * 128;
+    kiln_cuda_set_fa_f32(1); /* f32 cache: both tensor-core rows are the simple kernel */
+    static const char *names[3] = {"cuda-core        ", "tensor-core      ", "tensor-core simple"};
+    for (int tc = 0; tc < 3; tc++) { /* CUDA-core, tensor-core pipelined, tensor-core simple */
+        kiln_cuda_set_fa_mode(tc ? 1 : 0);
+        kiln_cuda_set_fa_simple(tc == 2);
+        long long l0 = kiln_cuda_fa_launches();
+        for (int i = 0; i < 3; i++) kv->vt->attend(kv, 0, q, n, out, &p, NULL);
+        be->synchronize(be);
+        int iters = n >= 4096 ? 10 : 50;
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int i = 0; i < iters; i++) kv->vt->attend(kv, 0, q, n, out, &p, NULL);
+        be->synchronize(be);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ms = ((b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6) / iters;
+        bool ran_tc = kiln_cuda_fa_launches() > l0;
+        printf("attn  prefill %s n=%d 32q/8kv hd128 %s: %.3f ms  %.1f TFLOP/s%s\n", kind, n,
+               names[tc], ms, flops / (ms * 1e-3) / 1e12,
+               tc && !ran_tc ? "  (tensor-core kernel NOT RUN)" : "");
+    }
+    kiln_cuda_set_fa_mode(-1);
+    kiln_cuda_set_fa_simple(-1);
+    kiln_cuda_set_fa_f32(-1);
+    kiln_kv_free(kv);
+    be->free(be, dk), be->free(be, dv), be->free(be, q), be->free(be, out);
+    free(h);
+}
+
 /* The gated delta rule at the Qwen3-Next shape (16 key / 32 value heads, dk = dv = 128): one
  * decode step and a 512-token prefill, register-resident kernel vs the column-per-thread one. */
 static void bench_gdn_delta(void) {
@@ -318,6 +372,16 @@ int main(int argc, char **argv) {
         kiln_backend_free(be);
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "prefill") == 0) { /* just prefill attention */
+        bench_prefill_attention("bf16", 512);
+        bench_prefill_attention("bf16", 4096);
+        bench_prefill_attention("f16", 4096);
+        bench_prefill_attention("f32", 4096);
+        kiln_status st = be->synchronize(be);
+        if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
+        kiln_backend_free(be);
+        return st == KILN_OK ? 0 : 1;
+    }
     bench_copy();
     const char *fmts[] = {"bf16", "q8g64", "q4g32", "q4g64"};
     const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
@@ -327,6 +391,8 @@ int main(int argc, char **argv) {
     bench_attention("f16", 8192);
     bench_attention("f32", 8192);
     bench_attention("f16", 32768);
+    bench_prefill_attention("bf16", 512);
+    bench_prefill_attention("bf16", 4096);
     bench_gdn_delta();
     kiln_status st = be->synchronize(be);
     if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());

@@ -345,14 +345,17 @@ static bool geometry_ok(kcu_state *st, const kcu_attn_args *a) {
 
 void kcu_attention(kcu_state *st, const kcu_attn_args *a) {
     if (a->n <= 0 || !geometry_ok(st, a)) return;
-    kcu_attn_seq one = {a->k, a->v, a->pos0, a->n, 0};
-    attention_chunk(st, a, &one, 1);
+    kcu_attn_seq one = {a->k, a->v, a->pos0, a->n, 0}, rest;
+    if (kcu_attention_prefill_tc(st, a, &one, 1, &rest)) attention_chunk(st, a, &rest, 1);
 }
 
 void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
                          int n_seq) {
     if (n_seq <= 0 || !geometry_ok(st, common)) return;
-    for (int i = 0; i < n_seq; i += KCU_ATT_MAX_SEQ)
-        attention_chunk(st, common, seqs + i,
-                        n_seq - i < KCU_ATT_MAX_SEQ ? n_seq - i : KCU_ATT_MAX_SEQ);
+    kcu_attn_seq rest[KCU_ATT_MAX_SEQ];
+    for (int i = 0; i < n_seq; i += KCU_ATT_MAX_SEQ) {
+        int c = n_seq - i < KCU_ATT_MAX_SEQ ? n_seq - i : KCU_ATT_MAX_SEQ;
+        int n_rest = kcu_attention_prefill_tc(st, common, seqs + i, c, rest); /* long prefills */
+        if (n_rest) attention_chunk(st, common, rest, n_rest);
+    }
 }

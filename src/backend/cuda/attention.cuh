@@ -38,4 +38,10 @@ static inline int kcu_attn_keys_bucket(int keys) {
 void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
                          int n_seq);
 
+/* attention_prefill_tc.cu: runs the sequences of seqs that the tensor-core prefill kernel serves
+ * (f16/bf16 cache, head dim 64/80/96/128/256 = v head dim, enough tokens; KILN_CUDA_FA=0 or
+ * kiln_cuda_set_fa_mode(0): none) and copies the others into rest; returns their count. */
+int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_attn_seq *seqs,
+                             int n_seq, kcu_attn_seq *rest);
+
 #endif

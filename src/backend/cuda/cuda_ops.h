@@ -96,6 +96,21 @@ long long kiln_cuda_graph_replays(void);
  * the register-resident one where dk allows (dk = 16, 32, 64, 128). Default: env KILN_CUDA_GDN (2:
  * the register kernel, not yet run on a GPU; otherwise the simple one). */
 void kiln_cuda_set_gdn_simple(int on);
+/* Prefill attention on tensor cores (attention_prefill_tc.cu): 0 = off (the CUDA-core kernel),
+ * 1 = sequences of >= 64 tokens with an f16/bf16 cache and head dim 64/80/96/128/256, 2 = every
+ * such sequence whatever its length (tests); -1 goes back to env KILN_CUDA_FA (default 1). */
+void kiln_cuda_set_fa_mode(int mode);
+/* Which tensor-core prefill kernel: 0 = the pipelined one (cp.async double buffer, ldmatrix
+ * fragments; default), 1 = the simple one (one stage staged through registers, 32-bit fragment
+ * loads); -1 goes back to env KILN_CUDA_FA_SIMPLE (default 0). */
+void kiln_cuda_set_fa_simple(int simple);
+/* f32 device caches on the tensor-core prefill kernel too (K/V rounded to bf16 as tiles are
+ * staged, the simple kernel): 1 = on, 0 = off (the CUDA-core kernel, exact f32; default); -1 goes
+ * back to env KILN_CUDA_FA_F32. */
+void kiln_cuda_set_fa_f32(int on);
+/* Tensor-core prefill attention launches so far (every backend of the process): tests check that
+ * the path really ran. */
+long long kiln_cuda_fa_launches(void);
 /* The backend's cudaStream_t (as void *): for timing with events in benchmarks. */
 void *kiln_cuda_stream(kiln_backend *be);
 

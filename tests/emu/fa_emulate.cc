@@ -1,0 +1,314 @@
+/* fa_emulate.cc — runs the tensor-core prefill attention kernel (src/backend/cuda/
+ * attention_prefill_tc.cu, both variants) on the CPU: the kernel source is compiled as C++ with
+ * FA_HOST_EMU, every CUDA thread of a block is a std::thread, __syncthreads and the warp
+ * collectives (shuffles, mma.sync m16n8k16, ldmatrix x4) are emulated through barriers, with mma
+ * and ldmatrix modelled from the PTX ISA's fragment description (as tests/test_fa_fragment.c), and
+ * cp.async is a synchronous copy. Shared memory is poisoned with NaN before each block. Outputs
+ * are compared with a double-precision causal GQA attention (window, softcap) on the same 16-bit
+ * K/V, f32 Q: relative L2 error within 16-bit rounding, every element finite.
+ *
+ * A development check for machines without a GPU (it does not see races or the real hardware);
+ * run by tests/test_fa_emulate.sh (CTest), or by hand from the repository root:
+ *   g++ -std=c++20 -O2 -pthread -Isrc -DFA_HOST_EMU tests/emu/fa_emulate.cc -o /tmp/fa_emulate
+ *   /tmp/fa_emulate */
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+/* ---- CUDA shims ---- */
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __grid_constant__
+#define __shared__
+#define KCU_PDL_ENTER() /* programmatic dependent launch: nothing to wait for on the CPU */
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
+    return {a, b, c, d};
+}
+struct float4 {
+    float x, y, z, w;
+};
+struct emu_dim3 {
+    unsigned x, y, z;
+};
+thread_local emu_dim3 threadIdx, blockIdx;
+static emu_dim3 blockDim, gridDim;
+thread_local int t_warp, t_lane;
+static inline uint4 __ldg(const uint4 *p) {
+    return *p;
+}
+static inline float4 __ldg(const float4 *p) {
+    return *p;
+}
+#define __expf(x) expf(x)          /* glibc declares its own __expf */
+uint4 fa_sm_raw[(232 << 10) / 16]; /* "shared memory" of the running block */
+
+static std::barrier<> *g_block_bar;
+static std::barrier<> *g_warp_bar[4];
+static void __syncthreads() {
+    g_block_bar->arrive_and_wait();
+}
+static float xf[4][32];
+static uint32_t xa[4][32][4], xb[4][32][2];
+static const void *xp[4][32];
+static float __shfl_xor_sync(unsigned, float v, int m) {
+    int w = t_warp, l = t_lane;
+    xf[w][l] = v;
+    g_warp_bar[w]->arrive_and_wait();
+    float r = xf[w][l ^ m];
+    g_warp_bar[w]->arrive_and_wait();
+    return r;
+}
+
+static float h16_to_f(uint16_t h, bool bf16) {
+    if (bf16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+static uint16_t f_to_h16(float f, bool bf16) {
+    if (bf16) {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+        return (uint16_t)(u >> 16);
+    }
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+static uint32_t fa_emu_pack(float lo, float hi, bool bf16) {
+    return (uint32_t)f_to_h16(lo, bf16) | (uint32_t)f_to_h16(hi, bf16) << 16;
+}
+/* mma.sync m16n8k16 from the PTX element description (a0..a7, b0..b3, c0..c3) */
+static void fa_emu_mma(float d[4], const uint32_t a[4], const uint32_t b[2], bool bf16) {
+    int w = t_warp, l = t_lane;
+    memcpy(xa[w][l], a, 16), memcpy(xb[w][l], b, 8);
+    g_warp_bar[w]->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        int gid = lane >> 2, tig = lane & 3;
+        for (int i = 0; i < 8; i++) {
+            int row = (i < 2 || (i >= 4 && i < 6)) ? gid : gid + 8;
+            int col = tig * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+            uint32_t r = xa[w][lane][i / 2];
+            A[row][col] = h16_to_f((uint16_t)(i % 2 ? r >> 16 : r & 0xffff), bf16);
+        }
+        for (int i = 0; i < 4; i++) {
+            int row = tig * 2 + (i & 1) + (i >= 2 ? 8 : 0), col = gid;
+            uint32_t r = xb[w][lane][i / 2];
+            B[row][col] = h16_to_f((uint16_t)(i % 2 ? r >> 16 : r & 0xffff), bf16);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        int row = (l >> 2) + (i >= 2 ? 8 : 0), col = (l & 3) * 2 + (i & 1);
+        float s = 0;
+        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+        d[i] += s;
+    }
+    g_warp_bar[w]->arrive_and_wait();
+}
+/* ldmatrix x4: lanes 8i..8i+7 address matrix i's rows; lane gets (g, 2t..2t+1) or transposed */
+static void fa_emu_ldsm4(uint32_t r[4], const void *smem, bool trans) {
+    int w = t_warp, l = t_lane;
+    xp[w][l] = smem;
+    g_warp_bar[w]->arrive_and_wait();
+    int gid = l >> 2, tig = l & 3;
+    for (int i = 0; i < 4; i++) {
+        uint16_t e[2];
+        for (int k = 0; k < 2; k++) {
+            int row = trans ? 2 * tig + k : gid, col = trans ? gid : 2 * tig + k;
+            e[k] = ((const uint16_t *)xp[w][8 * i + row])[col];
+        }
+        r[i] = (uint32_t)e[0] | (uint32_t)e[1] << 16;
+    }
+    g_warp_bar[w]->arrive_and_wait();
+}
+static void fa_emu_cp16(void *smem, const void *gmem, int src_bytes) {
+    if (src_bytes == 16)
+        memcpy(smem, gmem, 16);
+    else
+        memset(smem, 0, 16);
+}
+
+/* ---- what the kernel needs from attention.cuh / cuda_common.cuh ---- */
+struct kiln_attn_params {
+    int n_heads;
+    float scale, softcap;
+    const int32_t *positions;
+};
+struct kcu_attn_args {
+    const float *q;
+    float *out;
+    int n, pos0;
+    const void *k, *v;
+    int kv_dtype;
+    int n_kv_heads, head_dim, v_head_dim, window;
+    kiln_attn_params p;
+};
+#define KCU_ATT_MAX_SEQ 64
+static inline float kcu_tanh(float x) {
+    return tanhf(x);
+}
+
+#include "backend/cuda/attention_prefill_tc.cu"
+
+/* ---- driver ---- */
+template <int D, int KT, bool BF16, bool FAST, bool F32KV>
+static void run_grid(const fa_launch &L, emu_dim3 g) {
+    gridDim = g;
+    blockDim = {FA_WARPS * 32, 1, 1};
+    for (unsigned z = 0; z < g.z; z++)
+        for (unsigned y = 0; y < g.y; y++)
+            for (unsigned x = 0; x < g.x; x++) {
+                memset(fa_sm_raw, 0xff, sizeof fa_sm_raw); /* NaN in f16 and bf16 */
+                std::barrier<> bb(FA_WARPS * 32);
+                std::barrier<> wb0(32), wb1(32), wb2(32), wb3(32);
+                g_block_bar = &bb;
+                g_warp_bar[0] = &wb0, g_warp_bar[1] = &wb1, g_warp_bar[2] = &wb2;
+                g_warp_bar[3] = &wb3;
+                std::vector<std::thread> th;
+                for (int t = 0; t < FA_WARPS * 32; t++)
+                    th.emplace_back([&, t] {
+                        threadIdx = {(unsigned)t, 0, 0};
+                        blockIdx = {x, y, z};
+                        t_warp = t >> 5, t_lane = t & 31;
+                        k_fa_prefill<D, KT, BF16, FAST, F32KV>(L);
+                    });
+                for (auto &t : th) t.join();
+            }
+}
+
+static uint64_t rng = 12345;
+static float rnd() { /* rough normal */
+    float s = 0;
+    for (int i = 0; i < 4; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        s += (float)(rng >> 40) / (float)(1ull << 24);
+    }
+    return (s - 2.0f) * 1.7f;
+}
+
+struct seq_spec {
+    int pos0, n;
+};
+
+static int failures = 0;
+
+/* F32KV: the cache holds f32 (the reference reads it unrounded), the kernel rounds to bf16. */
+template <int D, int KT, bool BF16, bool FAST, bool F32KV = false>
+static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> seqs) {
+    int heads = n_kv * G, T = 0;
+    for (auto &s : seqs) T += s.n;
+    std::vector<float> q((size_t)T * heads * D), out((size_t)T * heads * D, NAN);
+    for (auto &x : q) x = rnd();
+    std::vector<std::vector<uint16_t>> K(seqs.size()), V(seqs.size());
+    std::vector<std::vector<float>> Kf(seqs.size()), Vf(seqs.size());
+    fa_launch L;
+    memset(&L, 0, sizeof L);
+    L.a.q = q.data(), L.a.out = out.data();
+    L.a.n_kv_heads = n_kv, L.a.head_dim = L.a.v_head_dim = D, L.a.window = window;
+    L.a.p.n_heads = heads, L.a.p.scale = 1.0f / sqrtf((float)D), L.a.p.softcap = cap;
+    L.group = G, L.n_seq = (int)seqs.size(), L.fast = FAST;
+    int max_n = 0, t0 = 0;
+    for (size_t i = 0; i < seqs.size(); i++) {
+        int keys = seqs[i].pos0 + seqs[i].n;
+        K[i].resize((size_t)keys * n_kv * D), V[i].resize((size_t)keys * n_kv * D);
+        Kf[i].resize(K[i].size()), Vf[i].resize(V[i].size());
+        for (size_t e = 0; e < K[i].size(); e++) {
+            Kf[i][e] = rnd(), Vf[i][e] = rnd();
+            K[i][e] = f_to_h16(Kf[i][e], BF16), V[i][e] = f_to_h16(Vf[i][e], BF16);
+            if (!F32KV) Kf[i][e] = h16_to_f(K[i][e], BF16), Vf[i][e] = h16_to_f(V[i][e], BF16);
+        }
+        L.s[i].k = F32KV ? (const void *)Kf[i].data() : K[i].data();
+        L.s[i].v = F32KV ? (const void *)Vf[i].data() : V[i].data();
+        L.s[i].pos0 = seqs[i].pos0, L.s[i].n = seqs[i].n, L.s[i].t0 = t0;
+        t0 += seqs[i].n;
+        if (seqs[i].n > max_n) max_n = seqs[i].n;
+    }
+    run_grid<D, KT, BF16, FAST, F32KV>(
+        L,
+        {(unsigned)n_kv, (unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS), (unsigned)seqs.size()});
+    /* reference */
+    double num = 0, den = 0;
+    long bad = 0;
+    for (size_t i = 0; i < seqs.size(); i++) {
+        int pos0 = seqs[i].pos0;
+        for (int t = 0; t < seqs[i].n; t++)
+            for (int h = 0; h < heads; h++) {
+                int g = h / G, p = pos0 + t, lo = window > 0 ? std::max(0, p - window + 1) : 0;
+                const float *qr = &q[((size_t)(L.s[i].t0 + t) * heads + h) * D];
+                std::vector<double> sc(p + 1 - lo);
+                double mx = -1e300;
+                for (int j = lo; j <= p; j++) {
+                    double s = 0;
+                    for (int d = 0; d < D; d++)
+                        s += (double)qr[d] * Kf[i][((size_t)j * n_kv + g) * D + d];
+                    s *= L.a.p.scale;
+                    if (cap > 0) s = cap * tanh(s / cap);
+                    sc[j - lo] = s, mx = std::max(mx, s);
+                }
+                double sum = 0;
+                for (auto &s : sc) s = exp(s - mx), sum += s;
+                const float *o = &out[((size_t)(L.s[i].t0 + t) * heads + h) * D];
+                for (int d = 0; d < D; d++) {
+                    double r = 0;
+                    for (int j = lo; j <= p; j++)
+                        r += sc[j - lo] * Vf[i][((size_t)j * n_kv + g) * D + d];
+                    r /= sum;
+                    if (!std::isfinite(o[d])) bad++;
+                    num += (o[d] - r) * (o[d] - r), den += r * r;
+                }
+            }
+    }
+    double err = sqrt(num / (den > 0 ? den : 1));
+    double tol = BF16 ? 1e-2 : 2e-3;
+    bool ok = bad == 0 && err <= tol;
+    failures += !ok;
+    printf("%s D=%d KT=%d %s %s kv=%d G=%d win=%d cap=%g seqs=", ok ? "ok  " : "FAIL", D, KT,
+           F32KV  ? "f32 "
+           : BF16 ? "bf16"
+                  : "f16 ",
+           FAST ? "fast  " : "simple", n_kv, G, window, cap);
+    for (auto &s : seqs) printf("(%d+%d)", s.pos0, s.n);
+    printf(": rel err %.2e, %ld non-finite\n", err, bad);
+    fflush(stdout);
+}
+
+template <bool FAST> static void all_cases() {
+    check<64, 64, true, FAST>(1, 4, 0, 0.0f, {{0, 40}});
+    check<64, 64, false, FAST>(2, 1, 0, 0.0f, {{37, 70}});
+    check<80, 64, true, FAST>(1, 1, 20, 50.0f, {{0, 90}});
+    check<96, 64, false, FAST>(1, 8, 30, 0.0f, {{37, 20}});
+    check<128, 64, true, FAST>(2, 4, 0, 0.0f, {{100, 20}, {0, 33}, {5, 1}});
+    check<128, 64, false, FAST>(1, 8, 0, 50.0f, {{0, 17}});
+    check<256, 32, true, FAST>(1, 2, 16, 0.0f, {{5, 45}});
+    check<256, 32, false, FAST>(1, 1, 0, 30.0f, {{64, 40}, {0, 70}});
+}
+
+int main() {
+    all_cases<true>();
+    all_cases<false>();
+    check<64, 64, true, false, true>(2, 4, 0, 0.0f, {{37, 70}});
+    check<80, 64, true, false, true>(1, 1, 20, 50.0f, {{0, 90}, {3, 10}});
+    check<128, 64, true, false, true>(1, 8, 0, 0.0f, {{10, 24}});
+    check<256, 32, true, false, true>(1, 2, 0, 0.0f, {{0, 40}});
+    printf("%s\n", failures ? "FAILED" : "all passed");
+    return failures != 0;
+}

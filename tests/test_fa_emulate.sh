@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# test_fa_emulate.sh — the tensor-core prefill attention kernel (attention_prefill_tc.cu, both
+# variants, f16 / bf16 / f32 caches) run on the CPU by tests/emu/fa_emulate.cc (emulated warps,
+# mma.sync and ldmatrix modelled from the PTX ISA) against a double-precision reference; needs no
+# GPU. Skipped (77) without a C++20 g++. Env: KILN_BUILD (where the binary goes; default /tmp).
+# kiln-test-labels: slow
+set -u
+cd "$(dirname "$0")/.."
+command -v g++ >/dev/null || { echo "g++ is not installed"; exit 77; }
+echo 'int main() { return 0; }' | g++ -std=c++20 -x c++ - -o /dev/null 2>/dev/null ||
+    { echo "g++ has no C++20"; exit 77; }
+out="${KILN_BUILD:-/tmp}/fa_emulate"
+# a compile failure here is a failure of the kernel source, not a reason to skip
+g++ -std=c++20 -O2 -pthread -Isrc -DFA_HOST_EMU -Wall -Wextra -Werror -Wno-unknown-pragmas \
+    tests/emu/fa_emulate.cc -o "$out" || { echo "the emulator does not build"; exit 1; }
+"$out"
