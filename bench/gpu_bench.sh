@@ -54,7 +54,7 @@ if [ ! -f "$B/libkiln.so" ] || [ "${KILN_REBUILD:-1}" = 1 ]; then
     stamp build
     cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
         -DKILN_DEPS_PREFIX="$DEPS" >"$O/configure.log" 2>&1 || { tail -30 "$O/configure.log"; exit 1; }
-    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma >"$O/build.log" 2>&1 ||
+    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda test_parity_cuda_kv >"$O/build.log" 2>&1 ||
         { grep -E "error" "$O/build.log" | head -30; tail -20 "$O/build.log"; exit 1; }
 fi
 K=$B/kiln
@@ -67,7 +67,7 @@ if has tests; then
         grep -E "CHECK failed|checks" "$O/test_cuda_ops_v$v.log" | head -20
     done
     for g in ${KILN_PARITY_GEMMS:-split}; do
-        for t in test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma; do
+        for t in test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda test_parity_cuda_kv; do
             stamp "$t KILN_CUDA_GEMM=$g"
             KILN_CUDA_GEMM=$g "$B/$t" >"$O/${t}_$g.log" 2>&1
             echo "$t ($g) rc=$?"
