@@ -55,6 +55,11 @@ def main():
     ap.add_argument("--tokenizer", help="tokenizer.json to embed (default: the model's)")
     args = ap.parse_args()
     sys.path.insert(0, args.gguf_py)
+    try:  # gguf-py's metadata module imports yaml; the writer never uses it (the GPU machine may lack it)
+        import yaml  # noqa: F401
+    except ImportError:
+        import types
+        sys.modules["yaml"] = types.ModuleType("yaml")
     import gguf
 
     cfg = json.load(open(os.path.join(args.model, "config.json")))
