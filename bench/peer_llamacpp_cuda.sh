@@ -14,7 +14,7 @@
 # llama-quantize. Never commit any of it.
 # Models: bench/make_random_model.py (bf16 HF folder) -> bench/peer/hf_to_gguf.py (bf16 GGUF) ->
 # llama-quantize --pure (Q8_0 / Q4_0); kiln's are `kiln convert --bits B --group 64`.
-# Measurements: llama-bench -ngl 99 -fa 1 -p 512 (prefill) and -n 128 -d 128 (decode after 128
+# Measurements: llama-bench -ngl 99 -fa $LCPP_FA -p 512 (prefill) and -n 128 -d 128 (decode after 128
 # tokens of context), -r $RUNS (batch 1), and
 # llama-batched-bench -npp 128 -ntg 128 -npl 8,64 (aggregate decode tok/s of the batch);
 # kiln bench --device cuda --json: --prompt 512 --gen 1 (prefill), --prompt 128 --gen 128 --batch B.
@@ -31,6 +31,12 @@ FORMATS=${FORMATS:-bf16 q8 q4}
 RUNS=${RUNS:-3}
 M=${MODELS_DIR:-/dev/shm/kiln_models}
 STAGES=${KILN_PEER_STAGES:-build models bench}
+# LCPP_FA=1 builds llama.cpp's FlashAttention kernels (~100 template instances: about half of the
+# ~5.5 min build on 16 cores) and benches with -fa on; default off (-fa 0: at context 128 the
+# attention is a small part of a decode step)
+FA=${LCPP_FA:-0}
+FA_BUILD=$([ "$FA" = 1 ] && echo ON || echo OFF)
+FA_ONOFF=$([ "$FA" = 1 ] && echo on || echo off)
 O=${OUT:-/tmp/kiln_peer_out}
 export PATH=/usr/local/cuda/bin:$PATH
 DEPS=$REPO/.deps/root
@@ -48,6 +54,7 @@ if has build; then
         cmake -S "$L" -B "$L/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
             -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA="$FA_BUILD" \
             >"$O/lcpp_configure.log" 2>&1 || { tail -30 "$O/lcpp_configure.log"; exit 1; }
         cmake --build "$L/build" -j"$(nproc)" --target llama-bench llama-batched-bench llama-quantize \
             >"$O/lcpp_build.log" 2>&1 || { grep -E "error" "$O/lcpp_build.log" | head -20; exit 1; }
@@ -82,11 +89,11 @@ if has bench; then
             K=$M/$s
             [ "$f" = bf16 ] || K=$M/$s-$f
             stamp "llama-bench $s $f"
-            { "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 512 -n 0 -r "$RUNS" -o jsonl &&
-                "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 0 -n 128 -d 128 -r "$RUNS" -o jsonl; } \
+            { "$LB/llama-bench" -m "$G" -ngl 99 -fa "$FA" -p 512 -n 0 -r "$RUNS" -o jsonl &&
+                "$LB/llama-bench" -m "$G" -ngl 99 -fa "$FA" -p 0 -n 128 -d 128 -r "$RUNS" -o jsonl; } \
                 >"$O/lb_${s}_$f.jsonl" 2>"$O/lb_${s}_$f.err" || tail -5 "$O/lb_${s}_$f.err"
             stamp "llama-batched-bench $s $f"
-            "$LB/llama-batched-bench" -m "$G" -ngl 99 -fa on -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
+            "$LB/llama-batched-bench" -m "$G" -ngl 99 -fa "$FA_ONOFF" -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
                 -npl 1,8,64 --output-format jsonl >"$O/lbb_${s}_$f.jsonl" 2>"$O/lbb_${s}_$f.err" ||
                 tail -5 "$O/lbb_${s}_$f.err"
             stamp "kiln bench $s $f"
