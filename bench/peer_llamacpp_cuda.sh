@@ -31,10 +31,9 @@ FORMATS=${FORMATS:-bf16 q8 q4}
 RUNS=${RUNS:-3}
 M=${MODELS_DIR:-/dev/shm/kiln_models}
 STAGES=${KILN_PEER_STAGES:-build models bench}
-# LCPP_FA=1 builds llama.cpp's FlashAttention kernels (~100 template instances: about half of the
-# ~5.5 min build on 16 cores) and benches with -fa on; default off (-fa 0: at context 128 the
-# attention is a small part of a decode step)
-FA=${LCPP_FA:-0}
+# LCPP_FA=0 builds llama.cpp without its FlashAttention path (GGML_CUDA_NO_FA; it compiles the
+# same files) and benches with -fa off; default on, as llama.cpp is usually run on GPUs
+FA=${LCPP_FA:-1}
 FA_BUILD=$([ "$FA" = 1 ] && echo ON || echo OFF)
 FA_ONOFF=$([ "$FA" = 1 ] && echo on || echo off)
 O=${OUT:-/tmp/kiln_peer_out}
