@@ -261,13 +261,16 @@ static void run_case(const kv_case *c) {
     be->free(be, P.dpos);
 }
 
+/* Plain-float kinds (f32 / f16 / bf16) are not here: on the H200 their device blocks held wrong
+ * rows (2026-12-03: every record differed, attention rel err ~0.6), so the engine keeps those
+ * kinds in the contiguous device caches and refuses them paged (engine.c); the cases return when
+ * the store / tile loader of plain records is fixed. */
 static const kv_case cases[] = {
-    {"bf16", 8, 2, 128, 0, 0.0f, 100},      {"f16", 8, 8, 64, 0, 0.0f, 5},
-    {"q8", 8, 2, 128, 40, 0.0f, 37},        {"q4", 8, 2, 64, 0, 0.0f, 1030},
-    {"turbo:k8v4", 8, 2, 128, 0, 0.0f, 17}, {"turbo:k4v4:rotk:kg64", 8, 2, 128, 0, 30.0f, 100},
-    {"turbo:k8v3", 4, 4, 64, 0, 0.0f, 1},   {"turbo:k8v4:rotk", 16, 2, 256, 0, 0.0f, 40},
-    {"bf16", 6, 2, 96, 0, 0.0f, 50},        {"q8:g32", 6, 2, 96, 24, 0.0f, 33},
-    {"q4:g32", 4, 1, 96, 0, 0.0f, 16},      {"turbo:k8v4", 8, 2, 64, 0, 0.0f, 1030},
+    {"q8", 8, 2, 128, 40, 0.0f, 37},         {"q4", 8, 2, 64, 0, 0.0f, 1030},
+    {"turbo:k8v4", 8, 2, 128, 0, 0.0f, 17},  {"turbo:k4v4:rotk:kg64", 8, 2, 128, 0, 30.0f, 100},
+    {"turbo:k8v3", 4, 4, 64, 0, 0.0f, 1},    {"turbo:k8v4:rotk", 16, 2, 256, 0, 0.0f, 40},
+    {"q8:g32", 6, 2, 96, 24, 0.0f, 33},      {"q4:g32", 4, 1, 96, 0, 0.0f, 16},
+    {"turbo:k8v4", 8, 2, 64, 0, 0.0f, 1030},
 };
 
 int main(void) {

@@ -193,6 +193,16 @@ const kiln_model_info *kiln_model_get_info(const kiln_model *m) {
     return m ? &m->info : NULL;
 }
 
+/* f32 / f16 / bf16: kinds a device backend keeps in its contiguous caches */
+static bool plain_kind(const char *kind) {
+    return !kind[0] || !strcmp(kind, "f32") || !strcmp(kind, "f16") || !strcmp(kind, "bf16");
+}
+/* Device paged blocks of plain floats: their GPU test (test_kv_cuda) found the stored rows wrong
+ * (2026-12-03), so they are refused rather than used; quantized / TurboQuant blocks passed. */
+static bool device_paged_refused(const kiln_kv_options *o) {
+    return plain_kind(o->kind) && (o->block_tokens > 0 || o->budget_bytes > 0);
+}
+
 kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
     if (!m || !out) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_seq_new: NULL argument");
     *out = NULL;
@@ -205,10 +215,18 @@ kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
     if (m->be->device == KILN_DEVICE_CPU)
         st = kiln_kv_cpu_new_shared(&m->kv_shared, m->dir, m->kv_layers, m->n_kv_layers,
                                     &m->kv_opts, m->max_tokens, &s->kv);
-    else if (m->be->kv_paged_ops && kiln_kv_wants_paged(&m->kv_opts))
+    else if (device_paged_refused(&m->kv_opts))
+        st = kiln_error(KILN_ERR_UNSUPPORTED,
+                        "--kv %s with --kv-block/--kv-budget on --device %s: paged device blocks "
+                        "of plain floats are off (they failed their GPU test); use --kv %s "
+                        "without blocks (contiguous) or a paged q8 / q4 / turbo cache",
+                        m->kv_opts.kind[0] ? m->kv_opts.kind : "f32", m->be->name,
+                        m->kv_opts.kind[0] ? m->kv_opts.kind : "f32");
+    else if (m->be->kv_paged_ops && kiln_kv_wants_paged(&m->kv_opts) &&
+             !plain_kind(m->kv_opts.kind))
         st = kiln_kv_backend_new_shared(&m->kv_shared, m->be, m->dir, m->kv_layers, m->n_kv_layers,
                                         &m->kv_opts, m->max_tokens, &s->kv);
-    else
+    else /* the backend's contiguous caches (CUDA: f32 / f16 / bf16; tensor-core prefill) */
         st = m->be->kv_new(m->be, m->kv_layers, m->n_kv_layers, &m->kv_opts, m->max_tokens, &s->kv);
     if (st != KILN_OK) {
         free(s);
