@@ -8,7 +8,7 @@ B=/tmp/b
 M=/dev/shm/kiln_models
 KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
 export KILN_SHARED=$PWD/.gpu-data/shared
-for t in test_cuda_ops test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda test_parity_cuda_kv; do
+for t in test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda test_parity_cuda_kv test_cuda_ops; do
     timeout 120 "$B/$t" >"/tmp/$t.log" 2>&1
     echo "$t rc=$? | $(grep -E "checks, " "/tmp/$t.log" | tail -1)"
     grep -E "CHECK failed|flip" "/tmp/$t.log" | head -6 | cut -c1-260
