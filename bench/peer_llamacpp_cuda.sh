@@ -62,11 +62,14 @@ if has build; then
 fi
 
 gguf_of() { echo "$M/$1.$2.gguf"; }
+# random-weight folders made on the GPU machine carry no tokenizer (/work/shared is not there):
+# the bundled model's byte-level BPE stands in (llama-bench feeds random ids anyway)
+TOK=$REPO/models/demo-q8/tokenizer.json
 if has models; then
     for s in $SHAPES; do
         [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
         G=$(gguf_of "$s" bf16)
-        [ -f "$G" ] || { stamp "gguf $s bf16"; python3 bench/peer/hf_to_gguf.py --model "$M/$s" --out "$G" --gguf-py "$L/gguf-py" >"$O/gguf_$s.log" 2>&1 || tail -8 "$O/gguf_$s.log"; }
+        [ -f "$G" ] || { stamp "gguf $s bf16"; python3 bench/peer/hf_to_gguf.py --model "$M/$s" --out "$G" --gguf-py "$L/gguf-py" --tokenizer "$TOK" >"$O/gguf_$s.log" 2>&1 || tail -8 "$O/gguf_$s.log"; }
         for f in $FORMATS; do
             case $f in
             q8) q=Q8_0 b=8 ;;
