@@ -9,7 +9,8 @@
 #   micro  bench/gpu/kiln_gpu_bench.c: copy bandwidth, matmul GEMV (every kernel variant, n=1/4,
 #          with a `best` line per shape) and GEMM at Llama-3-8B layer shapes, big bf16 GEMM,
 #          decode attention, gated delta rule; torch's copy/GEMM ceilings
-#   e2e    random-weight models (bench/make_random_model.py, bf16, then `kiln convert --bits 8/4`)
+#   e2e    random-weight models (bench/make_random_model.py; qwen3.5-*, gemma-4-* shapes by
+#          bench/make_family_model.py), bf16, then `kiln convert --bits 8/4`
 #          for each shape in KILN_SHAPES; `kiln bench --device cuda --json`: prefill 512, decode
 #          batch 1/8/64 at context 128; decode bandwidth as a fraction of the copy bandwidth
 #   graph  decode at batches KILN_GRAPH_BATCHES (default "1 8") with the decode-step CUDA graphs
@@ -46,6 +47,15 @@ export PKG_CONFIG_PATH=$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig
 export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 export KILN_SHARED=$PWD/.gpu-data/shared
+# random-weight model of shape $1 in $M/$1: Qwen3.5 / Gemma 4 shapes by make_family_model.py (its
+# config starts from the carried fixture), Qwen3 / Llama ones by make_random_model.py
+make_model() {
+    [ -f "$M/$1/model.safetensors" ] && return 0
+    case $1 in
+    qwen3.5-* | gemma-4-*) KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$1" --out "$M/$1" ;;
+    *) python3 bench/make_random_model.py --shape "$1" --out "$M/$1" ;;
+    esac
+}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 late() { [ "$SECONDS" -ge "$DEADLINE" ] && { echo "!! deadline: skipping $1 (t=${SECONDS}s)"; return 0; }; return 1; }
 stamp() { echo "== [t=${SECONDS}s] $*"; }
@@ -121,7 +131,7 @@ if has e2e; then
     for s in $SHAPES; do
         late "e2e $s" && break
         stamp "model $s"
-        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" || continue
+        make_model "$s" || continue
         fmts="bf16"
         case " $QUANT_SHAPES " in *" $s "*) fmts=${KILN_FORMATS:-bf16 q8 q4} ;; esac
         for f in $fmts; do
@@ -165,7 +175,7 @@ fi
 if has graph; then
     for s in $SHAPES; do
         late "graph $s" && break
-        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
+        make_model "$s" >/dev/null || continue
         fmts="bf16"
         case " $QUANT_SHAPES " in *" $s "*) fmts="bf16 q4" ;; esac
         for f in $fmts; do
@@ -190,7 +200,7 @@ if has ctx; then
     # decode at a long context: the cache is filled with synthetic K/V (kiln bench --context)
     for s in $SHAPES; do
         late "ctx $s" && break
-        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
+        make_model "$s" >/dev/null || continue
         for b in ${KILN_CTX_BATCHES:-1 8}; do
             "$K" bench --device cuda --model "$M/$s" --kv bf16 --context "${KILN_CTX:-8192}" --prompt 16 --gen 32 --batch $b --runs 3 --json --quiet 2>>"$O/ctx.err" |
                 python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'ctx=${KILN_CTX:-8192} kv=bf16 $s bf16 b$b: {r[\"decode_tok_s\"]:.1f} tok/s, weights {r[\"decode_weight_gb_s\"]:.0f} GB/s')" |
@@ -203,7 +213,7 @@ fi
 if has profile; then
     # KILN_CUDA_PROFILE=1: every op timed by events (graphs off); totals per op and shape
     for s in $SHAPES; do
-        [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
+        make_model "$s" >/dev/null || continue
         for b in ${KILN_PROFILE_BATCHES:-1}; do
             stamp "profile $s bf16 b$b"
             KILN_CUDA_PROFILE=1 "$K" bench --device cuda --model "$M/$s" --prompt 128 --gen 16 --batch $b --runs 1 --json --quiet 2>&1 |
@@ -215,7 +225,7 @@ fi
 if has hf && ! late hf; then
     stamp "transformers generate"
     for s in $SHAPES; do  # only config.json is read: transformers makes its own random weights
-        [ -f "$M/$s/config.json" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null
+        [ -f "$M/$s/config.json" ] || make_model "$s" >/dev/null
     done
     PYTHONUNBUFFERED=1 KILN_HF_BATCHES="$HF_BATCHES" timeout "${KILN_HF_TIMEOUT:-240}" python3 - "$M" $SHAPES <<'PY' 2>&1 | grep --line-buffered -v Warning | tee "$O/hf.txt"
 import json, os, sys, time, torch, transformers

@@ -28,7 +28,7 @@ import struct
 
 import numpy as np
 
-FIXTURES = "/work/shared/fixtures"
+FIXTURES = os.environ.get("KILN_FIXTURES", "/work/shared/fixtures")  # the fixtures root (env: the GPU machine carries them elsewhere)
 
 SHAPES = {
     "qwen3.5-0.8b": dict(family="qwen3_5_text", hidden_size=1024, num_hidden_layers=24,
