@@ -559,26 +559,21 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     a.tok = s->ids.ptr;
     a.pos = a.tok + T;
 
-    int32_t *host_ids = malloc((size_t)(2 * T) * sizeof(int32_t));
     /* one store + attend call per (non-shared) layer for the whole batch when the caches offer
      * it; KV-shared layers attend per sequence to their source layer (nothing to store) */
-    const kiln_kv_vtable *bvt = e[0].seq->kv->vt;
-    bool batch_kv = bvt->store_attend_batch != NULL;
-    for (int i = 1; batch_kv && i < n_entries; i++) batch_kv = e[i].seq->kv->vt == bvt;
-    kiln_kv **kvs = batch_kv ? malloc((size_t)n_entries * sizeof *kvs) : NULL;
-    int *kv_n = batch_kv ? malloc((size_t)n_entries * sizeof *kv_n) : NULL;
-    if (!host_ids || (batch_kv && (!kvs || !kv_n))) {
-        free(host_ids), free(kvs), free(kv_n);
-        return kiln_error(KILN_ERR_OOM, "%s: out of memory for %lld tokens", m->dir, (long long)T);
-    }
-    for (int i = 0; batch_kv && i < n_entries; i++) kvs[i] = e[i].seq->kv, kv_n[i] = e[i].n_tokens;
-    for (int i = 0, t = 0; i < n_entries; i++)
-        for (int j = 0; j < e[i].n_tokens; j++, t++) {
-            host_ids[t] = e[i].tokens[j];
-            host_ids[T + t] = e[i].seq->kv->len + j;
+    kiln_batch_kv bkv;
+    KILN_TRY(kiln_batch_kv_init(&bkv, e, n_entries));
+    {
+        kiln_status up = kiln_batch_upload_ids(be, e, n_entries, T, a.tok);
+        if (up != KILN_OK) {
+            kiln_batch_kv_free(&bkv);
+            return up;
         }
-    be->upload(be, a.tok, host_ids, (size_t)(2 * T) * sizeof(int32_t));
-    free(host_ids);
+    }
+    const bool batch_kv = bkv.ok;
+    const kiln_kv_vtable *bvt = bkv.vt;
+    kiln_kv **kvs = bkv.kvs;
+    int *kv_n = bkv.n;
 
     be->embed(be, a.x, a.tok, T, &s->embed);
     be->scale(be, a.x, s->embed_scale, T * H);
@@ -649,8 +644,7 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         }
         if (L->layer_scalar != 1.0f) be->scale(be, a.x, L->layer_scalar, T * H);
     }
-    free(kvs);
-    free(kv_n);
+    kiln_batch_kv_free(&bkv);
     if (st != KILN_OK) return st;
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
     const kiln_logits_head head = {.hidden = H,

@@ -242,31 +242,19 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         if (st != KILN_OK) return st;
     }
 
-    int32_t *host_ids = malloc((size_t)(2 * T) * sizeof(int32_t));
-    if (!host_ids) return kiln_error(KILN_ERR_OOM, "out of memory");
     /* One store + attend call per layer for the whole batch when the caches offer it (device
      * caches: one launch instead of several per sequence); otherwise per cache as before. */
-    kiln_kv **kvs = NULL;
-    int *kv_n = NULL;
-    const kiln_kv_vtable *bvt = e[0].seq->kv->vt;
-    bool batch_kv = bvt->store_attend_batch != NULL;
-    for (int i = 1; batch_kv && i < n_entries; i++) batch_kv = e[i].seq->kv->vt == bvt;
-    if (batch_kv) {
-        kvs = malloc((size_t)n_entries * sizeof *kvs);
-        kv_n = malloc((size_t)n_entries * sizeof *kv_n);
-        if (!kvs || !kv_n) {
-            free(kvs), free(kv_n), free(host_ids);
-            return kiln_error(KILN_ERR_OOM, "out of memory");
-        }
-        for (int i = 0; i < n_entries; i++) kvs[i] = e[i].seq->kv, kv_n[i] = e[i].n_tokens;
+    kiln_batch_kv bkv;
+    KILN_TRY(kiln_batch_kv_init(&bkv, e, n_entries));
+    kiln_status st = kiln_batch_upload_ids(be, e, n_entries, T, a.tok);
+    if (st != KILN_OK) {
+        kiln_batch_kv_free(&bkv);
+        return st;
     }
-    for (int i = 0, t = 0; i < n_entries; i++)
-        for (int j = 0; j < e[i].n_tokens; j++, t++) {
-            host_ids[t] = e[i].tokens[j];
-            host_ids[T + t] = e[i].seq->kv->len + j;
-        }
-    be->upload(be, a.tok, host_ids, (size_t)(2 * T) * sizeof(int32_t));
-    free(host_ids);
+    const bool batch_kv = bkv.ok;
+    const kiln_kv_vtable *bvt = bkv.vt;
+    kiln_kv **kvs = bkv.kvs;
+    int *kv_n = bkv.n;
 
     be->embed(be, a.x, a.tok, T, &s->embed);
     kiln_attn_params ap = {
@@ -309,8 +297,7 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         be->matmul_add(be, a.x, a.gate, a.h, T, &L->w_down);
     }
     if (graph && !replayed) be->graph_end(be);
-    free(kvs);
-    free(kv_n);
+    kiln_batch_kv_free(&bkv);
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
     const kiln_logits_head head = {.hidden = H,
                                    .vocab = s->vocab,

@@ -102,6 +102,20 @@ typedef struct kiln_logits_head {
 } kiln_logits_head;
 /* Total new tokens T of a batch and the rows R that want logits. */
 void kiln_batch_sizes(const kiln_batch_entry *e, int n_entries, int64_t *tokens, int64_t *rows);
+/* The batch's caches, for one store_attend_batch call per layer (batch.c): ok when every entry's
+ * cache has one vtable offering it; then kvs[i] / n[i] are entry i's cache and new tokens. */
+typedef struct kiln_batch_kv {
+    bool ok;
+    const kiln_kv_vtable *vt;
+    kiln_kv **kvs; /* [n_entries] */
+    int *n;        /* [n_entries] */
+} kiln_batch_kv;
+kiln_status kiln_batch_kv_init(kiln_batch_kv *b, const kiln_batch_entry *e, int n_entries);
+void kiln_batch_kv_free(kiln_batch_kv *b);
+/* Uploads the batch's ids and positions (cache length + j) to tok_pos [2T] in backend memory:
+ * tok_pos[0..T) ids, tok_pos[T..2T) positions, entries' tokens stacked. */
+kiln_status kiln_batch_upload_ids(kiln_backend *be, const kiln_batch_entry *e, int n_entries,
+                                  int64_t T, int32_t *tok_pos);
 /* x: [T, hidden] residual stream of the batch (entries' tokens stacked); rows: [R, hidden]
  * scratch for the normed rows; logits_scratch holds [R, vocab] across calls. */
 kiln_status kiln_logits_head_run(kiln_model *m, const kiln_logits_head *h, kiln_batch_entry *e,

@@ -1,0 +1,46 @@
+/* batch.c — what every family's forward does first with a batch: the token ids and positions
+ * uploaded to the backend, and the caches gathered for one batched store + attend per layer. */
+#include "model/model.h"
+
+#include "util/status.h"
+
+#include <stdlib.h>
+
+kiln_status kiln_batch_kv_init(kiln_batch_kv *b, const kiln_batch_entry *e, int n_entries) {
+    b->vt = e[0].seq->kv->vt;
+    b->ok = b->vt->store_attend_batch != NULL;
+    for (int i = 1; b->ok && i < n_entries; i++) b->ok = e[i].seq->kv->vt == b->vt;
+    b->kvs = NULL;
+    b->n = NULL;
+    if (!b->ok) return KILN_OK;
+    b->kvs = malloc((size_t)n_entries * sizeof *b->kvs);
+    b->n = malloc((size_t)n_entries * sizeof *b->n);
+    if (!b->kvs || !b->n) {
+        kiln_batch_kv_free(b);
+        return kiln_error(KILN_ERR_OOM, "out of memory (batch of %d)", n_entries);
+    }
+    for (int i = 0; i < n_entries; i++) b->kvs[i] = e[i].seq->kv, b->n[i] = e[i].n_tokens;
+    return KILN_OK;
+}
+
+void kiln_batch_kv_free(kiln_batch_kv *b) {
+    free(b->kvs);
+    free(b->n);
+    b->kvs = NULL;
+    b->n = NULL;
+    b->ok = false;
+}
+
+kiln_status kiln_batch_upload_ids(kiln_backend *be, const kiln_batch_entry *e, int n_entries,
+                                  int64_t T, int32_t *tok_pos) {
+    int32_t *host = malloc((size_t)(2 * T) * sizeof *host);
+    if (!host) return kiln_error(KILN_ERR_OOM, "out of memory for %lld tokens", (long long)T);
+    for (int i = 0, t = 0; i < n_entries; i++)
+        for (int j = 0; j < e[i].n_tokens; j++, t++) {
+            host[t] = e[i].tokens[j];
+            host[T + t] = e[i].seq->kv->len + j;
+        }
+    be->upload(be, tok_pos, host, (size_t)(2 * T) * sizeof *host);
+    free(host);
+    return KILN_OK;
+}
