@@ -174,7 +174,12 @@ static void compare_records(kv_pair *P) {
                             num += (double)(a[d] - b[d]) * (a[d] - b[d]);
                             den += (double)a[d] * a[d];
                         }
-                        differ += memcmp(cr, gr, rec) != 0;
+                        if (memcmp(cr, gr, rec) != 0 && differ++ == 0) /* the first one */
+                            fprintf(stderr,
+                                    "%s: first differing record: seq %d layer %d pos %d head %d "
+                                    "%s, decoded cpu/gpu: %g/%g %g/%g %g/%g %g/%g\n",
+                                    c->kind, s, l, p, h, which ? "V" : "K", a[0], b[0], a[1], b[1],
+                                    a[2], b[2], a[3], b[3]);
                     }
             }
         }
@@ -261,16 +266,22 @@ static void run_case(const kv_case *c) {
     be->free(be, P.dpos);
 }
 
-/* Plain-float kinds (f32 / f16 / bf16) are not here: on the H200 their device blocks held wrong
- * rows (2026-12-03: every record differed, attention rel err ~0.6), so the engine keeps those
- * kinds in the contiguous device caches and refuses them paged (engine.c); the cases return when
- * the store / tile loader of plain records is fixed. */
+/* Plain-float kinds (f32 / f16 / bf16) are in plain_cases, run only with KILN_TEST_PLAIN_PAGED=1:
+ * on the H200 their device blocks held wrong rows (2026-12-03: every record differed, attention
+ * rel err 0.1-0.7), so the engine keeps those kinds in the contiguous device caches and refuses
+ * them paged (engine.c). They join `cases` again once the plain-record store / load is fixed. */
 static const kv_case cases[] = {
     {"q8", 8, 2, 128, 40, 0.0f, 37},         {"q4", 8, 2, 64, 0, 0.0f, 1030},
     {"turbo:k8v4", 8, 2, 128, 0, 0.0f, 17},  {"turbo:k4v4:rotk:kg64", 8, 2, 128, 0, 30.0f, 100},
     {"turbo:k8v3", 4, 4, 64, 0, 0.0f, 1},    {"turbo:k8v4:rotk", 16, 2, 256, 0, 0.0f, 40},
     {"q8:g32", 6, 2, 96, 24, 0.0f, 33},      {"q4:g32", 4, 1, 96, 0, 0.0f, 16},
     {"turbo:k8v4", 8, 2, 64, 0, 0.0f, 1030},
+};
+
+static const kv_case plain_cases[] = {
+    {"bf16", 8, 2, 128, 0, 0.0f, 100},
+    {"f16", 8, 8, 64, 0, 0.0f, 5},
+    {"f32", 4, 2, 64, 0, 0.0f, 7},
 };
 
 int main(void) {
@@ -283,6 +294,11 @@ int main(void) {
     if (!be) return test_finish();
     CHECK(be->kv_paged_ops != NULL);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+    /* KILN_TEST_PLAIN_PAGED=1: the plain-float kinds too (failing on the H200; for debugging) */
+    const char *plain = getenv("KILN_TEST_PLAIN_PAGED");
+    if (plain && strcmp(plain, "1") == 0)
+        for (size_t i = 0; i < sizeof plain_cases / sizeof plain_cases[0]; i++)
+            run_case(&plain_cases[i]);
     kiln_backend_free(be);
     return test_finish();
 }
