@@ -1,9 +1,11 @@
 /* test_parity_cuda_kv.c — whole models on the GPU with the paged device KV caches against the
  * same models on the CPU with the same --kv kind (fixtures in ../shared/fixtures):
  *   - logits of the fixture prompt (one forward, every position) within a relative L2 bound of
- *     the kind (the K/V rows differ by the backends' float error before they are quantized);
+ *     the kind (the K/V rows differ by the backends' float error before they are quantized),
+ *     or of the codec's own noise (the CPU with this kind vs the CPU with the exact f32 cache);
  *   - a 24-token greedy continuation through the cache: the same tokens (a flip where the CPU's
- *     top-2 margin is below 2e-3 of its logit range is reported as a near-tie, not failed);
+ *     top-2 margin is below 2e-3 of its logit range, or below the largest logit shift the codec
+ *     itself causes, is reported as a near-tie, not failed);
  *   - prefix sharing on the device pool: a sequence attached to the cached blocks of another
  *     (kiln_seq_prefix_attach; with a prompt of whole blocks, its first write is a copy-on-write
  *     of the shared last block) gives the logits it gets alone, then both decode as one batch;
@@ -82,41 +84,73 @@ static bool read_prompt(const char *dir, int32_t **ids, int *n) {
     return *n > 1;
 }
 
-/* Prompt logits and greedy continuation: CUDA vs CPU with the same cache kind. */
+/* Largest |a[i] - b[i]|. */
+static double max_abs_diff(const float *a, const float *b, int n) {
+    double m = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        m = d > m ? d : m;
+    }
+    return m;
+}
+
+/* Prompt logits and greedy continuation: CUDA vs CPU with the same cache kind. A third model, the
+ * CPU with the exact f32 cache fed the CPU's tokens, measures the codec's own noise at each step
+ * (CPU kind vs CPU f32): a quantized cache turns the backends' ~1e-6 float differences into whole
+ * code steps where a value sits near a rounding boundary, so the device may differ from the CPU by
+ * up to that noise (bound: max(tol, 1.5 x noise)), and a greedy flip is a near-tie when the CPU's
+ * top-2 gap is below 2e-3 of its range or below the codec's own largest logit shift. */
 static void kind_parity(const char *name, const char *dir, const char *kind, double tol,
                         const int32_t *prompt, int n) {
     kiln_model *cpu = load(dir, KILN_DEVICE_CPU, kind, 0);
     kiln_model *gpu = load(dir, KILN_DEVICE_CUDA, kind, 0);
-    if (!cpu || !gpu) {
+    kiln_model *exact = load(dir, KILN_DEVICE_CPU, "f32", 0);
+    if (!cpu || !gpu || !exact) {
         kiln_model_free(cpu);
         kiln_model_free(gpu);
+        kiln_model_free(exact);
         return;
     }
     const int V = kiln_model_get_info(cpu)->vocab_size;
-    kiln_seq *sc = NULL, *sg = NULL;
+    kiln_seq *sc = NULL, *sg = NULL, *sx = NULL;
     CHECK_OK(kiln_seq_new(cpu, &sc));
     CHECK_OK(kiln_seq_new(gpu, &sg));
+    CHECK_OK(kiln_seq_new(exact, &sx));
     float *lc = malloc(sizeof(float) * (size_t)n * V), *lg = malloc(sizeof(float) * (size_t)n * V);
+    float *lx = malloc(sizeof(float) * (size_t)n * V);
     kiln_batch_entry e = {sc, prompt, n, KILN_LOGITS_ALL, lc};
     CHECK_OK(kiln_forward(cpu, &e, 1));
     e = (kiln_batch_entry){sg, prompt, n, KILN_LOGITS_ALL, lg};
     CHECK_OK(kiln_forward(gpu, &e, 1));
+    e = (kiln_batch_entry){sx, prompt, n, KILN_LOGITS_ALL, lx};
+    CHECK_OK(kiln_forward(exact, &e, 1));
     double err = test_rel_l2(lg, lc, (size_t)n * V);
-    CHECK_MSG(err <= tol, "%s --kv %s: prompt logits cuda vs cpu rel err %.3g (tol %.1g)", name,
-              kind, err, tol);
-    /* greedy through the cache, each side feeding its own picks */
+    double noise = test_rel_l2(lc, lx, (size_t)n * V);
+    double bound = tol > 1.5 * noise ? tol : 1.5 * noise;
+    CHECK_MSG(err <= bound,
+              "%s --kv %s: prompt logits cuda vs cpu rel err %.3g (bound %.2g: tol %.1g, codec "
+              "noise %.3g)",
+              name, kind, err, bound, tol, noise);
+    /* greedy through the cache, each side feeding its own picks (the exact model the CPU's) */
     enum { STEPS = 24 };
     int32_t tc = argmax(lc + (size_t)(n - 1) * V, V), tg = argmax(lg + (size_t)(n - 1) * V, V);
     int same = 0, near_tie = -1;
-    double worst = err;
+    double worst = err, worst_noise = noise;
     const float *last_c = lc + (size_t)(n - 1) * V; /* the CPU logits that picked tc */
+    double shift = max_abs_diff(last_c, lx + (size_t)(n - 1) * V, V);
     for (int s = 0; s < STEPS; s++) {
         if (tc != tg) {
-            if (margin(last_c, V) < 2e-3)
+            int32_t b = argmax(last_c, V);
+            float second = -INFINITY;
+            for (int i = 0; i < V; i++)
+                if (i != b && last_c[i] > second) second = last_c[i];
+            if (margin(last_c, V) < 2e-3 || (double)(last_c[b] - second) < shift)
                 near_tie = s;
             else
-                CHECK_MSG(false, "%s --kv %s: greedy step %d: cpu %d, cuda %d", name, kind, s, tc,
-                          tg);
+                CHECK_MSG(false,
+                          "%s --kv %s: greedy step %d: cpu %d, cuda %d (gap %.3g, codec "
+                          "shift %.3g)",
+                          name, kind, s, tc, tg, (double)(last_c[b] - second), shift);
             break;
         }
         same++;
@@ -124,21 +158,33 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
         CHECK_OK(kiln_forward(cpu, &e, 1));
         e = (kiln_batch_entry){sg, &tg, 1, KILN_LOGITS_LAST, lg};
         CHECK_OK(kiln_forward(gpu, &e, 1));
-        double d = test_rel_l2(lg, lc, (size_t)V);
+        e = (kiln_batch_entry){sx, &tc, 1, KILN_LOGITS_LAST, lx};
+        CHECK_OK(kiln_forward(exact, &e, 1));
+        double d = test_rel_l2(lg, lc, (size_t)V), dn = test_rel_l2(lc, lx, (size_t)V);
+        double b = tol > 1.5 * dn ? tol : 1.5 * dn;
         if (d > worst) worst = d;
-        CHECK_MSG(d <= tol, "%s --kv %s: decode step %d logits rel err %.3g (tol %.1g)", name, kind,
-                  s, d, tol);
+        if (dn > worst_noise) worst_noise = dn;
+        CHECK_MSG(d <= b,
+                  "%s --kv %s: decode step %d logits rel err %.3g (bound %.2g: tol %.1g, codec "
+                  "noise %.3g)",
+                  name, kind, s, d, b, tol, dn);
+        shift = max_abs_diff(lc, lx, V);
         tc = argmax(lc, V);
         tg = argmax(lg, V);
         last_c = lc;
     }
-    fprintf(stderr, "%-16s --kv %-18s prompt err %.2g, worst %.2g, greedy %d/%d same%s\n", name,
-            kind, err, worst, same, STEPS, near_tie >= 0 ? " (then a near-tie)" : "");
-    free(lc), free(lg);
+    fprintf(stderr,
+            "%-16s --kv %-18s prompt err %.2g, worst %.2g (codec noise up to %.2g), greedy %d/%d "
+            "same%s\n",
+            name, kind, err, worst, worst_noise, same, STEPS,
+            near_tie >= 0 ? " (then a near-tie)" : "");
+    free(lc), free(lg), free(lx);
     kiln_seq_free(sc);
     kiln_seq_free(sg);
+    kiln_seq_free(sx);
     kiln_model_free(cpu);
     kiln_model_free(gpu);
+    kiln_model_free(exact);
 }
 
 /* Prefix sharing on the device pool (4-token blocks so the short prompt has full ones). */

@@ -6,6 +6,18 @@
 
 #include <stdlib.h>
 
+int kiln_graph_max_batch(void) {
+    static int cached = -1; /* read once: the environment does not change under a running model */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("KILN_GRAPH_MAX_BATCH");
+        v = e && *e ? atoi(e) : 8;
+        if (v < 0) v = 0;
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
 kiln_status kiln_batch_kv_init(kiln_batch_kv *b, const kiln_batch_entry *e, int n_entries) {
     b->vt = e[0].seq->kv->vt;
     b->ok = b->vt->store_attend_batch != NULL;

@@ -269,8 +269,9 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     /* small decode steps (one token per sequence, up to 8 sequences, batched K/V calls) run as
      * one recorded unit where the backend offers it: on CUDA a graph instead of ~17 launches per
      * layer, recorded once per key and replayed while the key holds. Larger batches are
-     * GEMM-bound and measured slower captured. */
-    const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= 8;
+     * GEMM-bound and were measured slower captured when every step re-captured;
+     * KILN_GRAPH_MAX_BATCH raises the limit (graphs are now replayed by key). */
+    const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= kiln_graph_max_batch();
     bool replayed = false;
     if (graph) replayed = be->graph_begin(be, decode_step_key(s, &a, kvs, kv_n, n_entries));
     /* fused ops (backend.h): each layer's input RMSNorm folded into the q/k/v multi-matmul, the
