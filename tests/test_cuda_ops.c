@@ -484,6 +484,146 @@ static void test_matmul_fused(void) {
     }
 }
 
+/* The fusions on the dp4a GEMV (4/8-bit weights, n <= 8): matmul_norm (q/k/v in one launch),
+ * matmul_add, matmul_norm_glu and the plain multi-matmul against the CPU reference composition
+ * (rmsnorm, matmul, add, SiLU/GELU), with x's digits from pass 1 and made in the blocks (inline
+ * 0 = never, 1 = wherever it fits, 2 = by the default budget), PDL on and off; row counts that
+ * leave the last tile and block partly empty, (1 + w) and absent norm weights, biases, x blocks of
+ * very different magnitude (matmul_add). One call per op, as a layer makes them. */
+static void check_qfused_case(int bits, int G, kiln_dtype sdt, int64_t cols, const int64_t rows[3],
+                              int64_t F, int64_t O, int64_t n, int k) {
+    const bool plus_one = k % 2 == 1, bias = k % 3 == 1, no_norm_w = k % 7 == 3;
+    const kiln_glu_act act = (k / 2) % 2 ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
+    const int inl = k % 3, pdl = (k / 3) % 2;
+    kiln_cuda_set_qgemv_inline(inl);
+    kiln_cuda_set_qgemv_dp4a(0, 0, pdl);
+    char label[120];
+    snprintf(label, sizeof label, "q%dg%d/%s cols=%lld n=%lld inline=%d pdl=%d", bits, G,
+             kiln_dtype_name(sdt), (long long)cols, (long long)n, inl, pdl);
+    test_matrix m[3], g, u, o;
+    for (int i = 0; i < 3; i++) make_quant(&m[i], bits, G, sdt, rows[i], cols, bias && i == 1);
+    make_quant(&g, bits, G, sdt, F, cols, bias);
+    make_quant(&u, bits, G, sdt, F, cols, false);
+    make_quant(&o, bits, G, sdt, O, F, bias);
+    float *x = rand_f32(n * cols, 1.5f), *nw = no_norm_w ? NULL : rand_f32(cols, 0.5f);
+    float *hn = malloc((size_t)(n * cols) * 4);
+    kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, plus_one);
+    float *dx = dev_copy(x, (size_t)(n * cols) * 4);
+    float *dnw = nw ? dev_copy(nw, (size_t)cols * 4) : NULL;
+    float *dh = dev_poisoned(n * (cols > F ? cols : F));
+    char what[200];
+    /* matmul_norm over q/k/v-like matrices, and the plain multi-matmul of x */
+    for (int plain = 0; plain < 2; plain++) {
+        float *ref[3], *dy[3];
+        const kiln_matrix *ws[3];
+        for (int i = 0; i < 3; i++) {
+            ref[i] = malloc((size_t)(n * rows[i]) * 4);
+            kiln_cpu_matmul_ref(ref[i], plain ? x : hn, n, &m[i].host);
+            dy[i] = dev_poisoned(n * rows[i]);
+            ws[i] = &m[i].dev;
+        }
+        if (plain)
+            be->matmul_multi(be, 3, dy, dx, n, ws);
+        else
+            be->matmul_norm(be, 3, dy, dx, dh, n, ws, dnw, 1e-6f, plus_one);
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what, "%s %s matrix %d%s", plain ? "matmul_multi" : "matmul_norm",
+                     label, i,
+                     plus_one ? " (1+w)"
+                     : nw     ? ""
+                              : " (no w)");
+            compare(what, dy[i], ref[i], n * rows[i], 1e-5);
+            be->free(be, dy[i]);
+            free(ref[i]);
+        }
+    }
+    /* matmul_norm_glu */
+    float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
+    kiln_cpu_matmul_ref(gr, hn, n, &g.host);
+    kiln_cpu_matmul_ref(ur, hn, n, &u.host);
+    if (act == KILN_GLU_GELU_TANH)
+        kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
+    else
+        kiln_cpu_silu_mul(gr, gr, ur, n * F);
+    float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
+    be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g.dev, &u.dev, dnw, 1e-6f, plus_one, act);
+    snprintf(what, sizeof what, "matmul_norm_glu %s act %d", label, (int)act);
+    compare(what, dout, gr, n * F, 2e-5);
+    /* matmul_add: y += a @ o^T, a = the GLU reference output with (every third case) a zero
+     * 32-column block and blocks scaled by 1e4 and 1e-4 in its first and last token */
+    float *a = malloc((size_t)(n * F) * 4);
+    memcpy(a, gr, (size_t)(n * F) * 4);
+    for (int64_t t = 0; k % 3 == 0 && F >= 96 && t < n; t++)
+        for (int64_t j = 0; (t == 0 || t == n - 1) && j < 96; j++)
+            a[t * F + j] *= j < 32 ? 0.0f : j < 64 ? 1e4f : 1e-4f;
+    float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
+    kiln_cpu_matmul_ref(yr, a, n, &o.host);
+    kiln_cpu_add(yr, yr, y0, n * O);
+    float *dy0 = dev_copy(y0, (size_t)(n * O) * 4), *da = dev_copy(a, (size_t)(n * F) * 4);
+    float *dtmp = dev_poisoned(n * O);
+    be->matmul_add(be, dy0, da, dtmp, n, &o.dev);
+    snprintf(what, sizeof what, "matmul_add %s", label);
+    compare(what, dy0, yr, n * O, 1e-5);
+    be->free(be, dx), be->free(be, dh), be->free(be, dout), be->free(be, dup);
+    be->free(be, dy0), be->free(be, da), be->free(be, dtmp);
+    if (dnw) be->free(be, dnw);
+    free(x), free(nw), free(hn), free(gr), free(ur), free(a), free(y0), free(yr);
+    for (int i = 0; i < 3; i++) free_matrix(&m[i]);
+    free_matrix(&g), free_matrix(&u), free_matrix(&o);
+    kiln_cuda_set_qgemv_inline(-1);
+    kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
+}
+
+static void test_qgemv_fused(void) {
+    static const int bits[] = {4, 8};
+    static const int groups[] = {32, 64, 128};
+    const kiln_dtype sdts[] = {KILN_DT_BF16, KILN_DT_F16};
+    int k = 0;
+    for (int b = 0; b < 2; b++)
+        for (int gi = 0; gi < 3; gi++) {
+            const int G = groups[gi];
+            const kiln_dtype sdt = sdts[(b + gi) % 2];
+            /* small: a few chunks per row, rows that leave tiles partly empty */
+            const int64_t small[3] = {13, 7, 130};
+            for (int64_t n = 1; n <= 8; n++, k++)
+                check_qfused_case(bits[b], G, sdt, 3 * G, small, 77, 41, n, k);
+            /* Qwen3-0.6B-like (cols 1024, F 3072, q 2048, k/v 1024) at n = 1 under each inline
+             * mode, and n = 2, 5 */
+            const int64_t qkv[3] = {2048, 1024, 1024};
+            for (int i = 0; i < 5; i++, k++)
+                check_qfused_case(bits[b], G, sdt, 1024, qkv, 3072, 1024,
+                                  i < 3 ? 1 : 2 + 3 * (i - 3), k);
+            /* columns past one block's 32-column groups per warp, odd rows */
+            const int64_t odd[3] = {259, 61, 1};
+            check_qfused_case(bits[b], G, sdt, 4096 + 2 * G, odd, 515, 129, 1, k++);
+            check_qfused_case(bits[b], G, sdt, 8192, odd, 33, 17, 1, k++); /* QG_INL_COLS */
+            check_qfused_case(bits[b], G, sdt, 4 * G, odd, 33, 17, 3, k++);
+        }
+    /* gate and up of different formats: the composition */
+    {
+        test_matrix g, u;
+        const int64_t n = 1, cols = 256, F = 64;
+        make_quant(&g, 4, 32, KILN_DT_F16, F, cols, false);
+        make_quant(&u, 8, 64, KILN_DT_BF16, F, cols, false);
+        float *x = rand_f32(n * cols, 1.0f), *nw = rand_f32(cols, 0.5f);
+        float *hn = malloc((size_t)(n * cols) * 4), *gr = malloc((size_t)(n * F) * 4),
+              *ur = malloc((size_t)(n * F) * 4);
+        kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, false);
+        kiln_cpu_matmul_ref(gr, hn, n, &g.host);
+        kiln_cpu_matmul_ref(ur, hn, n, &u.host);
+        kiln_cpu_silu_mul(gr, gr, ur, n * F);
+        float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
+        float *dh = dev_poisoned(n * cols), *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
+        be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g.dev, &u.dev, dnw, 1e-6f, false,
+                            KILN_GLU_SILU);
+        compare("matmul_norm_glu q4 gate, q8 up (composition)", dout, gr, n * F, 1e-5);
+        be->free(be, dx), be->free(be, dnw), be->free(be, dh), be->free(be, dout);
+        be->free(be, dup);
+        free(x), free(nw), free(hn), free(gr), free(ur);
+        free_matrix(&g), free_matrix(&u);
+    }
+}
+
 /* add_rmsnorm == add then rmsnorm; output aliasing h (as the forward uses it) and separate. */
 static void test_add_rmsnorm(void) {
     static const int64_t dims[] = {7, 1024, 4096, 5000};
@@ -1201,6 +1341,7 @@ int main(void) {
     test_embed();
     test_matmul();
     test_qgemv_dp4a();
+    test_qgemv_fused();
     test_gemv_bf16_rows();
     test_attention();
     test_attention_tc();

@@ -77,6 +77,11 @@ void kiln_cuda_set_qgemv_variant(int variant, int rows_per_warp);
  * (1 = on, 0 = off). A value < 0 comes from env KILN_CUDA_QGEMV_ROWS / _KS / _PDL (default 0, 0,
  * 1). */
 void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
+/* Whether the dp4a kernel's blocks make x's digits themselves at n = 1 (no pass-1 launch): 0 =
+ * never, 1 = wherever x fits in shared memory, 2 = where the grid's repeated digit work is small
+ * (default; env KILN_CUDA_QGEMV_INLINE_COLS columns per SM, 6144); -1 goes back to env
+ * KILN_CUDA_QGEMV_INLINE. Off with KILN_CUDA_FUSED=0. */
+void kiln_cuda_set_qgemv_inline(int mode);
 /* bf16 GEMV kernel (n <= 8): 1 = 4 warps split the columns of 4 rows (default), 2 = row-streaming
  * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE
  * and KILN_CUDA_GEMV_DENSE_KS; variant < 0 goes back to the environment. */

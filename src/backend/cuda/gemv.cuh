@@ -1,6 +1,7 @@
-/* gemv.cuh — what the dense GEMV kernels share (internal): the block geometry (GEMV_WARPS warps
- * own GEMV_R rows and split the columns; decode batches up to GEMV_MAX_N tokens), the 16-byte
- * loader of 8 weights per dtype, and the test whether a matrix can take the GEMV path. */
+/* gemv.cuh — what the GEMV kernels share (internal): the block geometry (GEMV_WARPS warps own
+ * GEMV_R rows and split the columns; decode batches up to GEMV_MAX_N tokens), the 16-byte loader
+ * of 8 weights per dtype, the test whether a matrix can take the GEMV path, the GLU activation and
+ * the switch of the fused kernels. */
 #ifndef KILN_CUDA_GEMV_CUH
 #define KILN_CUDA_GEMV_CUH
 
@@ -42,6 +43,19 @@ template <> struct dense8<KILN_DT_F32> {
         v[7] = b.w;
     }
 };
+
+/* act(g) of a gated linear unit (kiln_glu_act): SiLU, or GELU with the tanh approximation. */
+__device__ __forceinline__ float kcu_glu_act(float g, int act) {
+    if (act == KILN_GLU_GELU_TANH) {
+        const float k0 = 0.7978845608028654f; /* sqrt(2/pi) */
+        return 0.5f * g * (1.0f + kcu_tanh(k0 * (g + 0.044715f * g * g * g)));
+    }
+    return g / (1.0f + __expf(-g));
+}
+
+/* The decode-layer fusion kernels (matmul_fused.cu, and the dp4a ones of qgemv.cu) are on unless
+ * KILN_CUDA_FUSED=0 (then the ops run as compositions of plain ops, for A/B runs). */
+bool kcu_fused_enabled(void);
 
 /* x and w->data 16-byte aligned and rows that keep 16-byte alignment (matmul.cu). */
 bool kcu_gemv_ok(const kiln_matrix *w, const float *x);

@@ -11,11 +11,13 @@
  *
  * Same block geometry as matmul.cu's dense GEMV (GEMV_WARPS warps own GEMV_R rows and split the
  * columns, 16-byte weight loads, f32 accumulation), for bf16 / f16 / f32 weights and n <= 8
- * tokens. Anything else (quantized weights, prefill, unaligned views) runs the composition of
- * plain ops (kiln_backend_*_composed). Results match the composition within f32 rounding (the
+ * tokens. 4/8-bit quantized weights take the same fusions on the dp4a GEMV (qgemv.cu). Anything
+ * else (other bit widths, prefill, unaligned views) runs the composition of plain ops
+ * (kiln_backend_*_composed). Results match the composition within f32 rounding (the
  * norm scales the dot product instead of each x). */
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/quant.cuh"
 
 #include <string.h>
 
@@ -36,14 +38,6 @@ struct gemv_fused {
     int plus_one; /* norm weight applied as (1 + w) */
     int act;      /* kiln_glu_act (FUSE_GLU) */
 };
-
-__device__ __forceinline__ float glu_act(float g, int act) {
-    if (act == KILN_GLU_GELU_TANH) {
-        const float k0 = 0.7978845608028654f; /* sqrt(2/pi) */
-        return 0.5f * g * (1.0f + kcu_tanh(k0 * (g + 0.044715f * g * g * g)));
-    }
-    return g / (1.0f + __expf(-g));
-}
 
 template <int DT, int NT, int F>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -162,7 +156,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             u *= scale;
             if (M.bias[0]) v += M.bias[0][row];
             if (M.bias[1]) u += M.bias[1][row];
-            M.y[0][t * rows + row] = glu_act(v, M.act) * u;
+            M.y[0][t * rows + row] = kcu_glu_act(v, M.act) * u;
         } else {
             if (M.bias[m]) v += M.bias[m][row];
             if (F & FUSE_ADD)
@@ -173,16 +167,21 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-/* The GEMV applies: dense weights of one dtype, same cols, aligned, n <= GEMV_MAX_N, and the norm
- * weights (if any) 16-byte aligned. KILN_CUDA_FUSED=0 turns the kernels off (composition). */
 static int g_fused_on = -1;
-static bool fused_applies(int count, const kiln_matrix *const *ws, const float *x, int64_t n,
-                          const float *norm_w) {
+bool kcu_fused_enabled(void) {
     if (g_fused_on < 0) {
         const char *e = getenv("KILN_CUDA_FUSED");
         g_fused_on = !(e && strcmp(e, "0") == 0);
     }
-    if (!g_fused_on || n < 1 || n > GEMV_MAX_N || count < 1 || count > FUSED_MAX) return false;
+    return g_fused_on != 0;
+}
+
+/* The GEMV applies: dense weights of one dtype, same cols, aligned, n <= GEMV_MAX_N, and the norm
+ * weights (if any) 16-byte aligned. KILN_CUDA_FUSED=0 turns the kernels off (composition). */
+static bool fused_applies(int count, const kiln_matrix *const *ws, const float *x, int64_t n,
+                          const float *norm_w) {
+    if (!kcu_fused_enabled() || n < 1 || n > GEMV_MAX_N || count < 1 || count > FUSED_MAX)
+        return false;
     if (norm_w && ((uintptr_t)norm_w & 15)) return false;
     for (int i = 0; i < count; i++) {
         const kiln_matrix *w = ws[i];
@@ -225,6 +224,9 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
                                 const float *norm_w, float eps, bool plus_one) {
     if (n <= 0) return;
     if (!fused_applies(count, ws, x, n, norm_w)) {
+        if (kcu_fused_enabled() &&
+            kcu_qgemv_dp4a_norm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one))
+            return;
         kiln_backend_matmul_norm_composed(be, count, ys, x, h, n, ws, norm_w, eps, plus_one);
         return;
     }
@@ -251,6 +253,7 @@ extern "C" void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float
                                const kiln_matrix *w) {
     if (n <= 0) return;
     if (!fused_applies(1, &w, x, n, NULL)) {
+        if (kcu_fused_enabled() && kcu_qgemv_dp4a_add(kcu_st(be), y, x, n, w)) return;
         kiln_backend_matmul_add_composed(be, y, x, tmp, n, w);
         return;
     }
@@ -273,6 +276,9 @@ extern "C" void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x
     if (n <= 0) return;
     const kiln_matrix *const ws[2] = {wg, wu};
     if (wg->rows != wu->rows || !fused_applies(2, ws, x, n, norm_w)) {
+        if (kcu_fused_enabled() &&
+            kcu_qgemv_dp4a_norm_glu(kcu_st(be), out, x, n, wg, wu, norm_w, eps, plus_one, (int)act))
+            return;
         kiln_backend_matmul_norm_glu_composed(be, out, x, h, up, n, wg, wu, norm_w, eps, plus_one,
                                               act);
         return;

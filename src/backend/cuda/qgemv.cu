@@ -17,16 +17,40 @@
  *   split into the even and odd nibbles of each word ((w & 0x0F0F0F0F), (w >> 4) & 0x0F0F0F0F), so
  *   pass 1 stores each 8-column run's digits as columns 0,2,4,6,1,3,5,7 for 4-bit weights.
  *
+ * The decode-layer fusions of backend.h run on the same kernel (template flags, QG_*): matmul_norm
+ *   digits of x*g (g the norm weight) and x's sums of squares per 32 columns; the dot products are
+ *   scaled by rsqrt(mean x^2 + eps) in the epilogue (the norm is linear in x, so this is
+ *   rmsnorm(x) @ W^T within f32 rounding); q/k/v (up to QG_MAX matrices sharing x) in one launch
+ *   whose blocks pick their matrix from a table in the kernel parameters. matmul_add: y += in the
+ *   epilogue. matmul_norm_glu: a warp owns matching rows of gate and up (each digit load serves
+ *   both) and writes act(gate) * up. At n = 1, where the grid is small (decode of small models:
+ *   launches, not the weight stream, bound the time), each block makes x's digits itself in shared
+ *   memory instead of pass 1 (QG_INL): one launch per op. KILN_CUDA_FUSED=0: none of this, as
+ *   before (pass 1, then one launch per matrix; the fusions run as compositions of plain ops).
+ *
  * With programmatic dependent launch (cuda_common.cuh) pass 2's blocks start while pass 1
  * runs, issue their first weight loads, and wait (griddepcontrol.wait) only before reading x's
  * digits. Error: |x_j - E*X_j| <= 2^-23 * max|x| of its block, ~1e-7 relative in the result. */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
-#define QG_WARPS    8 /* warps per block */
-#define QG_INFLIGHT 4 /* 16-byte chunks in flight per lane (over its R rows) */
+#define QG_WARPS    8    /* warps per block */
+#define QG_INFLIGHT 4    /* 16-byte chunks in flight per lane (over its rows) */
+#define QG_MAX      4    /* matrices per launch */
+#define QG_INL_COLS 8192 /* most columns whose digits a block makes itself (28 KiB of shared) */
+
+/* Kernel variants (template flags F): the decode-layer fusions of backend.h on the dp4a GEMV. */
+enum {
+    QG_NORM =
+        1,      /* rmsnorm(x) @ W^T: digits of x*g, the dot product scaled by rsqrt(mean x^2+eps) */
+    QG_ADD = 2, /* y += x @ W^T */
+    QG_GLU = 4, /* y[0] = act(x @ W0^T) * (x @ W1^T): a warp owns matching rows of both */
+    QG_INL = 8, /* x's digits made by each block in shared memory (n = 1), no pass 1 */
+};
 
 /* acc + sum over the 4 bytes of a (unsigned) * b (signed) */
 __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
@@ -35,17 +59,25 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
     return d;
 }
 
-/* Pass 1. x [n, cols] (cols % 32 == 0). Writes dig [n, 3 digits, cols/16 units, 16 bytes] (digit p
- * of 16 columns in storage order, units ordered as below), E [n, cols/32], sx16 [n, cols/16].
- * perm4: the 4-bit column and unit order. */
-__global__ void __launch_bounds__(256)
-    k_qx_digits(int8_t *dig, float *E, float *sx16, const float *x, int n, int cols, int perm4) {
-    KCU_PDL_ENTER();
-    const int lane = threadIdx.x & 31, ng = cols >> 5;
-    const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; /* t * ng + g */
-    if (gw >= (int64_t)n * ng) return;                                        /* whole warps */
-    const int t = (int)(gw / ng), g = (int)(gw % ng);
-    const float v = x[(int64_t)t * cols + g * 32 + lane];
+/* The value of x a lane digitizes: x[t][g*32 + lane], times the norm weight when norm_w is set
+ * (plus_one: 1 + w). ssq (non-NULL): lane 0 writes the 32 columns' sum of squares of x there. */
+__device__ __forceinline__ float qx_value(const float *x, const float *norm_w, int plus_one,
+                                          float *ssq, int t, int g, int cols, int lane) {
+    const int col = g * 32 + lane;
+    float v = x[(int64_t)t * cols + col];
+    if (ssq) {
+        const float q = kcu_warp_sum(v * v);
+        if (lane == 0) *ssq = q;
+    }
+    if (norm_w) v *= plus_one ? 1.0f + norm_w[col] : norm_w[col];
+    return v;
+}
+
+/* One warp turns lane's v (column g*32 + lane of token t) into its block's exponent and digits:
+ * E[t*ng + g], the three digits at dig (layout of k_qx_digits), sx16[t*n16 + 2g + h]. dig, E and
+ * sx16 are global (pass 1) or shared memory (QG_INL). */
+__device__ __forceinline__ void qx_digit_block(int8_t *dig, float *E, float *sx16, float v, int t,
+                                               int g, int ng, int perm4, int lane) {
     float m = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -62,7 +94,7 @@ __global__ void __launch_bounds__(256)
     const int pos = perm4 ? (lane & ~7) | ((lane & 1) << 2) | ((lane & 7) >> 1) : lane;
     /* 16-column unit u = 2g + lane/16, stored at U(u) = u (8-bit) or (u & 1) * ng + u / 2 (4-bit,
      * where a lane reads units 2c and 2c+1 of its chunk c: consecutive lanes, consecutive 16 B) */
-    const int h = lane >> 4, unit = perm4 ? h * ng + g : 2 * g + h, n16 = cols >> 4;
+    const int h = lane >> 4, unit = perm4 ? h * ng + g : 2 * g + h, n16 = 2 * ng;
     int8_t *o = dig + ((int64_t)t * 3 * n16 + unit) * 16 + (pos & 15);
     o[0] = (int8_t)d0;
     o[(int64_t)n16 * 16] = (int8_t)d1;
@@ -70,28 +102,45 @@ __global__ void __launch_bounds__(256)
     float s = v; /* sums of lanes 0..15 and 16..31 */
 #pragma unroll
     for (int k = 1; k < 16; k <<= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
-    if (lane == 0) E[gw] = __int_as_float((127 + e - 22) << 23);
-    if ((lane & 15) == 0) sx16[(int64_t)t * (cols / 16) + 2 * g + (lane >> 4)] = s;
+    if (lane == 0) E[(int64_t)t * ng + g] = __int_as_float((127 + e - 22) << 23);
+    if ((lane & 15) == 0) sx16[(int64_t)t * n16 + 2 * g + h] = s;
 }
 
-/* Issues the loads of a lane's next QG_INFLIGHT/R chunks c0 + u*step of its R rows (codes, and the
- * scale and bias of each chunk's group; g0[r] = row r's first group) so they are all in flight at
- * once. Chunks past the row's end read as 0. */
-template <int B, int R, int U>
-__device__ __forceinline__ void qg_load_chunks(uint4 (&q)[U][R], float (&s)[U][R], float (&b)[U][R],
-                                               const uint4 *const (&wr)[R], const int64_t (&g0)[R],
-                                               const void *scales, const void *biases, int sdt,
-                                               int group_log2, int c0, int step, int nch) {
+/* Pass 1. x [n, cols] (cols % 32 == 0). Writes dig [n, 3 digits, cols/16 units, 16 bytes] (digit p
+ * of 16 columns in storage order, units ordered as below), E [n, cols/32], sx16 [n, cols/16].
+ * perm4: the 4-bit column and unit order. norm_w (optional): digits of x * norm_w (plus_one:
+ * 1 + norm_w); ssq (optional): [n, cols/32] sums of squares of x. */
+__global__ void __launch_bounds__(256)
+    k_qx_digits(int8_t *dig, float *E, float *sx16, const float *x, int n, int cols, int perm4,
+                const float *norm_w, int plus_one, float *ssq) {
+    KCU_PDL_ENTER();
+    const int lane = threadIdx.x & 31, ng = cols >> 5;
+    const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; /* t * ng + g */
+    if (gw >= (int64_t)n * ng) return;                                        /* whole warps */
+    const int t = (int)(gw / ng), g = (int)(gw % ng);
+    const float v = qx_value(x, norm_w, plus_one, ssq ? ssq + gw : NULL, t, g, cols, lane);
+    qx_digit_block(dig, E, sx16, v, t, g, ng, perm4, lane);
+}
+
+/* Issues the loads of a lane's next QG_INFLIGHT/RR chunks c0 + u*step of its RR rows (codes, and
+ * the scale and bias of each chunk's group; g0[r] = row r's first group; rows r < HALF read the
+ * scales of matrix sp[0], the others sp[1]) so they are all in flight at once. Chunks past the
+ * row's end read as 0. */
+template <int B, int RR, int U, int HALF>
+__device__ __forceinline__ void
+qg_load_chunks(uint4 (&q)[U][RR], float (&s)[U][RR], float (&b)[U][RR],
+               const uint4 *const (&wr)[RR], const int64_t (&g0)[RR], const void *const (&sp)[2],
+               const void *const (&bp)[2], int sdt, int group_log2, int c0, int step, int nch) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = c0 + u * step;
         const int g = (c * (128 / B)) >> group_log2;
 #pragma unroll
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < RR; r++) {
             if (c < nch) {
                 q[u][r] = kcu_load_stream16(wr[r] + c);
-                s[u][r] = kcu_load(scales, g0[r] + g, sdt);
-                b[u][r] = kcu_load(biases, g0[r] + g, sdt);
+                s[u][r] = kcu_load(sp[r >= HALF], g0[r] + g, sdt);
+                b[u][r] = kcu_load(bp[r >= HALF], g0[r] + g, sdt);
             } else {
                 q[u][r] = make_uint4(0, 0, 0, 0);
                 s[u][r] = b[u][r] = 0.0f;
@@ -100,60 +149,117 @@ __device__ __forceinline__ void qg_load_chunks(uint4 (&q)[U][R], float (&s)[U][R
     }
 }
 
-/* Pass 2. y [n, rows] (+bias), w uint32 [rows, cols*B/32], scales/biases [rows, cols/group],
- * dig/E/sx16 from pass 1. A warp owns a tile of R consecutive rows (a partial last tile re-reads
- * its last row and does not write it) and lane l of warp ks of the tile's KS warps reads chunks
- * ks*32 + l + i*32*KS of every row of the tile: each digit load serves R rows. A block holds
- * QG_WARPS/KS tiles; warp = tile in block * KS + ks. */
-template <int B, int NT, int R> /* 64 / 80 / 128 registers: 32 / 24 / 16 warps per SM */
-__global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
-                                                 : NT * R <= 4 ? 3
-                                                               : 2)
-    k_qgemv_dp4a(float *y, const uint32_t *w, const void *scales, const void *biases, int sdt,
-                 int group_log2, const float *bias, const uint4 *dig, const float *E,
-                 const float *sx16, int n, int rows, int cols, int ks_log2) {
+/* Kernel parameters: up to QG_MAX matrices with the same cols, bits, group size and scale dtype
+ * (block b belongs to matrix m with first[m] <= b < first[m+1]); QG_GLU: w[0] gate, w[1] up (same
+ * rows), y[0] the output. */
+struct qg_args {
+    float *y[QG_MAX];           /* [n, rows[m]] (QG_ADD: added to) */
+    const uint32_t *w[QG_MAX];  /* codes [rows[m], cols*B/32] */
+    const void *scales[QG_MAX]; /* [rows[m], cols/group] */
+    const void *biases[QG_MAX]; /* [rows[m], cols/group] */
+    const float *bias[QG_MAX];  /* [rows[m]] or NULL */
+    int rows[QG_MAX];
+    unsigned first[QG_MAX + 1];
+    int count, sdt, group_log2, n, cols, ks_log2;
+    /* x's digits from pass 1 (dig, E, sx16, and ssq with QG_NORM), or with QG_INL made by every
+     * block from x (times norm_w) */
+    const uint4 *dig;
+    const float *E, *sx16, *ssq;
+    const float *x, *norm_w;
+    float eps;
+    int plus_one, act;
+};
+
+/* Pass 2. A warp owns a tile of RR rows (QG_GLU: RR/2 rows of the gate and the same rows of up; a
+ * partial last tile re-reads its last row and does not write it) and lane l of warp ks of the
+ * tile's KS warps reads chunks ks*32 + l + i*32*KS of every row of the tile: each digit load
+ * serves RR rows. A block holds QG_WARPS/KS tiles of one matrix; warp = tile in block * KS + ks.
+ * QG_INL (n = 1): the block first turns x into digits in shared memory (its weight loads already
+ * in flight), which saves pass 1's launch where the grid is small. */
+template <int B, int NT, int RR, int F> /* 64 / 80 / 128 registers: 32 / 24 / 16 warps per SM */
+__global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
+                                                 : NT * RR <= 4 ? 3
+                                                                : 2)
+    k_qgemv_dp4a(const __grid_constant__ qg_args A) {
     static_assert(B == 4 || B == 8, "dp4a GEMV: 4- or 8-bit codes");
-    constexpr int CODES = 128 / B;     /* codes per 16-byte chunk */
-    constexpr int NW = B == 4 ? 8 : 4; /* 4-byte code words (after the nibble split) per chunk */
-    constexpr int U = QG_INFLIGHT / R; /* chunks per row in flight per lane */
+    constexpr bool NORM = F & QG_NORM, ADD = F & QG_ADD, GLU = F & QG_GLU, INL = F & QG_INL;
+    static_assert(!INL || NT == 1, "digits in shared memory: one token");
+    static_assert(!GLU || RR % 2 == 0, "GLU: rows of gate and up");
+    constexpr int R = GLU ? RR / 2 : RR; /* rows of one matrix per tile */
+    constexpr int CODES = 128 / B;       /* codes per 16-byte chunk */
+    constexpr int NW = B == 4 ? 8 : 4;   /* 4-byte code words (after the nibble split) per chunk */
+    constexpr int U = QG_INFLIGHT / RR;  /* chunks per row in flight per lane */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int KS = 1 << ks_log2, ks = warp & (KS - 1);
-    const int r0 = (blockIdx.x * (QG_WARPS >> ks_log2) + (warp >> ks_log2)) * R;
+    const int ks_log2 = A.ks_log2, KS = 1 << ks_log2, ks = warp & (KS - 1);
+    int m = 0;
+    if (!GLU)
+        while (m + 1 < A.count && blockIdx.x >= A.first[m + 1]) m++;
+    const int rows = A.rows[m], n = A.n, cols = A.cols;
+    const int r0 = ((int)(blockIdx.x - A.first[m]) * (QG_WARPS >> ks_log2) + (warp >> ks_log2)) * R;
     const bool live = r0 < rows;
     const int nch = live ? cols / CODES : 0; /* chunks per row (0: the warp has no rows) */
-    const int ng = cols >> 5, gpr = cols >> group_log2, n16 = cols >> 4;
-    const uint4 *wr[R];
-    int64_t g0[R];
+    const int ng = cols >> 5, gpr = cols >> A.group_log2, n16 = cols >> 4;
+    const uint4 *wr[RR];
+    int64_t g0[RR];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int row = !live ? 0 : r0 + r < rows ? r0 + r : rows - 1;
-        wr[r] = (const uint4 *)w + (int64_t)row * (cols / CODES);
+    for (int r = 0; r < RR; r++) {
+        const int rr = r % R, row = !live ? 0 : r0 + rr < rows ? r0 + rr : rows - 1;
+        wr[r] = (const uint4 *)A.w[GLU ? r / R : m] + (int64_t)row * (cols / CODES);
         g0[r] = (int64_t)row * gpr;
     }
+    const void *const sp[2] = {A.scales[m], A.scales[GLU ? 1 : m]};
+    const void *const bp[2] = {A.biases[m], A.biases[GLU ? 1 : m]};
     const int step = 32 * KS;
 
-    float acc[R][NT];
+    float acc[RR][NT];
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < RR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
 
-    /* the first chunks are in flight before waiting for pass 1 */
-    uint4 q[U][R];
-    float sc[U][R], bc[U][R]; /* the chunks' group scales and biases */
+    /* the first chunks are in flight before waiting for the kernels before (pass 1) */
+    uint4 q[U][RR];
+    float sc[U][RR], bc[U][RR]; /* the chunks' group scales and biases */
     int c0 = ks * 32 + lane;
-    qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group_log2, c0, step, nch);
-    kcu_pdl_wait(); /* pass 1's digits are complete from here on */
+    qg_load_chunks<B, RR, U, R>(q, sc, bc, wr, g0, sp, bp, A.sdt, A.group_log2, c0, step, nch);
+    kcu_pdl_wait(); /* x (or pass 1's digits) are complete from here on */
     kcu_pdl_trigger();
+
+    /* x's digits: pass 1's in global memory, or this block's in shared memory */
+    extern __shared__ uint4 qg_smem[];
+    __shared__ float nscale[NT]; /* QG_NORM: rsqrt(mean x^2 + eps) per token */
+    const uint4 *dig = A.dig;
+    const float *E = A.E, *sx16 = A.sx16, *ssq = A.ssq;
+    if constexpr (INL) {
+        int8_t *sd = (int8_t *)qg_smem;
+        float *sE = (float *)(sd + (int64_t)cols * 3), *ssx = sE + ng, *sss = ssx + n16;
+        for (int g = warp; g < ng; g += QG_WARPS) {
+            const float v = qx_value(A.x, NORM ? A.norm_w : NULL, A.plus_one, NORM ? sss + g : NULL,
+                                     0, g, cols, lane);
+            qx_digit_block(sd, sE, ssx, v, 0, g, ng, B == 4, lane);
+        }
+        __syncthreads();
+        dig = qg_smem, E = sE, sx16 = ssx, ssq = sss;
+    }
+    if (NORM && warp == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= n) break;
+            float s = 0.0f;
+            for (int i = lane; i < ng; i += 32) s += ssq[(int64_t)t * ng + i];
+            s = kcu_warp_sum(s);
+            if (lane == 0) nscale[t] = rsqrtf(s / (float)cols + A.eps);
+        }
+    }
 
     for (;;) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + u * step;
             if (c >= nch) break;
-            uint32_t cw[R][NW];
+            uint32_t cw[RR][NW];
 #pragma unroll
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < RR; r++) {
                 const uint32_t wd[4] = {q[u][r].x, q[u][r].y, q[u][r].z, q[u][r].w};
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
@@ -168,19 +274,23 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= n) break;
-                int D[R][3];
+                int D[RR][3];
 #pragma unroll
                 for (int p = 0; p < 3; p++) {
 #pragma unroll
-                    for (int r = 0; r < R; r++) D[r][p] = 0;
+                    for (int r = 0; r < RR; r++) D[r][p] = 0;
 #pragma unroll
                     for (int k = 0; k < NW / 4; k++) {
                         /* digit p of the 16 columns k of this chunk (4-bit: unit 2c+k, stored at
                          * k*ng + c; 8-bit: unit c) */
-                        const uint4 dv =
-                            __ldg(dig + (int64_t)(t * 3 + p) * n16 + (B == 4 ? k * ng + c : c));
+                        const int64_t di = (int64_t)(t * 3 + p) * n16 + (B == 4 ? k * ng + c : c);
+                        uint4 dv;
+                        if constexpr (INL)
+                            dv = dig[di];
+                        else
+                            dv = __ldg(dig + di);
 #pragma unroll
-                        for (int r = 0; r < R; r++) {
+                        for (int r = 0; r < RR; r++) {
                             D[r][p] = qg_dp4a(cw[r][4 * k], dv.x, D[r][p]);
                             D[r][p] = qg_dp4a(cw[r][4 * k + 1], dv.y, D[r][p]);
                             D[r][p] = qg_dp4a(cw[r][4 * k + 2], dv.z, D[r][p]);
@@ -188,16 +298,21 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
                         }
                     }
                 }
-                const float e = __ldg(E + (int64_t)t * ng + (c * CODES >> 5));
-                float sx;
-                if constexpr (B == 4) {
-                    const float2 s2 = __ldg((const float2 *)(sx16 + (int64_t)t * n16 + 2 * c));
-                    sx = s2.x + s2.y;
+                float e, sx;
+                if constexpr (INL) {
+                    e = E[c * CODES >> 5];
+                    sx = B == 4 ? sx16[2 * c] + sx16[2 * c + 1] : sx16[c];
                 } else {
-                    sx = __ldg(sx16 + (int64_t)t * n16 + c);
+                    e = __ldg(E + (int64_t)t * ng + (c * CODES >> 5));
+                    if constexpr (B == 4) {
+                        const float2 s2 = __ldg((const float2 *)(sx16 + (int64_t)t * n16 + 2 * c));
+                        sx = s2.x + s2.y;
+                    } else {
+                        sx = __ldg(sx16 + (int64_t)t * n16 + c);
+                    }
                 }
 #pragma unroll
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < RR; r++) {
                     const float qx = fmaf((float)D[r][2], 65536.0f,
                                           fmaf((float)D[r][1], 256.0f, (float)D[r][0]));
                     acc[r][t] = fmaf(sc[u][r] * e, qx, fmaf(bc[u][r], sx, acc[r][t]));
@@ -206,12 +321,12 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
         }
         c0 += U * step;
         if (c0 >= nch) break;
-        qg_load_chunks<B, R, U>(q, sc, bc, wr, g0, scales, biases, sdt, group_log2, c0, step, nch);
+        qg_load_chunks<B, RR, U, R>(q, sc, bc, wr, g0, sp, bp, A.sdt, A.group_log2, c0, step, nch);
     }
 
-    __shared__ float part[QG_WARPS][R][NT];
+    __shared__ float part[QG_WARPS][RR][NT];
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < RR; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float v = kcu_warp_sum(acc[r][t]);
@@ -223,14 +338,31 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *R <= 2    ? 4
         if (row < rows && t < n) {
             float v = 0.0f;
             for (int k = 0; k < KS; k++) v += part[warp + k][r][t];
-            y[(int64_t)t * rows + row] = v + (bias ? bias[row] : 0.0f);
+            if (NORM) v *= nscale[t];
+            if (A.bias[m]) v += A.bias[m][row];
+            const int64_t o = (int64_t)t * rows + row;
+            if constexpr (GLU) {
+                float u = 0.0f;
+                for (int k = 0; k < KS; k++) u += part[warp + k][r + R][t];
+                if (NORM) u *= nscale[t];
+                if (A.bias[1]) u += A.bias[1][row];
+                A.y[0][o] = kcu_glu_act(v, A.act) * u;
+            } else if constexpr (ADD) {
+                A.y[m][o] += v;
+            } else {
+                A.y[m][o] = v;
+            }
         }
     }
 }
 
 static int g_qg_rows = -1, g_qg_split = -1, g_qg_pdl = -1; /* < 0: from the environment */
+static int g_qg_inline = -1, g_qg_inline_cols = -1;
 extern "C" void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl) {
     g_qg_rows = rows_per_warp, g_qg_split = split, g_qg_pdl = pdl;
+}
+extern "C" void kiln_cuda_set_qgemv_inline(int mode) {
+    g_qg_inline = mode;
 }
 static int qg_env(int *v, const char *name, int dflt) {
     if (*v < 0) {
@@ -253,114 +385,287 @@ bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n) {
            w->cols < INT32_MAX / 8;
 }
 
-template <int B, int NT, int R>
-static void launch_dp4a(kcu_state *st, bool pdl, float *y, const kiln_matrix *w, const uint4 *dig,
-                        const float *E, const float *sx16, int n, int split) {
-    const int rows = (int)w->rows, cols = (int)w->cols, tiles = (rows + R - 1) / R;
-    /* columns split between KS warps only when row tiles alone leave SMs short of warps */
-    int ks_log2 = 0;
-    if (split == 1 || split == 2 || split == 4 || split == 8) {
-        while ((1 << ks_log2) < split) ks_log2++;
-    } else {
-        const int64_t want = (int64_t)st->n_sms * 24, nch = cols / (128 / B);
-        while (ks_log2 < 3 && ((int64_t)tiles << ks_log2) < want && nch >= (64 << ks_log2))
-            ks_log2++;
-    }
-    const int tiles_per_block = QG_WARPS >> ks_log2;
+/* What one call of the dp4a GEMV computes (the kernel flags but QG_INL, which the launcher picks).
+ */
+struct qg_call {
+    int flags, count;
+    float *const *ys;
+    const kiln_matrix *const *ws;
+    const float *x;
+    int64_t n;
+    const float *norm_w;
+    float eps;
+    bool plus_one;
+    int act;
+    int rows_per_warp; /* 0: by n and flags */
+};
+
+template <int B, int NT, int RR, int F>
+static void qg_launch(kcu_state *st, bool pdl, const qg_args &A, unsigned blocks, size_t smem) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((tiles + tiles_per_block - 1) / tiles_per_block));
+    cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(QG_WARPS * 32);
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st->stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    const uint32_t *q = (const uint32_t *)w->data;
-    const int sdt = (int)w->scale_dtype;
-    int group_log2 = 5;
-    while ((1 << group_log2) < w->group_size) group_log2++;
-    cudaError_t e =
-        cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases, sdt,
-                           group_log2, w->bias, dig, E, sx16, n, rows, cols, ks_log2);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F>, A);
     if (e != cudaSuccess && pdl) { /* e.g. a driver without PDL: launch plainly */
         (void)cudaGetLastError();
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, R>, y, q, w->scales, w->biases, sdt,
-                               group_log2, w->bias, dig, E, sx16, n, rows, cols, ks_log2);
+        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F>, A);
     }
     KCU_CHECK(st, e);
 }
 
-template <int B, int NT>
-static void launch_dp4a_rows(kcu_state *st, bool pdl, float *y, const kiln_matrix *w,
-                             const uint4 *dig, const float *E, const float *sx16, int n) {
-    /* rows per warp: each digit load serves R rows (L1 traffic ~ 3 bytes per code / R) */
-    int R = qg_env(&g_qg_rows, "KILN_CUDA_QGEMV_ROWS", 0);
-    if (R != 1 && R != 2 && R != 4) R = NT == 4 ? 4 : 2;
-    const int split = qg_env(&g_qg_split, "KILN_CUDA_QGEMV_KS", 0);
-    if (R == 1)
-        launch_dp4a<B, NT, 1>(st, pdl, y, w, dig, E, sx16, n, split);
-    else if (R == 2)
-        launch_dp4a<B, NT, 2>(st, pdl, y, w, dig, E, sx16, n, split);
-    else
-        launch_dp4a<B, NT, 4>(st, pdl, y, w, dig, E, sx16, n, split);
+/* The instantiations: plain GEMV at every R (the bench's and tests' knob), the fusions at the
+ * default R (QG_GLU: RR = 4, two rows of each matrix, at n = 1), QG_INL only at n = 1. */
+template <int B, int NT, int F>
+static bool qg_dispatch_rr(kcu_state *st, bool pdl, int rr, const qg_args &A, unsigned blocks,
+                           size_t smem) {
+    if constexpr (F == 0 || F == QG_INL) {
+        if (rr == 1) return qg_launch<B, NT, 1, F>(st, pdl, A, blocks, smem), true;
+        if (rr == 4) return qg_launch<B, NT, 4, F>(st, pdl, A, blocks, smem), true;
+        if (rr == 2) return qg_launch<B, NT, 2, F>(st, pdl, A, blocks, smem), true;
+        return false;
+    } else {
+        constexpr int RR = (F & QG_GLU) ? (NT == 1 ? 4 : 2) : NT == 4 ? 4 : 2;
+        if (rr != RR) return false;
+        qg_launch<B, NT, RR, F>(st, pdl, A, blocks, smem);
+        return true;
+    }
+}
+
+template <int B, int F>
+static bool qg_dispatch_nt(kcu_state *st, bool pdl, int rr, const qg_args &A, unsigned blocks,
+                           size_t smem) {
+    const int n = A.n;
+    if constexpr ((F & QG_INL) != 0) {
+        return n == 1 && qg_dispatch_rr<B, 1, F>(st, pdl, rr, A, blocks, smem);
+    } else {
+        if (n == 1) return qg_dispatch_rr<B, 1, F>(st, pdl, rr, A, blocks, smem);
+        if (n == 2) return qg_dispatch_rr<B, 2, F>(st, pdl, rr, A, blocks, smem);
+        if (n <= 4) return qg_dispatch_rr<B, 4, F>(st, pdl, rr, A, blocks, smem);
+        return qg_dispatch_rr<B, 8, F>(st, pdl, rr, A, blocks, smem);
+    }
+}
+
+template <int B>
+static bool qg_dispatch(kcu_state *st, bool pdl, int flags, int rr, const qg_args &A,
+                        unsigned blocks, size_t smem) {
+    switch (flags) {
+    case 0:
+        return qg_dispatch_nt<B, 0>(st, pdl, rr, A, blocks, smem);
+    case QG_NORM:
+        return qg_dispatch_nt<B, QG_NORM>(st, pdl, rr, A, blocks, smem);
+    case QG_ADD:
+        return qg_dispatch_nt<B, QG_ADD>(st, pdl, rr, A, blocks, smem);
+    case QG_NORM | QG_GLU:
+        return qg_dispatch_nt<B, QG_NORM | QG_GLU>(st, pdl, rr, A, blocks, smem);
+    case QG_INL:
+        return qg_dispatch_nt<B, QG_INL>(st, pdl, rr, A, blocks, smem);
+    case QG_INL | QG_NORM:
+        return qg_dispatch_nt<B, QG_INL | QG_NORM>(st, pdl, rr, A, blocks, smem);
+    case QG_INL | QG_ADD:
+        return qg_dispatch_nt<B, QG_INL | QG_ADD>(st, pdl, rr, A, blocks, smem);
+    case QG_INL | QG_NORM | QG_GLU:
+        return qg_dispatch_nt<B, QG_INL | QG_NORM | QG_GLU>(st, pdl, rr, A, blocks, smem);
+    }
+    return false;
+}
+
+/* Rows per warp of a call: the knob (plain GEMV only), else 4 for n = 3..4 and 2 otherwise;
+ * QG_GLU: 4 at n = 1 (two rows of gate and up), else 2. */
+static int qg_rows_per_warp(const qg_call &c) {
+    if (c.flags & QG_GLU) return c.n == 1 ? 4 : 2;
+    const int dflt = c.n >= 3 && c.n <= 4 ? 4 : 2;
+    if (c.flags) return dflt;
+    int R = c.rows_per_warp;
+    return R == 1 || R == 2 || R == 4 ? R : dflt;
+}
+
+/* Fills A with c's matrices and the launch shape (KS, blocks per matrix); false when the kernel
+ * does not apply to c. */
+static bool qg_plan(kcu_state *st, const qg_call &c, qg_args &A, unsigned *blocks) {
+    if (c.count < 1 || c.count > QG_MAX || c.n < 1 || c.n > 8) return false;
+    const kiln_matrix *w0 = c.ws[0];
+    for (int i = 0; i < c.count; i++) {
+        const kiln_matrix *w = c.ws[i];
+        if (!kcu_qgemv_dp4a_applies(w, c.n) || w->cols != w0->cols || w->bits != w0->bits ||
+            w->group_size != w0->group_size || w->scale_dtype != w0->scale_dtype || w->rows < 1)
+            return false;
+    }
+    if ((c.flags & QG_GLU) && (c.count != 2 || c.ws[1]->rows != w0->rows)) return false;
+    const int B = w0->bits, cols = (int)w0->cols, rr = qg_rows_per_warp(c);
+    const int R = (c.flags & QG_GLU) ? rr / 2 : rr; /* rows of one matrix per tile */
+    memset(&A, 0, sizeof A);
+    int64_t tiles = 0;
+    for (int i = 0; i < c.count; i++) {
+        A.y[i] = c.ys[i];
+        A.w[i] = (const uint32_t *)c.ws[i]->data;
+        A.scales[i] = c.ws[i]->scales;
+        A.biases[i] = c.ws[i]->biases;
+        A.bias[i] = c.ws[i]->bias;
+        A.rows[i] = (int)c.ws[i]->rows;
+        if (!(c.flags & QG_GLU) || i == 0) tiles += (c.ws[i]->rows + R - 1) / R;
+    }
+    A.count = c.count;
+    A.sdt = (int)w0->scale_dtype;
+    A.group_log2 = 5;
+    while ((1 << A.group_log2) < w0->group_size) A.group_log2++;
+    A.n = (int)c.n;
+    A.cols = cols;
+    A.x = c.x;
+    A.norm_w = c.norm_w;
+    A.eps = c.eps;
+    A.plus_one = c.plus_one ? 1 : 0;
+    A.act = c.act;
+    /* columns split between KS warps only when row tiles alone leave SMs short of warps */
+    const int split = c.flags ? 0 : qg_env(&g_qg_split, "KILN_CUDA_QGEMV_KS", 0);
+    int ks_log2 = 0;
+    if (split == 1 || split == 2 || split == 4 || split == 8) {
+        while ((1 << ks_log2) < split) ks_log2++;
+    } else {
+        const int64_t want = (int64_t)st->n_sms * 24, nch = cols / (128 / B);
+        while (ks_log2 < 3 && (tiles << ks_log2) < want && nch >= (64 << ks_log2)) ks_log2++;
+    }
+    A.ks_log2 = ks_log2;
+    const int tpb = QG_WARPS >> ks_log2;
+    unsigned b = 0;
+    for (int i = 0; i < c.count; i++) {
+        A.first[i] = b;
+        if (!(c.flags & QG_GLU) || i == 0)
+            b += (unsigned)(((c.ws[i]->rows + R - 1) / R + tpb - 1) / tpb);
+    }
+    for (int i = c.count; i <= QG_MAX; i++) A.first[i] = b;
+    *blocks = b;
+    return true;
+}
+
+/* Pass 1 of c into scratch (digits of x, or of x * norm_w and x's sums of squares with QG_NORM);
+ * sets A's digit pointers. False when scratch could not grow (the sticky error is set). */
+static bool qg_pass1(kcu_state *st, const qg_call &c, qg_args &A) {
+    const int cols = (int)c.ws[0]->cols, ng = cols / 32;
+    /* E [n, ng] f32, sx16 [n, 2ng] f32, ssq [n, ng] f32, digits [n, 3, 2ng, 16] bytes */
+    const size_t e_bytes = ((size_t)c.n * ng * 4 + 255) & ~(size_t)255;
+    const size_t s_bytes = ((size_t)c.n * ng * 8 + 255) & ~(size_t)255;
+    char *scr = (char *)kcu_scratch(st, 2 * e_bytes + s_bytes + (size_t)c.n * ng * 96);
+    if (!scr) return false;
+    float *E = (float *)scr, *sx16 = (float *)(scr + e_bytes);
+    float *ssq = (float *)(scr + e_bytes + s_bytes);
+    int8_t *dig = (int8_t *)(scr + 2 * e_bytes + s_bytes);
+    const int64_t warps = c.n * ng;
+    const bool norm = (c.flags & QG_NORM) != 0;
+    KCU_LAUNCH(st, k_qx_digits, (unsigned)((warps + 7) / 8), 256, 0, dig, E, sx16, c.x, (int)c.n,
+               cols, c.ws[0]->bits == 4 ? 1 : 0, norm ? c.norm_w : (const float *)NULL,
+               c.plus_one ? 1 : 0, norm ? ssq : (float *)NULL);
+    KCU_LAUNCHED(st);
+    A.dig = (const uint4 *)dig;
+    A.E = E;
+    A.sx16 = sx16;
+    A.ssq = ssq;
+    return true;
+}
+
+static void qg_pass2(kcu_state *st, const qg_call &c, int flags, const qg_args &A,
+                     unsigned blocks) {
+    const int cols = (int)c.ws[0]->cols;
+    const size_t smem = (flags & QG_INL) ? (size_t)cols * 3 + (size_t)(cols / 32) * 16 : 0;
+    const int rr = qg_rows_per_warp(c);
+    const bool pdl = qg_use_pdl(st);
+    const bool ok = c.ws[0]->bits == 4 ? qg_dispatch<4>(st, pdl, flags, rr, A, blocks, smem)
+                                       : qg_dispatch<8>(st, pdl, flags, rr, A, blocks, smem);
+    if (!ok) kcu_report(st, "qgemv_dp4a", "no kernel instance for the call", __FILE__, __LINE__);
+}
+
+/* Runs c as one pass-2 launch over all its matrices, preceded by pass 1 unless the blocks make x's
+ * digits themselves (QG_INL: n = 1, cols <= QG_INL_COLS). Every block repeats that digit work (a
+ * warp makes 32 columns' digits in ~40 instructions, about the issue slots of its share of a q4
+ * GEMV), which pays only where launches, not the weight stream, bound the time: by default where
+ * the grid's digit work is at most KILN_CUDA_QGEMV_INLINE_COLS (6144) columns per SM, ~1 us of
+ * issue, less than a launch (Qwen3-0.6B's layer matrices; not Llama-3-8B's or any LM head). Knob
+ * KILN_CUDA_QGEMV_INLINE / kiln_cuda_set_qgemv_inline: 0 never, 1 wherever it fits, 2 by that
+ * budget. False (nothing launched) when the kernel does not apply. */
+static bool qg_run(kcu_state *st, const qg_call &c) {
+    qg_args A;
+    unsigned blocks = 0;
+    if (!qg_plan(st, c, A, &blocks)) return false;
+    const int inl_mode = qg_env(&g_qg_inline, "KILN_CUDA_QGEMV_INLINE", 2);
+    const int64_t budget = qg_env(&g_qg_inline_cols, "KILN_CUDA_QGEMV_INLINE_COLS", 6144);
+    const bool inl = kcu_fused_enabled() && inl_mode != 0 && c.n == 1 &&
+                     c.ws[0]->cols <= QG_INL_COLS &&
+                     (inl_mode == 1 || (int64_t)blocks * c.ws[0]->cols <= budget * st->n_sms);
+    if (!inl && !qg_pass1(st, c, A)) return true; /* the sticky error is set */
+    qg_pass2(st, c, c.flags | (inl ? QG_INL : 0), A, blocks);
+    return true;
 }
 
 /* ys[i] = x @ ws[i]^T for count matrices that all take the dp4a kernel with the same cols and
- * bits: x is turned into digits once, then one GEMV launch per matrix (q/k/v, gate/up). */
+ * bits: one launch for all of them where they share group size and scale dtype (and no pass 1
+ * where QG_INL applies); with KILN_CUDA_FUSED=0, as before the fusions: x's digits once, then one
+ * launch per matrix. */
 bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
                           const kiln_matrix *const *ws) {
     if (count < 1) return false;
+    qg_call c = {};
+    c.x = x;
+    c.n = n;
+    c.rows_per_warp = qg_env(&g_qg_rows, "KILN_CUDA_QGEMV_ROWS", 0);
+    if (kcu_fused_enabled() && count <= QG_MAX) {
+        c.count = count, c.ys = ys, c.ws = ws;
+        if (qg_run(st, c)) return true;
+    }
     for (int i = 0; i < count; i++)
         if (!kcu_qgemv_dp4a_applies(ws[i], n) || ws[i]->cols != ws[0]->cols ||
-            ws[i]->bits != ws[0]->bits)
+            ws[i]->bits != ws[0]->bits || ws[i]->rows < 1)
             return false;
-    const kiln_matrix *w0 = ws[0];
-    const int cols = (int)w0->cols, ng = cols / 32;
-    /* scratch: E [n, ng] f32, sx16 [n, 2ng] f32, digits [n, 3, 2ng, 16] bytes */
-    const size_t e_bytes = ((size_t)n * ng * 4 + 255) & ~(size_t)255;
-    const size_t s_bytes = ((size_t)n * ng * 8 + 255) & ~(size_t)255;
-    char *scr = (char *)kcu_scratch(st, e_bytes + s_bytes + (size_t)n * ng * 96);
-    if (!scr) return true; /* the sticky error is set */
-    float *E = (float *)scr, *sx16 = (float *)(scr + e_bytes);
-    int8_t *dig = (int8_t *)(scr + e_bytes + s_bytes);
-    const int64_t warps = n * ng;
-    KCU_LAUNCH(st, k_qx_digits, (unsigned)((warps + 7) / 8), 256, 0, dig, E, sx16, x, (int)n, cols,
-               w0->bits == 4 ? 1 : 0);
-    KCU_LAUNCHED(st);
-    const bool pdl = qg_use_pdl(st);
-    const uint4 *d4 = (const uint4 *)dig;
+    qg_args A = {};
+    unsigned blocks = 0;
     for (int i = 0; i < count; i++) {
-        float *y = ys[i];
-        const kiln_matrix *w = ws[i];
-        const bool p = pdl;
-#define QG(BB, NN) launch_dp4a_rows<BB, NN>(st, p, y, w, d4, E, sx16, (int)n)
-        if (w->bits == 4) {
-            if (n == 1)
-                QG(4, 1);
-            else if (n == 2)
-                QG(4, 2);
-            else if (n <= 4)
-                QG(4, 4);
-            else
-                QG(4, 8);
+        c.count = 1, c.ys = ys + i, c.ws = ws + i;
+        const uint4 *dig = A.dig;
+        const float *E = A.E, *sx16 = A.sx16;
+        if (!qg_plan(st, c, A, &blocks)) return false; /* not past 0: checked above */
+        if (i == 0) {
+            if (!qg_pass1(st, c, A)) return true;
         } else {
-            if (n == 1)
-                QG(8, 1);
-            else if (n == 2)
-                QG(8, 2);
-            else if (n <= 4)
-                QG(8, 4);
-            else
-                QG(8, 8);
+            A.dig = dig, A.E = E, A.sx16 = sx16;
         }
-#undef QG
+        qg_pass2(st, c, 0, A, blocks);
     }
     return true;
 }
 
 bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     return kcu_qgemv_dp4a_multi(st, 1, &y, x, n, &w);
+}
+
+/* The fusions (backend.h) on the dp4a GEMV; false (nothing launched) where it does not apply. */
+bool kcu_qgemv_dp4a_norm(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
+                         const kiln_matrix *const *ws, const float *norm_w, float eps,
+                         bool plus_one) {
+    qg_call c = {};
+    c.flags = QG_NORM, c.count = count, c.ys = ys, c.ws = ws, c.x = x, c.n = n;
+    c.norm_w = norm_w, c.eps = eps, c.plus_one = plus_one;
+    return qg_run(st, c);
+}
+
+bool kcu_qgemv_dp4a_add(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
+    qg_call c = {};
+    c.flags = QG_ADD, c.count = 1, c.ys = &y, c.ws = &w, c.x = x, c.n = n;
+    return qg_run(st, c);
+}
+
+bool kcu_qgemv_dp4a_norm_glu(kcu_state *st, float *out, const float *x, int64_t n,
+                             const kiln_matrix *wg, const kiln_matrix *wu, const float *norm_w,
+                             float eps, bool plus_one, int act) {
+    float *const ys[2] = {out, out};
+    const kiln_matrix *const ws[2] = {wg, wu};
+    qg_call c = {};
+    c.flags = QG_NORM | QG_GLU, c.count = 2, c.ys = ys, c.ws = ws, c.x = x, c.n = n;
+    c.norm_w = norm_w, c.eps = eps, c.plus_one = plus_one, c.act = act;
+    return qg_run(st, c);
 }

@@ -35,5 +35,14 @@ bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n);
 bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w);
 bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
                           const kiln_matrix *const *ws);
+/* The decode-layer fusions (backend.h: matmul_norm, matmul_add, matmul_norm_glu) on the dp4a GEMV:
+ * false, with nothing launched, where it does not apply (the caller composes plain ops). */
+bool kcu_qgemv_dp4a_norm(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
+                         const kiln_matrix *const *ws, const float *norm_w, float eps,
+                         bool plus_one);
+bool kcu_qgemv_dp4a_add(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w);
+bool kcu_qgemv_dp4a_norm_glu(kcu_state *st, float *out, const float *x, int64_t n,
+                             const kiln_matrix *wg, const kiln_matrix *wu, const float *norm_w,
+                             float eps, bool plus_one, int act);
 
 #endif
