@@ -37,7 +37,7 @@ extern "C" {
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define KCU_PDL_ENTER() /* programmatic dependent launch: nothing to wait for on the CPU */
 struct float4 {
     float x, y, z, w;
