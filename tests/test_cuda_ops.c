@@ -860,15 +860,16 @@ static void test_gdn_gates(void) {
     }
 }
 
-/* the delta rule over a prefill then decode steps, state carried on the device: outputs after
- * every call and the final state match the token-by-token reference; simple = 1 runs the
- * column-per-thread kernel, 0 the register-resident one (dk = 16, 32, 64, 128; dk = 7 falls
- * back to the simple kernel either way) */
+/* the recurrent delta rule over a prefill then decode steps (the chunked form off), state carried
+ * on the device: outputs after every call and the final state match the token-by-token
+ * reference; simple = 1 runs the column-per-thread kernel, 0 the register-resident one (dk = 16,
+ * 32, 64, 128; dk = 7 falls back to the simple kernel either way) */
 static void test_gdn_delta(int simple) {
     static const kiln_gdn_dims dims[] = {
         {2, 4, 16, 8}, {1, 3, 32, 40}, {2, 2, 128, 128}, {4, 8, 64, 100}, {1, 1, 7, 33}};
     static const int steps[] = {23, 1, 1, 70, 1};
     kiln_cuda_set_gdn_simple(simple);
+    kiln_cuda_set_gdn_chunk(0, 0); /* the recurrent kernels, also for the 70-token call */
     for (size_t c = 0; c < 5; c++) {
         const kiln_gdn_dims *d = &dims[c];
         const int64_t sn = (int64_t)d->n_v_heads * d->dk * d->dv;
@@ -904,6 +905,70 @@ static void test_gdn_delta(int simple) {
         be->free(be, dS);
         free(S);
     }
+    kiln_cuda_set_gdn_chunk(-1, 0);
+}
+
+/* the chunked delta rule (gdn_chunked.cu), forced for every length (min 1 token) or at the default
+ * threshold, with the state carried over calls of 1, 63, 64, 65 and 200 tokens from a non-zero
+ * start: each call's outputs and the final state against the CPU op (kiln_gdn_chunked, the CPU
+ * backend's prefill path) and the token-by-token reference; dk 32/64/128/256, dv not a multiple
+ * of the 32-column tile, n_k < n_v, the Qwen3-Next head counts, strong and mild decay, and
+ * segments of 1 or 2 chunks (max_seg) besides the scratch-sized ones */
+static void test_gdn_delta_chunked(void) {
+    static const struct {
+        kiln_gdn_dims d;
+        float decay;
+        int min_tokens, max_seg;
+    } cases[] = {
+        {{1, 2, 64, 64}, 0.3f, 1, 0},      {{2, 4, 128, 128}, 0.3f, 1, 0},
+        {{2, 6, 64, 100}, 0.3f, 1, 2},     {{1, 3, 32, 40}, 0.3f, 1, 1},
+        {{1, 1, 128, 33}, 2.0f, 1, 0},     {{1, 2, 256, 64}, 0.3f, 1, 0},
+        {{2, 4, 128, 128}, 0.02f, 1, 1},   {{16, 32, 128, 128}, 0.3f, 1, 0},
+        {{16, 16, 128, 128}, 0.3f, 64, 0}, /* default threshold: 1 and 63 take the recurrence */
+    };
+    static const int steps[] = {1, 63, 64, 65, 200};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const kiln_gdn_dims *d = &cases[c].d;
+        kiln_cuda_set_gdn_chunk(cases[c].min_tokens, cases[c].max_seg);
+        const int64_t sn = (int64_t)d->n_v_heads * d->dk * d->dv;
+        float *S = rand_f32(sn, 0.3f), *Sc = malloc((size_t)sn * 4);
+        memcpy(Sc, S, (size_t)sn * 4);
+        float *dS = dev_copy(S, (size_t)sn * 4);
+        for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+            const int64_t n = steps[s], qn = n * d->n_k_heads * d->dk,
+                          vn = n * d->n_v_heads * d->dv, gn = n * d->n_v_heads;
+            float *q = rand_f32(qn, 1.0f), *k = rand_f32(qn, 1.0f), *v = rand_f32(vn, 1.0f);
+            float *g = rand_f32(gn, 1.0f), *beta = rand_f32(gn, 1.0f);
+            kiln_gdn_l2norm(q, n * d->n_k_heads, d->dk, 1e-6f);
+            kiln_gdn_l2norm(k, n * d->n_k_heads, d->dk, 1e-6f);
+            for (int64_t i = 0; i < gn; i++) {
+                g[i] = -cases[c].decay * fabsf(g[i]);
+                beta[i] = 1.0f / (1.0f + expf(-beta[i]));
+            }
+            float *ref = malloc((size_t)vn * 4), *chk = malloc((size_t)vn * 4);
+            kiln_cpu_gdn_delta_ref(d, n, q, k, v, g, beta, S, ref);
+            kiln_gdn_chunked(d, n, 64, q, k, v, g, beta, Sc, chk, NULL);
+            float *dq = dev_copy(q, (size_t)qn * 4), *dk = dev_copy(k, (size_t)qn * 4),
+                  *dv = dev_copy(v, (size_t)vn * 4), *dg = dev_copy(g, (size_t)gn * 4),
+                  *dbeta = dev_copy(beta, (size_t)gn * 4), *dout = dev_poisoned(vn);
+            be->gdn_delta(be, d, n, dq, dk, dv, dg, dbeta, dS, dout);
+            char what[160];
+            snprintf(what, sizeof what,
+                     "gdn_delta chunked (min %d, seg %d) nk=%d nv=%d dk=%d dv=%d decay=%g n=%lld",
+                     cases[c].min_tokens, cases[c].max_seg, d->n_k_heads, d->n_v_heads, d->dk,
+                     d->dv, cases[c].decay, (long long)n);
+            compare(what, dout, ref, vn, 1e-4);
+            compare(what, dout, chk, vn, 1e-4);
+            be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dg);
+            be->free(be, dbeta), be->free(be, dout);
+            free(q), free(k), free(v), free(g), free(beta), free(ref), free(chk);
+        }
+        compare("gdn_delta chunked final state vs reference", dS, S, sn, 1e-4);
+        compare("gdn_delta chunked final state vs CPU chunked", dS, Sc, sn, 1e-4);
+        be->free(be, dS);
+        free(S), free(Sc);
+    }
+    kiln_cuda_set_gdn_chunk(-1, 0);
 }
 
 static void test_moe_rows(void) {
@@ -1352,6 +1417,7 @@ int main(void) {
     test_gdn_delta(0);
     test_gdn_delta(1);
     kiln_cuda_set_gdn_simple(-1);
+    test_gdn_delta_chunked();
     test_moe_rows();
     test_kv_state();
     test_sample();

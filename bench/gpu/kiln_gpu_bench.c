@@ -4,7 +4,8 @@
  * n=1 and n=4 for every GEMV kernel variant, as µs, GB/s of weight bytes (codes + scales + biases)
  * and fraction of the copy bandwidth, then the best variant; GEMM n=512 as TFLOP/s), a large bf16
  * GEMM, decode attention, prefill attention (CUDA-core vs tensor-core kernel, n = 512 / 4096;
- * `kiln_gpu_bench prefill` runs only that) and the gated delta rule (`kiln_gpu_bench gdn` runs
+ * `kiln_gpu_bench prefill` runs only that) and the gated delta rule, recurrent and chunked kernels
+ * at n = 1 / 512 / 4096 on Qwen3-Next and Qwen3.5 head shapes (`kiln_gpu_bench gdn` runs
  * only that).
  * Weights rotate over enough copies to exceed the 60 MB L2, so numbers are HBM numbers.
  * Built and run by bench/gpu_bench.sh against build/libkiln.so. */
@@ -319,11 +320,31 @@ static void bench_prefill_attention(const char *kind, int n) {
     free(h);
 }
 
-/* The gated delta rule at the Qwen3-Next shape (16 key / 32 value heads, dk = dv = 128): one
- * decode step and a 512-token prefill, register-resident kernel vs the column-per-thread one. */
+/* The gated delta rule at the Qwen3-Next / Qwen3.5-4B shape (16 key / 32 value heads) and the
+ * Qwen3.5-0.8B one (16 / 16), dk = dv = 128: one decode step and prefills of 512 and 4096 tokens,
+ * by kernel: the recurrent ones (register-resident, column-per-thread) and the chunked WY form
+ * (gdn_chunked.cu; prefill only). The chunked line gives its speed-up over the faster recurrent
+ * kernel. */
+static double time_gdn(const kiln_gdn_dims *d, int64_t n, const float *q, const float *k,
+                       const float *v, const float *g, const float *beta, float *S, float *out) {
+    const int iters = n == 1 ? 500 : n <= 512 ? 20 : 5;
+    for (int i = 0; i < 2; i++) be->gdn_delta(be, d, n, q, k, v, g, beta, S, out);
+    be->synchronize(be);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < iters; i++) be->gdn_delta(be, d, n, q, k, v, g, beta, S, out);
+    be->synchronize(be);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return ((b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3) / iters;
+}
+
 static void bench_gdn_delta(void) {
-    const kiln_gdn_dims d = {.n_k_heads = 16, .n_v_heads = 32, .dk = 128, .dv = 128};
-    const int64_t nmax = 512, qn = nmax * 16 * 128, vn = nmax * 32 * 128, gn = nmax * 32,
+    static const struct {
+        const char *name;
+        kiln_gdn_dims d;
+    } shapes[] = {{"qwen3-next/qwen3.5-4b 16k/32v", {16, 32, 128, 128}},
+                  {"qwen3.5-0.8b 16k/16v", {16, 16, 128, 128}}};
+    const int64_t nmax = 4096, qn = nmax * 16 * 128, vn = nmax * 32 * 128, gn = nmax * 32,
                   sn = 32 * 128 * 128;
     float *h = malloc((size_t)vn * 4);
     for (int64_t i = 0; i < vn; i++) h[i] = 0.05f * xn();
@@ -335,24 +356,30 @@ static void bench_gdn_delta(void) {
     be->upload(be, v, h, (size_t)vn * 4), be->upload(be, S, h, (size_t)sn * 4);
     for (int64_t i = 0; i < gn; i++) h[i] = -0.1f;
     be->upload(be, g, h, (size_t)gn * 4), be->upload(be, beta, h, (size_t)gn * 4);
-    for (int simple = 0; simple < 2; simple++) {
-        kiln_cuda_set_gdn_simple(simple);
-        const int64_t ns[2] = {1, nmax};
-        for (int c = 0; c < 2; c++) {
-            int iters = ns[c] == 1 ? 500 : 20;
-            for (int i = 0; i < 3; i++) be->gdn_delta(be, &d, ns[c], q, k, v, g, beta, S, out);
-            be->synchronize(be);
-            struct timespec a, b;
-            clock_gettime(CLOCK_MONOTONIC, &a);
-            for (int i = 0; i < iters; i++) be->gdn_delta(be, &d, ns[c], q, k, v, g, beta, S, out);
-            be->synchronize(be);
-            clock_gettime(CLOCK_MONOTONIC, &b);
-            double us = ((b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3) / iters;
-            printf("gdn_delta %s n=%lld 16k/32v heads dk=dv=128: %.1f us (%.2f us/token)\n",
-                   simple ? "simple  " : "register", (long long)ns[c], us, us / (double)ns[c]);
+    for (int sh = 0; sh < 2; sh++) {
+        const kiln_gdn_dims *d = &shapes[sh].d;
+        const int64_t ns[3] = {1, 512, nmax};
+        for (int c = 0; c < 3; c++) {
+            double best_rec = 1e30;
+            kiln_cuda_set_gdn_chunk(0, 0); /* the recurrent kernels */
+            for (int simple = 0; simple < 2; simple++) {
+                kiln_cuda_set_gdn_simple(simple);
+                const double us = time_gdn(d, ns[c], q, k, v, g, beta, S, out);
+                if (us < best_rec) best_rec = us;
+                printf("gdn_delta %s n=%lld %s: %.1f us (%.3f us/token)\n", shapes[sh].name,
+                       (long long)ns[c], simple ? "simple  " : "register", us, us / (double)ns[c]);
+            }
+            kiln_cuda_set_gdn_simple(-1);
+            if (ns[c] >= 64) {
+                kiln_cuda_set_gdn_chunk(1, 0);
+                const double us = time_gdn(d, ns[c], q, k, v, g, beta, S, out);
+                printf("gdn_delta %s n=%lld chunked : %.1f us (%.3f us/token), %.2fx the best "
+                       "recurrent\n",
+                       shapes[sh].name, (long long)ns[c], us, us / (double)ns[c], best_rec / us);
+            }
+            kiln_cuda_set_gdn_chunk(-1, 0);
         }
     }
-    kiln_cuda_set_gdn_simple(-1);
     be->free(be, q), be->free(be, k), be->free(be, v), be->free(be, g), be->free(be, beta);
     be->free(be, S), be->free(be, out);
     free(h);

@@ -50,6 +50,11 @@ void kcu_gdn_gates(kiln_backend *be, float *g, float *beta, const float *a, cons
 void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
                    const float *k, const float *v, const float *g, const float *beta, float *state,
                    float *out);
+/* The chunked form (gdn_chunked.cu) when it applies to this call (enough tokens, dk 32/64/128/256,
+ * dv <= 256); false: nothing was launched, the caller runs the recurrence. */
+bool kcu_gdn_delta_chunked(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
+                           const float *k, const float *v, const float *g, const float *beta,
+                           float *state, float *out);
 void kcu_gather_rows(kiln_backend *be, float *dst, const float *src, const int32_t *rows, int64_t n,
                      int64_t width);
 void kcu_scatter_add_rows(kiln_backend *be, float *y, const float *src, const int32_t *rows,
@@ -101,6 +106,11 @@ long long kiln_cuda_graph_replays(void);
  * the register-resident one where dk allows (dk = 16, 32, 64, 128). Default: env KILN_CUDA_GDN (2:
  * the register kernel, not yet run on a GPU; otherwise the simple one). */
 void kiln_cuda_set_gdn_simple(int on);
+/* gdn_delta calls of at least min_tokens tokens take the chunked kernels (gdn_chunked.cu): 0 =
+ * never, 1 = every call (tests), -1 = back to env KILN_CUDA_GDN_CHUNK (0 off, N = at least N
+ * tokens; default 64). max_seg_chunks > 0 caps the chunks of 64 tokens per pair of launches (tests
+ * of the segment loop); 0 = as many as the scratch budget allows. */
+void kiln_cuda_set_gdn_chunk(int min_tokens, int max_seg_chunks);
 /* Prefill attention on tensor cores (attention_prefill_tc.cu): 0 = off (the CUDA-core kernel),
  * 1 = sequences of >= 64 tokens with an f16/bf16 cache and head dim 64/80/96/128/256, 2 = every
  * such sequence whatever its length (tests); -1 goes back to env KILN_CUDA_FA (default 1). */

@@ -1,7 +1,8 @@
 /* hybrid.cu — the ops of the hybrid Qwen families (Gated DeltaNet layers, gated attention, sparse
  * MoE): strided block copy, zero fill, sigmoid gate, row L2 norm, the causal depthwise conv with
  * its carried state, the decay/beta gates, the gated delta rule, and the MoE row gather / weighted
- * scatter-add. Semantics are those of the CPU references (cpu_ops.h, cpu_deltanet.h). */
+ * scatter-add. Semantics are those of the CPU references (cpu_ops.h, cpu_deltanet.h). The delta
+ * rule here walks tokens one by one (decode, short calls); prefill calls go to gdn_chunked.cu. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -269,6 +270,8 @@ extern "C" void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t 
         kcu_report(st, "gdn_delta", "bad head geometry", __FILE__, __LINE__);
         return;
     }
+    /* prefill: the chunked WY form (gdn_chunked.cu) parallelises over the tokens of a chunk */
+    if (kcu_gdn_delta_chunked(be, d, n, q, k, v, g, beta, state, out)) return;
     if (gdn_force_simple < 0) {
         const char *e = getenv("KILN_CUDA_GDN");
         gdn_force_simple = !(e && strcmp(e, "2") == 0);
