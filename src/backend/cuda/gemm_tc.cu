@@ -650,6 +650,10 @@ static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *y
 
 #ifndef TC_HOST_EMU
 static int g_tc_mode = -1, g_tc_dense_max = -1, g_tc_bn = 0, g_tc_splits = 0;
+static long long g_tc_launches = 0;
+extern "C" long long kiln_cuda_tc_gemm_launches(void) {
+    return g_tc_launches;
+}
 extern "C" void kiln_cuda_set_tc_gemm(int mode, int dense_max_n, int bn, int splits) {
     g_tc_mode = mode, g_tc_dense_max = dense_max_n, g_tc_bn = bn, g_tc_splits = splits;
 }
@@ -747,6 +751,7 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
         tc_launch_bn<TC_Q8, 2>(st, A, grid, p.bn);
     else
         tc_launch_bn<TC_Q8, 4>(st, A, grid, p.bn);
+    g_tc_launches++;
     if (p.splits > 1) {
         KCU_LAUNCH(st, k_tc_reduce, kcu_blocks((int64_t)n * p.rows_total, 256, 4096), 256, 0, A,
                    p.splits);

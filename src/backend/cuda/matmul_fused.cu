@@ -15,6 +15,7 @@
  * plain ops (kiln_backend_*_composed). Results match the composition within f32 rounding (the
  * norm scales the dot product instead of each x). */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm_tc.cuh"
 #include "backend/cuda/gemv.cuh"
 
 #include <string.h>
@@ -176,13 +177,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* The GEMV applies: dense weights of one dtype, same cols, aligned, n <= GEMV_MAX_N, and the norm
  * weights (if any) 16-byte aligned. KILN_CUDA_FUSED=0 turns the kernels off (composition). */
 static int g_fused_on = -1;
-static bool fused_applies(int count, const kiln_matrix *const *ws, const float *x, int64_t n,
-                          const float *norm_w) {
+static bool fused_on(void) {
     if (g_fused_on < 0) {
         const char *e = getenv("KILN_CUDA_FUSED");
         g_fused_on = !(e && strcmp(e, "0") == 0);
     }
-    if (!g_fused_on || n < 1 || n > GEMV_MAX_N || count < 1 || count > FUSED_MAX) return false;
+    return g_fused_on != 0;
+}
+static bool fused_applies(int count, const kiln_matrix *const *ws, const float *x, int64_t n,
+                          const float *norm_w) {
+    if (!fused_on() || n < 1 || n > GEMV_MAX_N || count < 1 || count > FUSED_MAX) return false;
     if (norm_w && ((uintptr_t)norm_w & 15)) return false;
     for (int i = 0; i < count; i++) {
         const kiln_matrix *w = ws[i];
@@ -224,6 +228,9 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
                                 float *h, int64_t n, const kiln_matrix *const *ws,
                                 const float *norm_w, float eps, bool plus_one) {
     if (n <= 0) return;
+    /* tensor cores (batched decode, prefill): the norm is applied as x is split */
+    if (fused_on() && kcu_tc_gemm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one, false))
+        return;
     if (!fused_applies(count, ws, x, n, norm_w)) {
         kiln_backend_matmul_norm_composed(be, count, ys, x, h, n, ws, norm_w, eps, plus_one);
         return;
@@ -250,6 +257,7 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
 extern "C" void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
                                const kiln_matrix *w) {
     if (n <= 0) return;
+    if (fused_on() && kcu_tc_gemm(kcu_st(be), 1, &y, x, n, &w, NULL, 0.0f, false, true)) return;
     if (!fused_applies(1, &w, x, n, NULL)) {
         kiln_backend_matmul_add_composed(be, y, x, tmp, n, w);
         return;
@@ -272,6 +280,16 @@ extern "C" void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x
                                     bool plus_one, kiln_glu_act act) {
     if (n <= 0) return;
     const kiln_matrix *const ws[2] = {wg, wu};
+    /* tensor cores: gate and up in one launch on the normalized x, then the activation */
+    float *const gu[2] = {out, up};
+    if (wg->rows == wu->rows && fused_on() &&
+        kcu_tc_gemm(kcu_st(be), 2, gu, x, n, ws, norm_w, eps, plus_one, false)) {
+        if (act == KILN_GLU_GELU_TANH)
+            be->gelu_tanh_mul(be, out, out, up, n * wg->rows);
+        else
+            be->silu_mul(be, out, out, up, n * wg->rows);
+        return;
+    }
     if (wg->rows != wu->rows || !fused_applies(2, ws, x, n, norm_w)) {
         kiln_backend_matmul_norm_glu_composed(be, out, x, h, up, n, wg, wu, norm_w, eps, plus_one,
                                               act);
