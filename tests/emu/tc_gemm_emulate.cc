@@ -7,8 +7,8 @@
  * 2t+{0,1}), independently of the kernel's own k ordering. cp.async copies are deferred to the
  * thread's cp.async.wait_group (the latest moment the ISA allows them to land) or, in the second
  * pass, done at issue (the earliest); shared memory and outputs are poisoned with NaN first.
- * f16x2 arithmetic and prmt are modelled bit for bit. The host plan (block shape, split-K,
- * scratch layout) is the backend's own (tc_plan_make / tc_plan_args).
+ * f16x2 arithmetic and prmt are modelled bit for bit; shuffles are warp-collective. The host plan
+ * (block shape, split-K, scratch layout) is the backend's own (tc_plan_make / tc_plan_args).
  *
  * Checks, against a double-precision reference on the same stored weights (w = scale*q + bias
  * from the decoded scale/bias dtype; bf16 as stored): 4- and 8-bit codes with group 32/64/128
@@ -50,6 +50,9 @@ struct uint2 {
 struct uint4 {
     unsigned x, y, z, w;
 };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
+    return {a, b, c, d};
+}
 struct emu_dim3 {
     unsigned x, y, z;
 };
@@ -77,6 +80,16 @@ static std::barrier<> *g_block_bar;
 static std::barrier<> *g_warp_bar[8];
 static void __syncthreads() {
     g_block_bar->arrive_and_wait();
+}
+
+static float xf[8][32];
+static float __shfl_xor_sync(unsigned, float v, int m) {
+    const int w = t_warp, l = t_lane;
+    xf[w][l] = v;
+    g_warp_bar[w]->arrive_and_wait();
+    const float r = xf[w][l ^ m];
+    g_warp_bar[w]->arrive_and_wait();
+    return r;
 }
 
 static float f16_to_f(uint16_t h) {

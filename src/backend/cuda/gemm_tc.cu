@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             /* the group folded at this span's end (quantized): its scales, biases and x sums are
              * loaded now, before the span's MMAs */
             const int cend = c0 + (sp + 1) * 16 * SS;
-            const bool fold = QUANT && cend % A.group == 0;
+            const bool fold = QUANT && (cend & (A.group - 1)) == 0; /* group: a power of 2 */
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {};
             if (fold) {
                 const int gi = cend / A.group - 1;
@@ -440,81 +440,123 @@ __global__ void __launch_bounds__(256) k_tc_reduce(const __grid_constant__ tc_ar
 
 /* ---- x -> 16-bit halves ---- */
 
-/* Position of column c in x's buffer: 4-bit weights store each 8-column run as 0,4,1,5,2,6,3,7. */
-template <bool PERM> __device__ __forceinline__ int tc_xpos(int c) {
-    return PERM ? (c & ~7) | ((c & 3) << 1) | ((c >> 2) & 1) : c;
+/* Slot of column j (0..7) of an 8-column run in x's buffer: 4-bit weights store each run as
+ * columns 0,4,1,5,2,6,3,7 (the nibble pairs of a code word), others as is. */
+template <bool PERM> __device__ __forceinline__ int tc_xslot(int j) {
+    return PERM ? ((j & 3) << 1) | (j >> 2) : j;
 }
 
-/* One block per token row of the padded buffers (rows past n are zero). F16: quantized W (x
- * scaled by sigma, f16 halves, group sums); else bf16 halves. With norm_w, x is first
- * RMS-normalized as rmsnorm.cu does. Dynamic shared memory: TC_THREADS floats. */
+/* One block per token row of the padded buffers (rows past n are zero); each thread owns 8-column
+ * runs o = tid + 256 k (consecutive lanes, consecutive runs, so a group's runs sit on 4/8/16
+ * adjacent lanes). F16: quantized W (x scaled by sigma, f16 halves, group sums); else bf16
+ * halves. With norm_w, x is first RMS-normalized as rmsnorm.cu does. Reductions (sum of squares,
+ * max, group sums) run in a fixed order: deterministic. Dynamic shared memory: 8 floats. */
 template <bool F16, bool PERM>
 __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ tc_prep_args P) {
     kcu_pdl_wait();
     kcu_pdl_trigger();
     float *red = (float *)tc_sm_raw;
-    const int tok = blockIdx.x, tid = threadIdx.x;
-    const int64_t o = (int64_t)tok * P.cols_pad;
-    const int ngp = F16 ? P.cols_pad / P.group : 0;
+    const int tok = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int nrun = P.cols_pad / 8, ngp = F16 ? P.cols_pad / P.group : 0;
+    uint4 *xh = (uint4 *)(P.xh + (int64_t)tok * P.cols_pad);
+    uint4 *xl = (uint4 *)(P.xl + (int64_t)tok * P.cols_pad);
     if (tok >= P.n) {
-        for (int c = tid; c < P.cols_pad; c += TC_THREADS) P.xh[o + c] = P.xl[o + c] = 0;
+        for (int o = tid; o < nrun; o += TC_THREADS) xh[o] = xl[o] = make_uint4(0, 0, 0, 0);
         for (int gi = tid; gi < ngp; gi += TC_THREADS) P.xsum[(int64_t)tok * ngp + gi] = 0.0f;
         if (tid == 0) P.inv_sigma[tok] = 1.0f;
         return;
     }
     const float *x = P.x + (int64_t)tok * P.cols;
-    /* block reductions (sum or max) through shared memory, in a fixed order */
-    auto reduce = [&](float v, bool is_max) -> float {
-        red[tid] = v;
-        __syncthreads();
-        for (int h = TC_THREADS / 2; h > 0; h >>= 1) {
-            if (tid < h)
-                red[tid] = is_max ? fmaxf(red[tid], red[tid + h]) : red[tid] + red[tid + h];
-            __syncthreads();
+    /* a warp walks its runs while any lane of it has one (shuffles need the whole warp) */
+    const int nk = (nrun + TC_THREADS - 1) / TC_THREADS;
+    auto load8 = [&](int o, float(&v)[8]) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = 8 * o + j;
+            v[j] = o < nrun && c < P.cols ? x[c] : 0.0f;
         }
-        const float r = red[0];
+    };
+    auto block_reduce = [&](float v, bool is_max) -> float {
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+            const float w = __shfl_xor_sync(0xffffffffu, v, m);
+            v = is_max ? fmaxf(v, w) : v + w;
+        }
+        if (lane == 0) red[warp] = v;
+        __syncthreads();
+        float r = red[0];
+        for (int w = 1; w < TC_THREADS / 32; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
         __syncthreads();
         return r;
     };
     float inv = 1.0f;
     if (P.norm_w) {
         float ss = 0.0f;
-        for (int c = tid; c < P.cols; c += TC_THREADS) ss += x[c] * x[c];
-        inv = rsqrtf(reduce(ss, false) / (float)P.cols + P.eps);
+        for (int k = 0; k < nk; k++) {
+            float v[8];
+            load8(tid + k * TC_THREADS, v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+        }
+        inv = rsqrtf(block_reduce(ss, false) / (float)P.cols + P.eps);
     }
-    auto val = [&](int c) -> float {
-        if (!P.norm_w) return x[c];
-        const float gw = P.plus_one ? 1.0f + P.norm_w[c] : P.norm_w[c];
-        return x[c] * inv * gw;
+    /* the run's values as the matmul sees them: x, or x normalized */
+    auto vals = [&](int o, float(&v)[8]) {
+        load8(o, v);
+        if (P.norm_w)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int c = 8 * o + j;
+                if (o < nrun && c < P.cols)
+                    v[j] = v[j] * inv * (P.plus_one ? 1.0f + P.norm_w[c] : P.norm_w[c]);
+            }
     };
     float sigma = 1.0f, inv_sigma = 1.0f;
     if (F16) { /* max |x| sigma < 2^15: a power of two from the exponent of max |x| */
         float m = 0.0f;
-        for (int c = tid; c < P.cols; c += TC_THREADS) m = fmaxf(m, fabsf(val(c)));
-        m = reduce(m, true);
+        for (int k = 0; k < nk; k++) {
+            float v[8];
+            vals(tid + k * TC_THREADS, v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+        }
+        m = block_reduce(m, true);
         if (m > 0.0f && m <= 3.4e38f) {
-            int e = ((__float_as_int(m) >> 23) & 0xff) - 126; /* m < 2^e */
-            int s = 15 - e;
-            s = s < -126 ? -126 : s > 126 ? 126 : s;
-            sigma = __int_as_float((127 + s) << 23);
-            inv_sigma = __int_as_float((127 - s) << 23);
+            const int e = ((__float_as_int(m) >> 23) & 0xff) - 126; /* m < 2^e */
+            int sh = 15 - e;
+            sh = sh < -126 ? -126 : sh > 126 ? 126 : sh;
+            sigma = __int_as_float((127 + sh) << 23);
+            inv_sigma = __int_as_float((127 - sh) << 23);
         }
     }
-    for (int c = tid; c < P.cols_pad; c += TC_THREADS) {
-        const float v = c < P.cols ? val(c) * sigma : 0.0f;
-        uint16_t hi, lo;
-        tc_split16<F16>(v, &hi, &lo);
-        const int p = tc_xpos<PERM>(c);
-        P.xh[o + p] = hi;
-        P.xl[o + p] = lo;
-    }
-    if (F16)
-        for (int gi = tid; gi < ngp; gi += TC_THREADS) {
-            float s = 0.0f;
-            const int c1 = (gi + 1) * P.group < P.cols ? (gi + 1) * P.group : P.cols;
-            for (int c = gi * P.group; c < c1; c++) s += val(c) * sigma;
-            P.xsum[(int64_t)tok * ngp + gi] = s;
+    const int gr = F16 ? P.group / 8 : 1; /* runs per group: 4, 8, 16 adjacent lanes */
+    for (int k = 0; k < nk; k++) {
+        const int o = tid + k * TC_THREADS;
+        float v[8];
+        vals(o, v);
+        uint16_t hi[8], lo[8];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float y = v[j] * sigma; /* exact: a power of two */
+            s += y;
+            tc_split16<F16>(y, &hi[tc_xslot<PERM>(j)], &lo[tc_xslot<PERM>(j)]);
         }
+        if (o < nrun) {
+            uint32_t h2[4], l2[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                h2[j] = (uint32_t)hi[2 * j] | (uint32_t)hi[2 * j + 1] << 16;
+                l2[j] = (uint32_t)lo[2 * j] | (uint32_t)lo[2 * j + 1] << 16;
+            }
+            xh[o] = make_uint4(h2[0], h2[1], h2[2], h2[3]);
+            xl[o] = make_uint4(l2[0], l2[1], l2[2], l2[3]);
+        }
+        if (F16) {
+            for (int m = 1; m < gr; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+            if (o < nrun && lane % gr == 0) P.xsum[(int64_t)tok * ngp + o / gr] = s;
+        }
+    }
     if (tid == 0) P.inv_sigma[tok] = inv_sigma;
 }
 
@@ -661,6 +703,10 @@ static int tc_mode(void) {
     if (g_tc_mode < 0) {
         const char *e = getenv("KILN_CUDA_TC_GEMM");
         g_tc_mode = e && *e ? atoi(e) : 1;
+        /* block shape and split-K for A/B runs (0: by shape) */
+        const char *b = getenv("KILN_CUDA_TC_BN"), *k = getenv("KILN_CUDA_TC_SPLITS");
+        if (b && *b) g_tc_bn = atoi(b);
+        if (k && *k) g_tc_splits = atoi(k);
     }
     return g_tc_mode;
 }
@@ -731,7 +777,7 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     tc_prep_args P;
     tc_plan_args(p, scr, count, ys, x, n, ws, norm_w, eps, plus_one, add, &A, &P);
 
-    const size_t psm = TC_THREADS * sizeof(float);
+    const size_t psm = TC_THREADS / 32 * sizeof(float);
     if (!p.quant)
         KCU_LAUNCH(st, (k_tc_prep<false, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
     else if (p.bits == 4)
