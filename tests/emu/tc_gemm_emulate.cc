@@ -253,7 +253,8 @@ template <typename F> static void run_grid(emu_dim3 grid, int nt, F fn) {
 
 template <int MODE, int SS, int BN> static void run_gemm(const tc_args &A, emu_dim3 grid) {
     using C = tc_cfg<BN>;
-    run_grid(grid, TC_THREADS, [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, C::STAGES>(A); });
+    constexpr int S = tc_stages<MODE, BN>();
+    run_grid(grid, TC_THREADS, [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>(A); });
 }
 template <int MODE, int SS> static void run_gemm_bn(const tc_args &A, emu_dim3 grid, int bn) {
     if (bn == 8)
@@ -451,7 +452,40 @@ static void check(const spec &c) {
     fflush(stdout);
 }
 
+/* `plans`: what the host plan picks at Llama-3-8B shapes on 132 SMs (no kernel runs) */
+static void print_plans() {
+    const int fmts[][2] = {{16, 0}, {8, 64}, {4, 64}, {4, 32}};
+    const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
+    const int ns[] = {2, 8, 16, 64, 512, 4096};
+    for (auto &f : fmts)
+        for (auto &sh : shapes)
+            for (int n : ns) {
+                kiln_matrix m;
+                memset(&m, 0, sizeof m);
+                m.rows = sh[0], m.cols = sh[1];
+                m.data = (const void *)(uintptr_t)4096;
+                if (f[0] == 16) {
+                    m.dtype = KILN_DT_BF16;
+                } else {
+                    m.dtype = KILN_DT_U32, m.bits = f[0], m.group_size = f[1];
+                    m.scale_dtype = KILN_DT_F16;
+                }
+                const kiln_matrix *w = &m;
+                tc_plan p;
+                if (!tc_plan_make(&p, 1, &w, n, 132, 0, 0)) continue;
+                printf("%s%d g%-3d %5dx%-5d n=%-4d: bn %3d, %4d row tiles x %3d token tiles x %2d "
+                       "splits (%d chunks each), %d blocks/SM, scratch %.1f MB\n",
+                       f[0] == 16 ? "bf" : "q", f[0], f[1], sh[0], sh[1], n, p.bn, p.tiles,
+                       p.n_pad / p.bn, p.splits, p.cps, tc_blocks_per_sm(p.bits, p.group, p.bn),
+                       p.bytes / 1e6);
+            }
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "plans") == 0) {
+        print_plans();
+        return 0;
+    }
     const bool quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     const kiln_dtype F16 = KILN_DT_F16, BF = KILN_DT_BF16, F32 = KILN_DT_F32;
     const std::vector<spec> specs = {

@@ -569,6 +569,12 @@ template <> struct tc_cfg<16> { static constexpr int WM = 8, WN = 1, STAGES = 5;
 template <> struct tc_cfg<64> { static constexpr int WM = 4, WN = 2, STAGES = 4; };
 template <> struct tc_cfg<128> { static constexpr int WM = 2, WN = 4, STAGES = 3; };
 
+/* Pipeline depth: bf16 tiles are 2-4x the bytes of code tiles, so small-n bf16 shapes keep 4
+ * stages (2 blocks a SM) instead of 6/5. */
+template <int MODE, int BN> constexpr int tc_stages() {
+    return MODE == TC_BF16 && BN <= 16 ? 4 : tc_cfg<BN>::STAGES;
+}
+
 /* What a call launches: block shape, split-K, and the scratch layout (byte offsets). */
 struct tc_plan {
     int quant, bits, group, cols, cols_pad, bn, n_pad, tiles, rows_total, splits, cps, ngp;
@@ -595,6 +601,27 @@ static bool tc_same(const kiln_matrix *a, const kiln_matrix *b) {
     if (a->dtype != b->dtype || a->cols != b->cols) return false;
     if (!kiln_matrix_is_quantized(a)) return true;
     return a->bits == b->bits && a->group_size == b->group_size && a->scale_dtype == b->scale_dtype;
+}
+
+/* Resident blocks of a shape per SM: shared memory (227 KiB a SM) and registers (8 warps; 64K
+ * registers: <= 80 a thread for 3 blocks, <= 128 for 2; the larger shapes need more). */
+template <int MODE, int SS, int BN> static int tc_blocks_per_sm_t(void) {
+    const int smem = (int)tc_layout<MODE, SS, BN, tc_stages<MODE, BN>()>::bytes + 1024;
+    const int by_smem = (227 << 10) / smem, by_regs = BN == 8 ? 3 : BN == 16 ? 2 : 1;
+    const int b = by_smem < by_regs ? by_smem : by_regs;
+    return b > 0 ? b : 1;
+}
+template <int MODE, int SS> static int tc_blocks_per_sm_m(int bn) {
+    return bn == 8    ? tc_blocks_per_sm_t<MODE, SS, 8>()
+           : bn == 16 ? tc_blocks_per_sm_t<MODE, SS, 16>()
+           : bn == 64 ? tc_blocks_per_sm_t<MODE, SS, 64>()
+                      : tc_blocks_per_sm_t<MODE, SS, 128>();
+}
+static int tc_blocks_per_sm(int bits, int group, int bn) {
+    if (bits == 16) return tc_blocks_per_sm_m<TC_BF16, 4>(bn);
+    if (bits == 4)
+        return group == 32 ? tc_blocks_per_sm_m<TC_Q4, 2>(bn) : tc_blocks_per_sm_m<TC_Q4, 4>(bn);
+    return group == 32 ? tc_blocks_per_sm_m<TC_Q8, 2>(bn) : tc_blocks_per_sm_m<TC_Q8, 4>(bn);
 }
 
 /* Plans a call over count matrices (format checked here, not n's policy); bn / splits > 0 force
@@ -629,8 +656,10 @@ static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, in
     const int units = (nchunks + unit - 1) / unit;
     if (splits < 1) {
         const int64_t blocks = (int64_t)p->tiles * (p->n_pad / bn);
-        const int64_t want = (int64_t)n_sms * (bn <= 16 ? 3 : 1); /* resident blocks per SM */
-        splits = blocks < want ? (int)((want + blocks - 1) / blocks) : 1;
+        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn);
+        /* split only when under 3/4 of a wave: partials cost a write and a read of y per split */
+        splits = 4 * blocks < 3 * want ? (int)(want / blocks) : 1; /* within one wave */
+        if (splits < 1) splits = 1;
         const int max_split = units / 2 > 1 ? units / 2 : 1;
         if (splits > max_split) splits = max_split;
         if (splits > 16) splits = 16;
@@ -739,16 +768,17 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
 template <int MODE, int SS, int BN>
 static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
     using C = tc_cfg<BN>;
-    const size_t smem = tc_layout<MODE, SS, BN, C::STAGES>::bytes;
+    constexpr int S = tc_stages<MODE, BN>();
+    const size_t smem = tc_layout<MODE, SS, BN, S>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, C::WM, C::WN, C::STAGES>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, C::WM, C::WN, C::STAGES>), grid, TC_THREADS, smem, A);
+    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>), grid, TC_THREADS, smem, A);
     KCU_LAUNCHED(st);
 }
 
