@@ -237,6 +237,7 @@ static void test_qgemv_dp4a(void) {
     const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
     int k = 0;
     kiln_cuda_set_qgemv_variant(3, 0);
+    kiln_cuda_set_tc_gemm(0, -1, 0, 0); /* n = 2..8 would take the tensor-core GEMM */
     for (int b = 0; b < 2; b++)
         for (int g = 0; g < 3; g++) {
             const int64_t G = groups[g];
@@ -261,6 +262,7 @@ static void test_qgemv_dp4a(void) {
         }
     kiln_cuda_set_qgemv_variant(-1, 0);
     kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
 }
 
 /* The row-streaming bf16 GEMV (KILN_CUDA_GEMV_DENSE=2), forced, at every column split: a single
@@ -269,6 +271,7 @@ static void test_gemv_bf16_rows(void) {
     static const int splits[] = {0, 1, 2, 4, 8};
     static const int64_t shapes[][2] = {{7, 8}, {13, 264}, {259, 4160}, {1024, 4096}};
     int k = 0;
+    kiln_cuda_set_tc_gemm(0, -1, 0, 0); /* n = 2..8 would take the tensor-core GEMM */
     for (int s = 0; s < 4; s++) {
         test_matrix m;
         make_dense(&m, KILN_DT_BF16, shapes[s][0], shapes[s][1], s % 2 == 0);
@@ -283,6 +286,7 @@ static void test_gemv_bf16_rows(void) {
         free_matrix(&m);
     }
     kiln_cuda_set_gemv_dense_variant(-1, 0);
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
 }
 
 /* The tensor-core GEMM (gemm_tc.cu), forced onto every n (kiln_cuda_set_tc_gemm mode 2): 4- and
@@ -1356,6 +1360,12 @@ int main(void) {
     test_matmul_fused();
     test_embed();
     test_matmul();
+    /* again on the paths the tensor-core GEMM replaced by default (KILN_CUDA_TC_GEMM=0) */
+    kiln_cuda_set_tc_gemm(0, -1, 0, 0);
+    test_matmul_multi();
+    test_matmul_fused();
+    test_matmul();
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
     test_qgemv_dp4a();
     test_gemv_bf16_rows();
     test_tc_gemm();
