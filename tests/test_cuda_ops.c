@@ -138,6 +138,7 @@ static void free_matrix(test_matrix *m) {
 
 /* x_ranges: the first and last token get a zero 32-column block and blocks scaled by 1e4 and
  * 1e-4 (columns 0..95), which the dp4a GEMV's per-block fixed point must follow. */
+static double g_matmul_tol = 0; /* > 0: the tolerance of check_matmul_x whatever the path */
 static void check_matmul_x(test_matrix *m, int64_t n, const char *label, int force_path,
                            bool x_ranges) {
     int64_t rows = m->host.rows, cols = m->host.cols;
@@ -157,7 +158,7 @@ static void check_matmul_x(test_matrix *m, int64_t n, const char *label, int for
      * the weights to bf16. */
     bool gemm = force_path == 2 || (force_path == 0 && n > 8);
     bool bf16_operands = gemm && m->host.dtype != KILN_DT_F32;
-    double tol = bf16_operands ? 1e-2 : 1e-5;
+    double tol = g_matmul_tol > 0 ? g_matmul_tol : bf16_operands ? 1e-2 : 1e-5;
     char what[160];
     snprintf(what, sizeof what, "matmul %s %lldx%lld n=%lld path=%d", label, (long long)rows,
              (long long)cols, (long long)n, force_path);
@@ -236,6 +237,7 @@ static void test_qgemv_dp4a(void) {
     const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
     int k = 0;
     kiln_cuda_set_qgemv_variant(3, 0);
+    kiln_cuda_set_tc_gemm(0, -1, 0, 0); /* n = 2..8 would take the tensor-core GEMM */
     for (int b = 0; b < 2; b++)
         for (int g = 0; g < 3; g++) {
             const int64_t G = groups[g];
@@ -260,6 +262,7 @@ static void test_qgemv_dp4a(void) {
         }
     kiln_cuda_set_qgemv_variant(-1, 0);
     kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
 }
 
 /* The row-streaming bf16 GEMV (KILN_CUDA_GEMV_DENSE=2), forced, at every column split: a single
@@ -268,6 +271,7 @@ static void test_gemv_bf16_rows(void) {
     static const int splits[] = {0, 1, 2, 4, 8};
     static const int64_t shapes[][2] = {{7, 8}, {13, 264}, {259, 4160}, {1024, 4096}};
     int k = 0;
+    kiln_cuda_set_tc_gemm(0, -1, 0, 0); /* n = 2..8 would take the tensor-core GEMM */
     for (int s = 0; s < 4; s++) {
         test_matrix m;
         make_dense(&m, KILN_DT_BF16, shapes[s][0], shapes[s][1], s % 2 == 0);
@@ -282,6 +286,162 @@ static void test_gemv_bf16_rows(void) {
         free_matrix(&m);
     }
     kiln_cuda_set_gemv_dense_variant(-1, 0);
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+}
+
+/* The tensor-core GEMM (gemm_tc.cu), forced onto every n (kiln_cuda_set_tc_gemm mode 2): 4- and
+ * 8-bit codes with group 32/64/128 and every scale dtype, dense bf16; row counts that leave the
+ * last 128-row tile partly empty, one group per row, cols % 64 = 32 (group 32) and bf16 cols % 64
+ * = 8; n from 1 to 130 (partial token tiles of every block shape 8/16/64/128), block shape and
+ * split-K by shape or forced, output bias, x with a zero block and blocks scaled by 1e4 / 1e-4.
+ * Precise numerics: 1e-5 like the GEMV (x is split into 16-bit hi + lo). */
+static void test_tc_gemm(void) {
+    static const int bits[] = {4, 8, 16};
+    static const int groups[] = {32, 64, 128};
+    static const int64_t ns[] = {1, 2, 5, 8, 9, 16, 17, 33, 64, 100, 130};
+    static const int bns[] = {0, 8, 16, 64, 128};
+    static const int splits[] = {0, 1, 2, 3, 5};
+    const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    long long l0 = kiln_cuda_tc_gemm_launches();
+    int k = 0;
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < (bits[b] == 16 ? 1 : 3); g++) {
+            const int64_t G = bits[b] == 16 ? 64 : groups[g];
+            const int64_t shapes[][2] = {{7, G},
+                                         {13, 3 * G - (bits[b] == 16 ? 56
+                                                       : G == 32     ? 0
+                                                                     : G)},
+                                         {129, 1152},
+                                         {300, 2048 + (bits[b] == 16 ? 8 : G)},
+                                         {1024, 4096}};
+            for (int s = 0; s < 5; s++) {
+                test_matrix m;
+                const kiln_dtype sdt = sdts[(b + g + s) % 3];
+                if (bits[b] == 16)
+                    make_dense(&m, KILN_DT_BF16, shapes[s][0], shapes[s][1], s % 2 == 0);
+                else
+                    make_quant(&m, bits[b], (int)G, sdt, shapes[s][0], shapes[s][1], s % 2 == 1);
+                for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+                    if (s == 4 && ns[i] != 2 && ns[i] != 8 && ns[i] != 64 && ns[i] != 130)
+                        continue; /* large: keep the CPU reference short */
+                    const int bn = bns[k % 5], sp = splits[(k / 5) % 5];
+                    char label[96];
+                    snprintf(label, sizeof label, "tc %s%d g%d/%s bn=%d splits=%d",
+                             bits[b] == 16 ? "bf" : "q", bits[b], bits[b] == 16 ? 0 : (int)G,
+                             bits[b] == 16 ? "-" : kiln_dtype_name(sdt), bn, sp);
+                    /* a forced block shape must fit n (8/16 tokens up to 16, 64/128 above) */
+                    const bool fits = bn == 0 || (ns[i] <= 16) == (bn <= 16);
+                    kiln_cuda_set_tc_gemm(2, -1, fits ? bn : 0, sp);
+                    g_matmul_tol = 1e-5;
+                    check_matmul_x(&m, ns[i], label, 0, k % 3 == 0);
+                    g_matmul_tol = 0;
+                    k++;
+                }
+                free_matrix(&m);
+            }
+        }
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+    CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == k, "tc gemm ran %lld of %d calls",
+              kiln_cuda_tc_gemm_launches() - l0, k);
+}
+
+/* matmul_multi and the fused ops (norm, add, norm + GLU) on the tensor-core GEMM at n = 2..64,
+ * against the references in order, at the GEMV's tolerance. */
+static void test_tc_fused(void) {
+    static const int64_t ns[] = {2, 5, 8, 17, 64};
+    for (int c = 0; c < 3; c++) { /* q4g32 f16, q8g64 bf16, bf16 */
+        const int64_t cols = c == 0 ? 1024 : c == 1 ? 576 : 1000, rows[3] = {2048, 7, 130};
+        const int64_t F = c == 1 ? 192 : 1536, O = 200;
+        test_matrix m[3], gt, up, o;
+        for (int i = 0; i < 3; i++) {
+            if (c == 2)
+                make_dense(&m[i], KILN_DT_BF16, rows[i], cols, i == 1);
+            else
+                make_quant(&m[i], c == 0 ? 4 : 8, c == 0 ? 32 : 64,
+                           c == 0 ? KILN_DT_F16 : KILN_DT_BF16, rows[i], cols, i == 1);
+        }
+        if (c == 2) {
+            make_dense(&gt, KILN_DT_BF16, F, cols, true);
+            make_dense(&up, KILN_DT_BF16, F, cols, false);
+            make_dense(&o, KILN_DT_BF16, O, F, true);
+        } else {
+            const int bb = c == 0 ? 4 : 8, gg = c == 0 ? 32 : 64;
+            const kiln_dtype sd = c == 0 ? KILN_DT_F16 : KILN_DT_BF16;
+            make_quant(&gt, bb, gg, sd, F, cols, false);
+            make_quant(&up, bb, gg, sd, F, cols, false);
+            make_quant(&o, bb, c == 0 ? 32 : 64, sd, O, F, true);
+        }
+        kiln_cuda_set_tc_gemm(1, 64, 0, 0); /* bf16 up to n = 64 here */
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const int64_t n = ns[k];
+            const bool plus_one = k % 2 == 1;
+            const kiln_glu_act act = k % 2 ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
+            const double tol = 2e-5;
+            const long long l0 = kiln_cuda_tc_gemm_launches();
+            float *x = rand_f32(n * cols, 1.5f), *nw = rand_f32(cols, 0.5f);
+            float *hn = malloc((size_t)(n * cols) * 4);
+            kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, plus_one);
+            float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
+            float *dh = dev_poisoned(n * (cols > F ? cols : F));
+            float *ref[3], *dy[3];
+            const kiln_matrix *ws[3];
+            char what[128];
+            /* matmul_multi on x, then matmul_norm on rmsnorm(x) */
+            for (int pass = 0; pass < 2; pass++) {
+                for (int i = 0; i < 3; i++) {
+                    ref[i] = malloc((size_t)(n * rows[i]) * 4);
+                    kiln_cpu_matmul_ref(ref[i], pass ? hn : x, n, &m[i].host);
+                    dy[i] = dev_poisoned(n * rows[i]);
+                    ws[i] = &m[i].dev;
+                }
+                if (pass)
+                    be->matmul_norm(be, 3, dy, dx, dh, n, ws, dnw, 1e-6f, plus_one);
+                else
+                    be->matmul_multi(be, 3, dy, dx, n, ws);
+                for (int i = 0; i < 3; i++) {
+                    snprintf(what, sizeof what, "tc %s case %d n=%lld matrix %d",
+                             pass ? "matmul_norm" : "matmul_multi", c, (long long)n, i);
+                    compare(what, dy[i], ref[i], n * rows[i], tol);
+                    be->free(be, dy[i]);
+                    free(ref[i]);
+                }
+            }
+            /* matmul_norm_glu */
+            float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
+            kiln_cpu_matmul_ref(gr, hn, n, &gt.host);
+            kiln_cpu_matmul_ref(ur, hn, n, &up.host);
+            if (act == KILN_GLU_GELU_TANH)
+                kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
+            else
+                kiln_cpu_silu_mul(gr, gr, ur, n * F);
+            float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
+            be->matmul_norm_glu(be, dout, dx, dh, dup, n, &gt.dev, &up.dev, dnw, 1e-6f, plus_one,
+                                act);
+            snprintf(what, sizeof what, "tc matmul_norm_glu case %d n=%lld act %d", c, (long long)n,
+                     (int)act);
+            compare(what, dout, gr, n * F, tol);
+            /* matmul_add: y += glu @ o^T */
+            float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
+            kiln_cpu_matmul_ref(yr, gr, n, &o.host);
+            kiln_cpu_add(yr, yr, y0, n * O);
+            float *dy0 = dev_copy(y0, (size_t)(n * O) * 4),
+                  *dact = dev_copy(gr, (size_t)(n * F) * 4);
+            float *dtmp = dev_poisoned(n * O);
+            be->matmul_add(be, dy0, dact, dtmp, n, &o.dev);
+            snprintf(what, sizeof what, "tc matmul_add case %d n=%lld", c, (long long)n);
+            compare(what, dy0, yr, n * O, tol);
+            /* one launch each for multi, norm, glu, add */
+            CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == 4,
+                      "tc fused case %d n=%lld: %lld launches", c, (long long)n,
+                      kiln_cuda_tc_gemm_launches() - l0);
+            be->free(be, dx), be->free(be, dnw), be->free(be, dh), be->free(be, dout);
+            be->free(be, dup), be->free(be, dy0), be->free(be, dact), be->free(be, dtmp);
+            free(x), free(nw), free(hn), free(gr), free(ur), free(y0), free(yr);
+        }
+        kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+        for (int i = 0; i < 3; i++) free_matrix(&m[i]);
+        free_matrix(&gt), free_matrix(&up), free_matrix(&o);
+    }
 }
 
 static void test_embed(void) {
@@ -1405,9 +1565,17 @@ int main(void) {
     test_matmul_fused();
     test_embed();
     test_matmul();
+    /* again on the paths the tensor-core GEMM replaced by default (KILN_CUDA_TC_GEMM=0) */
+    kiln_cuda_set_tc_gemm(0, -1, 0, 0);
+    test_matmul_multi();
+    test_matmul_fused();
+    test_matmul();
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
     test_qgemv_dp4a();
     test_qgemv_fused();
     test_gemv_bf16_rows();
+    test_tc_gemm();
+    test_tc_fused();
     test_attention();
     test_attention_tc();
     test_copy_zero_gate();

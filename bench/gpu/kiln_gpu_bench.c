@@ -4,9 +4,10 @@
  * n=1 and n=4 for every GEMV kernel variant, as µs, GB/s of weight bytes (codes + scales + biases)
  * and fraction of the copy bandwidth, then the best variant; GEMM n=512 as TFLOP/s), a large bf16
  * GEMM, decode attention, prefill attention (CUDA-core vs tensor-core kernel, n = 512 / 4096;
- * `kiln_gpu_bench prefill` runs only that) and the gated delta rule, recurrent and chunked kernels
- * at n = 1 / 512 / 4096 on Qwen3-Next and Qwen3.5 head shapes (`kiln_gpu_bench gdn` runs
- * only that).
+ * `kiln_gpu_bench prefill` runs only that), the gated delta rule, recurrent and chunked kernels
+ * at n = 1 / 512 / 4096 on Qwen3-Next and Qwen3.5 head shapes (`kiln_gpu_bench gdn` runs only
+ * that) and the tensor-core GEMM of gemm_tc.cu against the paths it replaces at n = 1, 8, 64, 512
+ * (`kiln_gpu_bench tc` runs only that).
  * Weights rotate over enough copies to exceed the 60 MB L2, so numbers are HBM numbers.
  * Built and run by bench/gpu_bench.sh against build/libkiln.so. */
 #include "backend/backend.h"
@@ -221,6 +222,59 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
     free(h.d), free(h.s), free(h.b);
 }
 
+/* The tensor-core GEMM (gemm_tc.cu) at one shape: n = 1, 8, 64, 512 with its default block shape
+ * and split ([tc]; n = 1 forced onto it), a few forced block shapes / splits, and the path it
+ * replaces ([old]: KILN_CUDA_TC_GEMM=0 — GEMV / dp4a for n <= 8, cuBLAS precise split above):
+ * µs, GB/s of the matrix's bytes and % of copy, and TFLOP/s (2 n rows cols) for n >= 64. */
+static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
+    hmat h = make_host(fmt, rows, cols);
+    int64_t bytes = kiln_matrix_bytes(&h.host);
+    int copies = (int)((int64_t)(768 << 20) / bytes) + 1;
+    if (copies > 64) copies = 64;
+    kiln_matrix *w = calloc((size_t)copies, sizeof *w);
+    for (int c = 0; c < copies; c++)
+        if (be->upload_matrix(be, &h.host, &w[c]) != KILN_OK) {
+            fprintf(stderr, "upload failed\n");
+            exit(1);
+        }
+    static const struct {
+        const char *name;
+        int mode, bn, splits;
+    } variants[] = {{"tc", 2, 0, 0},          {"tc bn=8", 2, 8, 0},     {"tc bn=16", 2, 16, 0},
+                    {"tc bn=64", 2, 64, 0},   {"tc bn=128", 2, 128, 0}, {"tc splits=1", 2, 0, 1},
+                    {"tc splits=2", 2, 0, 2}, {"tc splits=4", 2, 0, 4}, {"old", 0, 0, 0}};
+    const int64_t ns[] = {1, 8, 64, 512};
+    for (int i = 0; i < 4; i++) {
+        const int64_t n = ns[i];
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+            const int bn = variants[v].bn, sp = variants[v].splits;
+            /* block shapes that fit n (8/16 for n <= 16, 64/128 above), splits at n <= 64 */
+            if (bn && (n <= 16) != (bn <= 16)) continue;
+            if (sp && n > 64) continue;
+            kiln_cuda_set_tc_gemm(variants[v].mode, -1, bn, sp);
+            const int cp = n >= 64 && copies > 8 ? 8 : copies;
+            double ms = time_matmul(w, cp, n, 0, n >= 64 ? 7 : 15);
+            double gbs = bytes / (ms * 1e-3) / 1e9;
+            printf("tc    %-5s %5lldx%-5lld n=%-3lld: %8.2f us  %6.0f GB/s  %4.0f%% of copy", fmt,
+                   (long long)rows, (long long)cols, (long long)n, ms * 1e3, gbs,
+                   100.0 * gbs / copy_bw);
+            if (n >= 64) printf("  %6.1f TFLOP/s", 2.0 * n * rows * cols / (ms * 1e-3) / 1e12);
+            printf("  [%s]\n", variants[v].name);
+        }
+    }
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+    for (int c = 0; c < copies; c++) be->free_matrix(be, &w[c]);
+    free(w);
+    free(h.d), free(h.s), free(h.b);
+}
+
+static void bench_tc_all(void) {
+    const char *fmts[] = {"bf16", "q8g64", "q4g64", "q4g32"};
+    const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
+    for (int f = 0; f < 4; f++)
+        for (int s = 0; s < 4; s++) bench_tc(fmts[f], shapes[s][0], shapes[s][1]);
+}
+
 static void bench_big_gemm(void) {
     hmat h = make_host("bf16", 8192, 8192);
     kiln_matrix w;
@@ -399,6 +453,14 @@ int main(int argc, char **argv) {
         kiln_backend_free(be);
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "tc") == 0) { /* just the tensor-core GEMM */
+        bench_copy();
+        bench_tc_all();
+        kiln_status st = be->synchronize(be);
+        if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
+        kiln_backend_free(be);
+        return st == KILN_OK ? 0 : 1;
+    }
     if (argc > 1 && strcmp(argv[1], "prefill") == 0) { /* just prefill attention */
         bench_prefill_attention("bf16", 512);
         bench_prefill_attention("bf16", 4096);
@@ -414,6 +476,7 @@ int main(int argc, char **argv) {
     const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
     for (int f = 0; f < 4; f++)
         for (int s = 0; s < 4; s++) bench_matmul(fmts[f], shapes[s][0], shapes[s][1]);
+    bench_tc_all();
     bench_big_gemm();
     bench_attention("f16", 8192);
     bench_attention("f32", 8192);

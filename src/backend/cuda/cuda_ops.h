@@ -91,6 +91,14 @@ void kiln_cuda_set_qgemv_inline(int mode);
  * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE
  * and KILN_CUDA_GEMV_DENSE_KS; variant < 0 goes back to the environment. */
 void kiln_cuda_set_gemv_dense_variant(int variant, int split);
+/* Tensor-core GEMM (gemm_tc.cu) for 4/8-bit MLX weights at n >= 2 and bf16 weights at 2 <= n <=
+ * dense_max_n: mode 0 = off (GEMV / dp4a / cuBLAS as before), 1 = on (default), 2 = forced for
+ * every n and every bf16 n (tests, bench); bn = tokens per block (8, 16, 64, 128; 0 = by n);
+ * splits = split-K count (0 = by shape). A value < 0 (mode, dense_max_n) comes from env
+ * KILN_CUDA_TC_GEMM / KILN_CUDA_TC_DENSE_MAX_N (defaults 1, 16). */
+void kiln_cuda_set_tc_gemm(int mode, int dense_max_n, int bn, int splits);
+/* Tensor-core GEMM calls so far (every backend of the process): tests check the path ran. */
+long long kiln_cuda_tc_gemm_launches(void);
 /* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through
  * two GEMMs (1, x kept to ~2^-17). Default: env KILN_CUDA_GEMM=split|bf16. */
 void kiln_cuda_set_gemm_split(int on);

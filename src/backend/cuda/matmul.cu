@@ -11,6 +11,7 @@
  * slice of rows, then the same GemmEx. Anything the fast paths can't take (odd widths, unaligned
  * views) falls back to a plain per-element kernel. */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm_tc.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
 
@@ -690,6 +691,8 @@ extern "C" void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n
     kcu_state *st = kcu_st(be);
     if (n <= 0 || w->rows <= 0) return;
     int path = g_force_path;
+    /* tensor cores (gemm_tc.cu): 4/8-bit weights at n >= 2, bf16 at 2 <= n <= 16 (by default) */
+    if (path == 0 && kcu_tc_gemm(st, 1, &y, x, n, &w, NULL, 0.0f, false, false)) return;
     if (path == 0) path = n <= GEMV_MAX_N ? 1 : 2;
     if (path == 1 && n <= GEMV_MAX_N && kcu_gemv_ok(w, x)) {
         if (n == 1)
@@ -729,6 +732,8 @@ static void launch_gemv_multi(kcu_state *st, const gemv_multi &M, const float *x
 extern "C" void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
                                  int64_t n, const kiln_matrix *const *ws) {
     kcu_state *st = kcu_st(be);
+    /* one tensor-core launch for all of them (same format), x split once */
+    if (g_force_path == 0 && kcu_tc_gemm(st, count, ys, x, n, ws, NULL, 0.0f, false, false)) return;
     bool one =
         count >= 2 && count <= GEMV_MULTI_MAX && n >= 1 && n <= GEMV_MAX_N && g_force_path != 2;
     for (int i = 0; one && i < count; i++)

@@ -16,6 +16,7 @@
  * (kiln_backend_*_composed). Results match the composition within f32 rounding (the
  * norm scales the dot product instead of each x). */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm_tc.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
 
@@ -223,6 +224,9 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
                                 float *h, int64_t n, const kiln_matrix *const *ws,
                                 const float *norm_w, float eps, bool plus_one) {
     if (n <= 0) return;
+    /* tensor cores (batched decode, prefill): the norm is applied as x is split */
+    if (kcu_fused_enabled() && kcu_tc_gemm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one, false))
+        return;
     if (!fused_applies(count, ws, x, n, norm_w)) {
         if (kcu_fused_enabled() &&
             kcu_qgemv_dp4a_norm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one))
@@ -252,6 +256,7 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
 extern "C" void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
                                const kiln_matrix *w) {
     if (n <= 0) return;
+    if (kcu_fused_enabled() && kcu_tc_gemm(kcu_st(be), 1, &y, x, n, &w, NULL, 0.0f, false, true)) return;
     if (!fused_applies(1, &w, x, n, NULL)) {
         if (kcu_fused_enabled() && kcu_qgemv_dp4a_add(kcu_st(be), y, x, n, w)) return;
         kiln_backend_matmul_add_composed(be, y, x, tmp, n, w);
@@ -275,6 +280,16 @@ extern "C" void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x
                                     bool plus_one, kiln_glu_act act) {
     if (n <= 0) return;
     const kiln_matrix *const ws[2] = {wg, wu};
+    /* tensor cores: gate and up in one launch on the normalized x, then the activation */
+    float *const gu[2] = {out, up};
+    if (wg->rows == wu->rows && kcu_fused_enabled() &&
+        kcu_tc_gemm(kcu_st(be), 2, gu, x, n, ws, norm_w, eps, plus_one, false)) {
+        if (act == KILN_GLU_GELU_TANH)
+            be->gelu_tanh_mul(be, out, out, up, n * wg->rows);
+        else
+            be->silu_mul(be, out, out, up, n * wg->rows);
+        return;
+    }
     if (wg->rows != wu->rows || !fused_applies(2, ws, x, n, norm_w)) {
         if (kcu_fused_enabled() &&
             kcu_qgemv_dp4a_norm_glu(kcu_st(be), out, x, n, wg, wu, norm_w, eps, plus_one, (int)act))

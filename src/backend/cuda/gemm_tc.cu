@@ -1,0 +1,838 @@
+/* gemm_tc.cu — y[n, rows] = x[n, cols] @ W^T (+ bias) on tensor cores (mma.sync m16n8k16, f32
+ * accumulators) in the backend's precise numerics, for MLX affine 4/8-bit W (group 32/64/128,
+ * f16/bf16/f32 scales) and dense bf16 W: prefill, batched decode, and the fused ops' matmuls.
+ *
+ * Operands. W [rows, cols] is the A operand as stored (row major, read from memory once per call);
+ * x is the B operand, converted once per call by k_tc_prep into two 16-bit halves, x = hi + lo:
+ *  - quantized W: the MMA runs on the raw codes q (0..255, exact in f16) against x in f16, scaled
+ *    per token by a power of two sigma so that max|x| * sigma < 2^15 (hi = f16(x sigma), lo =
+ *    f16(x sigma - hi): ~22 bits of x, no overflow). Each quantization group accumulates into its
+ *    own f32 fragment acc_g = sum q (x_hi + x_lo) (two MMAs), folded in at the group's end:
+ *    acc += scale[r, g] * acc_g + bias[r, g] * xsum[t, g] (xsum: the f32 sum of x sigma over the
+ *    group, from k_tc_prep), and y = acc / sigma. Codes become f16 pairs with integer tricks: a
+ *    byte or nibble is or-ed under the exponent of 1024 (0x6400) and 1024 subtracted (exact).
+ *  - bf16 W: exact as stored; x in bf16 hi + lo (~16 bits, as the cuBLAS split path), both MMAs
+ *    into one accumulator.
+ *
+ * k order. Within a step of 16 columns the MMA sums over k in any order, so each thread's A and B
+ * fragments may map to whichever columns, as long as A and B agree: a thread (g = lane/4, t =
+ * lane%4) takes, in a span of SS steps (16*SS columns, one quantization group or 64 columns),
+ * the 4*SS contiguous columns [4*SS*t, 4*SS*(t+1)); its registers for step s are columns 4s..4s+3
+ * of that run (A regs 0/1: run columns 4s, 4s+1; regs 2/3: 4s+2, 4s+3; B likewise). So a thread
+ * reads contiguous bytes of W and x from shared memory (no ldmatrix), and each step stays inside
+ * one group. 4-bit words give code pairs (j, j+4) (nibble masks 0x000F000F / 0x00F000F0), so
+ * k_tc_prep stores x's 8-column runs as columns 0,4,1,5,2,6,3,7 for 4-bit weights.
+ *
+ * Tiles. A block of 8 warps owns 128 rows x BN tokens (BN = 8, 16, 64, 128) and walks the columns
+ * in chunks of 64 through a STAGES-deep cp.async pipeline (W tile, x hi/lo tile); warps split the
+ * tile WM x WN. Split-K (grid z) when row x token tiles leave SMs idle: each split writes f32
+ * partials and k_tc_reduce sums them in a fixed order (deterministic), then scales, adds bias (and
+ * y for matmul_add). Several matrices sharing x (q/k/v, gate/up) go in one launch: block x picks
+ * the matrix from a table in the kernel parameters.
+ *
+ * tests/emu/tc_gemm_emulate.cc compiles this file on the CPU (TC_HOST_EMU) with emulated warps. */
+#ifndef TC_HOST_EMU
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm_tc.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+#endif
+
+#define TC_BM      128 /* rows per block */
+#define TC_BK      64  /* columns per pipeline stage */
+#define TC_THREADS 256 /* 8 warps */
+#define TC_MATS    4   /* matrices per launch */
+
+enum { TC_Q4 = 4, TC_Q8 = 8, TC_BF16 = 16 };
+
+struct tc_mat {
+    const void *w;              /* codes [rows, cols*bits/32] u32 or bf16 [rows, cols] */
+    const void *scales, *qbias; /* quantized: scales / biases [rows, cols/group] */
+    const float *obias;         /* output bias [rows] or NULL */
+    float *y;                   /* [n, rows] */
+    int rows, first;            /* rows; first row tile (block x) of this matrix */
+    int roff;                   /* first row of this matrix in the partials' rows */
+};
+
+struct tc_args {
+    tc_mat m[TC_MATS];
+    int count;
+    const uint16_t *xh, *xl; /* [n_pad, cols_pad] 16-bit halves of x (4-bit: runs permuted) */
+    const float *xsum;       /* quantized: [n_pad, cols_pad / group] sums of x * sigma */
+    const float *inv_sigma;  /* [n_pad] 1 / sigma (1 for bf16) */
+    float *part;             /* split-K: [splits, n, rows_total] partial sums, else NULL */
+    int n, cols, cols_pad, group, sdt, chunks_per_split, rows_total, add;
+};
+
+struct tc_prep_args {
+    const float *x;               /* [n, cols] */
+    uint16_t *xh, *xl;            /* [n_pad, cols_pad] */
+    float *xsum, *inv_sigma;      /* [n_pad, cols_pad / group], [n_pad] */
+    const float *norm_w;          /* RMSNorm weight [cols] or NULL */
+    int n, cols, cols_pad, group; /* group: quantized only */
+    float eps;
+    int plus_one;
+};
+
+/* ---- device primitives (the emulator supplies its own) ---- */
+#ifndef TC_HOST_EMU
+/* d += a b, m16n8k16, f32 accumulators; F16: f16 inputs, else bf16 */
+template <bool F16>
+__device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+    if (F16)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* 16 bytes global -> shared without registers; src_bytes 0 writes zeros */
+__device__ __forceinline__ void tc_cp16(void *smem, const void *gmem, int src_bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void tc_cp_commit() {
+    asm volatile("cp.async.commit_group;");
+}
+template <int N> __device__ __forceinline__ void tc_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+__device__ __forceinline__ uint32_t tc_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    return __byte_perm(a, b, sel);
+}
+__device__ __forceinline__ uint32_t tc_hsub2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ uint32_t tc_hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+/* v = hi + lo in 16-bit halves (f16 or bf16), hi = round(v), lo = round(v - hi) */
+template <bool F16>
+__device__ __forceinline__ void tc_split16(float v, uint16_t *hi, uint16_t *lo) {
+    if (F16) {
+        const __half h = __float2half_rn(v);
+        *hi = __half_as_ushort(h);
+        *lo = __half_as_ushort(__float2half_rn(v - __half2float(h)));
+    } else {
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        *hi = __bfloat16_as_ushort(h);
+        *lo = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(h)));
+    }
+}
+__device__ __forceinline__ float tc_load_scale(const void *p, int64_t i, int dt) {
+    return kcu_load(p, i, dt);
+}
+#endif
+
+/* ---- the GEMM kernel ---- */
+
+/* Shared-memory row strides (bytes) of the W tile (128 rows of 64 columns) and the x tile (BN
+ * tokens of 64 hi + 64 lo values): chosen so the fragment loads below meet no bank conflicts
+ * (16-byte loads are served 8 lanes at a time = 2 rows x 4 threads; 8-byte 16 lanes = 4 rows;
+ * 4-byte all 32 = 8 rows), and multiples of 16 for cp.async. */
+template <int MODE, int SS> struct tc_geom {
+    static constexpr bool QUANT = MODE != TC_BF16;
+    static constexpr int BITS = MODE;             /* 4, 8, 16 */
+    static constexpr int WROW = TC_BK * BITS / 8; /* bytes of a W tile row */
+    static constexpr int TB = 4 * SS * BITS / 8;  /* W bytes of a thread's run (a span) */
+    static constexpr int WS = MODE == TC_Q4   ? (SS == 2 ? 48 : 32)
+                              : MODE == TC_Q8 ? (SS == 2 ? 96 : 64)
+                                              : 144;
+    static constexpr int XS = SS == 2 ? 320 : 272;
+    static constexpr int SPANS = 4 / SS; /* spans per chunk */
+};
+
+template <int MODE, int SS, int BN, int STAGES> struct tc_layout {
+    static constexpr int W = TC_BM * tc_geom<MODE, SS>::WS;
+    static constexpr int X = BN * tc_geom<MODE, SS>::XS;
+    static constexpr int STAGE = W + X;
+    static constexpr size_t bytes = (size_t)STAGES * STAGE;
+};
+
+/* f16 pair (code j, code j+4) of a 4-bit word: k = 0..3 -> codes (0,4), (1,5), (2,6), (3,7);
+ * w8 = word >> 8 */
+template <int K> __device__ __forceinline__ uint32_t tc_nib2(uint32_t w, uint32_t w8) {
+    const uint32_t src = K < 2 ? w : w8;
+    if (K % 2 == 0) /* 1024 + q -> q */
+        return tc_hsub2((src & 0x000F000Fu) | 0x64006400u, 0x64006400u);
+    /* 1024 + 16 q -> (1024 + 16 q) / 16 - 64 = q */
+    return tc_hfma2((src & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
+}
+/* f16 pair (byte 2h, byte 2h+1) of an 8-bit word */
+template <int H> __device__ __forceinline__ uint32_t tc_byte2(uint32_t w) {
+    return tc_hsub2(tc_prmt(w, 0x64646464u, H ? 0x4342u : 0x4140u), 0x64006400u);
+}
+
+extern __shared__ uint4 tc_sm_raw[];
+
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES>
+__global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
+    using G = tc_geom<MODE, SS>;
+    using SM = tc_layout<MODE, SS, BN, STAGES>;
+    constexpr bool QUANT = G::QUANT;
+    constexpr int MT = TC_BM / 16 / WM; /* m16 tiles per warp */
+    constexpr int NT = BN / 8 / WN;     /* n8 tiles per warp */
+    static_assert(WM * WN == TC_THREADS / 32 && MT >= 1 && NT >= 1, "warp layout");
+    static_assert(SS == 2 || SS == 4, "span");
+
+    int mi_ = 0;
+    while (mi_ + 1 < A.count && (int)blockIdx.x >= A.m[mi_ + 1].first) mi_++;
+    const tc_mat &M = A.m[mi_];
+    const int rows = M.rows, cols = A.cols;
+    const int row0 = ((int)blockIdx.x - M.first) * TC_BM, tok0 = (int)blockIdx.y * BN;
+    const int nchunks = A.cols_pad / TC_BK;
+    const int kc0 = (int)blockIdx.z * A.chunks_per_split;
+    const int kc1 = kc0 + A.chunks_per_split < nchunks ? kc0 + A.chunks_per_split : nchunks;
+    const int nk = kc1 - kc0;
+    const int64_t row_bytes = (int64_t)cols * G::BITS / 8;
+    const char *wbase = (const char *)M.w;
+
+    char *smem = (char *)tc_sm_raw;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    /* W tile of chunk kc into stage slot: 16-byte pieces, rows / columns past the matrix zero */
+    auto issue_w = [&](int kc, int slot) {
+        char *dst = smem + slot * SM::STAGE;
+        constexpr int SEGS = G::WROW / 16;
+        for (int i = tid; i < TC_BM * SEGS; i += TC_THREADS) {
+            const int r = i / SEGS, sg = i % SEGS;
+            const int grow = row0 + r, gcol = kc * TC_BK + sg * (128 / G::BITS);
+            const bool ok = grow < rows && gcol < cols;
+            const char *src =
+                wbase + (ok ? (int64_t)grow * row_bytes + (int64_t)gcol * G::BITS / 8 : 0);
+            tc_cp16(dst + r * G::WS + sg * 16, src, ok ? 16 : 0);
+        }
+    };
+    /* x tile (hi, lo) of chunk kc: always inside the padded buffers */
+    auto issue_x = [&](int kc, int slot) {
+        char *dst = smem + slot * SM::STAGE + SM::W;
+        for (int i = tid; i < BN * 16; i += TC_THREADS) {
+            const int tk = i / 16, sg = i % 16;
+            const uint16_t *src = (sg < 8 ? A.xh : A.xl) + (int64_t)(tok0 + tk) * A.cols_pad +
+                                  kc * TC_BK + (sg % 8) * 8;
+            tc_cp16(dst + tk * G::XS + sg * 16, src, 16);
+        }
+    };
+
+    /* weights are written by no kernel: their first stages load before waiting for the kernel
+     * before (programmatic dependent launch); one commit group per stage, W of every prologue
+     * stage in the first */
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < nk) issue_w(kc0 + s, s);
+    kcu_pdl_wait();
+    kcu_pdl_trigger();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) issue_x(kc0 + s, s);
+        tc_cp_commit();
+    }
+
+    const int wm = warp % WM, wn = warp / WM;
+    const int g = lane >> 2, t = lane & 3;
+    const int mrow = wm * MT * 16, ntok = wn * NT * 8;
+    const int gpr = QUANT ? cols / A.group : 1, xs_stride = QUANT ? A.cols_pad / A.group : 1;
+
+    float acc[MT][NT][4], accg[MT][NT][4]; /* accg: the group's sums (quantized) */
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mi][ni][i] = accg[mi][ni][i] = 0.0f;
+
+    for (int it = 0; it < nk; it++) {
+        tc_cp_wait<STAGES - 2>(); /* this thread's copies of chunk it have landed */
+        __syncthreads();          /* everyone's; and chunk it-1's slot is free */
+        {
+            const int j = it + STAGES - 1;
+            if (j < nk) {
+                issue_w(kc0 + j, j % STAGES);
+                issue_x(kc0 + j, j % STAGES);
+            }
+            tc_cp_commit();
+        }
+        const char *Ws = smem + (it % STAGES) * SM::STAGE;
+        const char *Xs = Ws + SM::W;
+        const int c0 = (kc0 + it) * TC_BK;
+
+#pragma unroll
+        for (int sp = 0; sp < G::SPANS; sp++) {
+            const int run = sp * 16 * SS + t * 4 * SS; /* the thread's first column in the chunk */
+            /* the group folded at this span's end (quantized): its scales, biases and x sums are
+             * loaded now, before the span's MMAs */
+            const int cend = c0 + (sp + 1) * 16 * SS;
+            const bool fold = QUANT && (cend & (A.group - 1)) == 0; /* group: a power of 2 */
+            float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {};
+            if (fold) {
+                const int gi = cend / A.group - 1;
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = row0 + mrow + 16 * mi + g + 8 * h;
+                        const bool ok = r < rows && gi < gpr;
+                        const int64_t k = (int64_t)r * gpr + gi;
+                        fs[mi][h] = ok ? tc_load_scale(M.scales, k, A.sdt) : 0.0f;
+                        fb[mi][h] = ok ? tc_load_scale(M.qbias, k, A.sdt) : 0.0f;
+                    }
+#pragma unroll
+                for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        fx[ni][h] =
+                            A.xsum[(int64_t)(tok0 + ntok + 8 * ni + 2 * t + h) * xs_stride + gi];
+            }
+            /* quantized A: the thread's run of both its rows of every m tile, for the span */
+            constexpr int AW = QUANT ? G::TB / 4 : 1;
+            uint32_t araw[MT][2][AW];
+            if constexpr (QUANT) {
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const char *p =
+                            Ws + (mrow + 16 * mi + g + 8 * h) * G::WS + run * G::BITS / 8;
+                        if constexpr (AW == 1) {
+                            araw[mi][h][0] = *(const uint32_t *)p;
+                        } else if constexpr (AW == 2) {
+                            const uint2 v = *(const uint2 *)p;
+                            araw[mi][h][0] = v.x, araw[mi][h][1] = v.y;
+                        } else {
+                            const uint4 v = *(const uint4 *)p;
+                            araw[mi][h][0] = v.x, araw[mi][h][1] = v.y;
+                            araw[mi][h][2] = v.z, araw[mi][h][3] = v.w;
+                        }
+                    }
+            }
+#pragma unroll
+            for (int pr = 0; pr < SS / 2; pr++) { /* pairs of steps: 8 columns of the run */
+                uint4 bh[NT], bl[NT];
+#pragma unroll
+                for (int ni = 0; ni < NT; ni++) {
+                    const char *p = Xs + (ntok + 8 * ni + g) * G::XS + (run + 8 * pr) * 2;
+                    bh[ni] = *(const uint4 *)p;
+                    bl[ni] = *(const uint4 *)(p + 128);
+                }
+                uint4 ab[MT][2]; /* bf16 A: 8 columns of both rows */
+                if constexpr (!QUANT)
+#pragma unroll
+                    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            ab[mi][h] = *(const uint4 *)(Ws + (mrow + 16 * mi + g + 8 * h) * G::WS +
+                                                         (run + 8 * pr) * 2);
+#pragma unroll
+                for (int st = 0; st < 2; st++) {
+                    const int s = 2 * pr + st; /* step in the span (8-bit: word s of the run) */
+                    (void)s;
+                    uint32_t a[MT][4];
+#pragma unroll
+                    for (int mi = 0; mi < MT; mi++) {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            uint32_t lo2, hi2; /* run columns 4s, 4s+1 and 4s+2, 4s+3 */
+                            if constexpr (MODE == TC_Q8) {
+                                const uint32_t w = araw[mi][h][s];
+                                lo2 = tc_byte2<0>(w), hi2 = tc_byte2<1>(w);
+                            } else if constexpr (MODE == TC_Q4) {
+                                const uint32_t w = araw[mi][h][pr], w8 = w >> 8;
+                                if (st == 0)
+                                    lo2 = tc_nib2<0>(w, w8), hi2 = tc_nib2<1>(w, w8);
+                                else
+                                    lo2 = tc_nib2<2>(w, w8), hi2 = tc_nib2<3>(w, w8);
+                            } else {
+                                const uint4 v = ab[mi][h];
+                                lo2 = st == 0 ? v.x : v.z, hi2 = st == 0 ? v.y : v.w;
+                            }
+                            a[mi][h] = lo2, a[mi][2 + h] = hi2;
+                        }
+                    }
+#pragma unroll
+                    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                        for (int ni = 0; ni < NT; ni++) {
+                            const uint32_t h0 = st == 0 ? bh[ni].x : bh[ni].z;
+                            const uint32_t h1 = st == 0 ? bh[ni].y : bh[ni].w;
+                            const uint32_t l0 = st == 0 ? bl[ni].x : bl[ni].z;
+                            const uint32_t l1 = st == 0 ? bl[ni].y : bl[ni].w;
+                            if constexpr (QUANT) {
+                                tc_mma<true>(accg[mi][ni], a[mi], h0, h1);
+                                tc_mma<true>(accg[mi][ni], a[mi], l0, l1);
+                            } else {
+                                tc_mma<false>(acc[mi][ni], a[mi], h0, h1);
+                                tc_mma<false>(acc[mi][ni], a[mi], l0, l1);
+                            }
+                        }
+                }
+            }
+            if (fold) {
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            float &e = accg[mi][ni][i];
+                            acc[mi][ni][i] =
+                                fmaf(fs[mi][i >> 1], e,
+                                     fmaf(fb[mi][i >> 1], fx[ni][i & 1], acc[mi][ni][i]));
+                            e = 0.0f;
+                        }
+            }
+        }
+    }
+    tc_cp_wait<0>(); /* nothing in flight at exit (the trailing groups are empty) */
+
+    /* C fragment: element i of tile (mi, ni) is row g (+8 for i >= 2), token 2t + (i & 1) */
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = row0 + mrow + 16 * mi + g + (i >> 1) * 8;
+                const int tk = tok0 + ntok + 8 * ni + 2 * t + (i & 1);
+                if (r >= rows || tk >= A.n) continue;
+                const float v = acc[mi][ni][i];
+                if (A.part) {
+                    A.part[((int64_t)blockIdx.z * A.n + tk) * A.rows_total + M.roff + r] = v;
+                } else {
+                    float o = v * A.inv_sigma[tk] + (M.obias ? M.obias[r] : 0.0f);
+                    float *yp = M.y + (int64_t)tk * rows + r;
+                    if (A.add) o += *yp;
+                    *yp = o;
+                }
+            }
+}
+
+/* y = sum over splits of the partials (in split order) / sigma + bias (+ y) */
+__global__ void __launch_bounds__(256) k_tc_reduce(const __grid_constant__ tc_args A, int splits) {
+    kcu_pdl_wait();
+    kcu_pdl_trigger();
+    const int64_t total = (int64_t)A.n * A.rows_total;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int tk = (int)(i / A.rows_total), rr = (int)(i % A.rows_total);
+        int m = 0;
+        while (m + 1 < A.count && rr >= A.m[m + 1].roff) m++;
+        const tc_mat &M = A.m[m];
+        const int r = rr - M.roff;
+        float s = 0.0f;
+        for (int k = 0; k < splits; k++) s += A.part[((int64_t)k * A.n + tk) * A.rows_total + rr];
+        float o = s * A.inv_sigma[tk] + (M.obias ? M.obias[r] : 0.0f);
+        float *yp = M.y + (int64_t)tk * M.rows + r;
+        if (A.add) o += *yp;
+        *yp = o;
+    }
+}
+
+/* ---- x -> 16-bit halves ---- */
+
+/* Slot of column j (0..7) of an 8-column run in x's buffer: 4-bit weights store each run as
+ * columns 0,4,1,5,2,6,3,7 (the nibble pairs of a code word), others as is. */
+template <bool PERM> __device__ __forceinline__ int tc_xslot(int j) {
+    return PERM ? ((j & 3) << 1) | (j >> 2) : j;
+}
+
+/* One block per token row of the padded buffers (rows past n are zero); each thread owns 8-column
+ * runs o = tid + 256 k (consecutive lanes, consecutive runs, so a group's runs sit on 4/8/16
+ * adjacent lanes). F16: quantized W (x scaled by sigma, f16 halves, group sums); else bf16
+ * halves. With norm_w, x is first RMS-normalized as rmsnorm.cu does. Reductions (sum of squares,
+ * max, group sums) run in a fixed order: deterministic. Dynamic shared memory: 8 floats. */
+template <bool F16, bool PERM>
+__global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ tc_prep_args P) {
+    kcu_pdl_wait();
+    kcu_pdl_trigger();
+    float *red = (float *)tc_sm_raw;
+    const int tok = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int nrun = P.cols_pad / 8, ngp = F16 ? P.cols_pad / P.group : 0;
+    uint4 *xh = (uint4 *)(P.xh + (int64_t)tok * P.cols_pad);
+    uint4 *xl = (uint4 *)(P.xl + (int64_t)tok * P.cols_pad);
+    if (tok >= P.n) {
+        for (int o = tid; o < nrun; o += TC_THREADS) xh[o] = xl[o] = make_uint4(0, 0, 0, 0);
+        for (int gi = tid; gi < ngp; gi += TC_THREADS) P.xsum[(int64_t)tok * ngp + gi] = 0.0f;
+        if (tid == 0) P.inv_sigma[tok] = 1.0f;
+        return;
+    }
+    const float *x = P.x + (int64_t)tok * P.cols;
+    /* a warp walks its runs while any lane of it has one (shuffles need the whole warp) */
+    const int nk = (nrun + TC_THREADS - 1) / TC_THREADS;
+    auto load8 = [&](int o, float(&v)[8]) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = 8 * o + j;
+            v[j] = o < nrun && c < P.cols ? x[c] : 0.0f;
+        }
+    };
+    auto block_reduce = [&](float v, bool is_max) -> float {
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+            const float w = __shfl_xor_sync(0xffffffffu, v, m);
+            v = is_max ? fmaxf(v, w) : v + w;
+        }
+        if (lane == 0) red[warp] = v;
+        __syncthreads();
+        float r = red[0];
+        for (int w = 1; w < TC_THREADS / 32; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+        __syncthreads();
+        return r;
+    };
+    float inv = 1.0f;
+    if (P.norm_w) {
+        float ss = 0.0f;
+        for (int k = 0; k < nk; k++) {
+            float v[8];
+            load8(tid + k * TC_THREADS, v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+        }
+        inv = rsqrtf(block_reduce(ss, false) / (float)P.cols + P.eps);
+    }
+    /* the run's values as the matmul sees them: x, or x normalized */
+    auto vals = [&](int o, float(&v)[8]) {
+        load8(o, v);
+        if (P.norm_w)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int c = 8 * o + j;
+                if (o < nrun && c < P.cols)
+                    v[j] = v[j] * inv * (P.plus_one ? 1.0f + P.norm_w[c] : P.norm_w[c]);
+            }
+    };
+    float sigma = 1.0f, inv_sigma = 1.0f;
+    if (F16) { /* max |x| sigma < 2^15: a power of two from the exponent of max |x| */
+        float m = 0.0f;
+        for (int k = 0; k < nk; k++) {
+            float v[8];
+            vals(tid + k * TC_THREADS, v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+        }
+        m = block_reduce(m, true);
+        if (m > 0.0f && m <= 3.4e38f) {
+            const int e = ((__float_as_int(m) >> 23) & 0xff) - 126; /* m < 2^e */
+            int sh = 15 - e;
+            sh = sh < -126 ? -126 : sh > 126 ? 126 : sh;
+            sigma = __int_as_float((127 + sh) << 23);
+            inv_sigma = __int_as_float((127 - sh) << 23);
+        }
+    }
+    const int gr = F16 ? P.group / 8 : 1; /* runs per group: 4, 8, 16 adjacent lanes */
+    for (int k = 0; k < nk; k++) {
+        const int o = tid + k * TC_THREADS;
+        float v[8];
+        vals(o, v);
+        uint16_t hi[8], lo[8];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float y = v[j] * sigma; /* exact: a power of two */
+            s += y;
+            tc_split16<F16>(y, &hi[tc_xslot<PERM>(j)], &lo[tc_xslot<PERM>(j)]);
+        }
+        if (o < nrun) {
+            uint32_t h2[4], l2[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                h2[j] = (uint32_t)hi[2 * j] | (uint32_t)hi[2 * j + 1] << 16;
+                l2[j] = (uint32_t)lo[2 * j] | (uint32_t)lo[2 * j + 1] << 16;
+            }
+            xh[o] = make_uint4(h2[0], h2[1], h2[2], h2[3]);
+            xl[o] = make_uint4(l2[0], l2[1], l2[2], l2[3]);
+        }
+        if (F16) {
+            for (int m = 1; m < gr; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+            if (o < nrun && lane % gr == 0) P.xsum[(int64_t)tok * ngp + o / gr] = s;
+        }
+    }
+    if (tid == 0) P.inv_sigma[tok] = inv_sigma;
+}
+
+/* ---- host side ---- */
+
+/* Block shapes by tokens per block: warps along rows x tokens, pipeline depth. */
+template <int BN> struct tc_cfg;
+template <> struct tc_cfg<8> { static constexpr int WM = 8, WN = 1, STAGES = 6; };
+template <> struct tc_cfg<16> { static constexpr int WM = 8, WN = 1, STAGES = 5; };
+template <> struct tc_cfg<64> { static constexpr int WM = 4, WN = 2, STAGES = 4; };
+template <> struct tc_cfg<128> { static constexpr int WM = 2, WN = 4, STAGES = 3; };
+
+/* Pipeline depth: bf16 tiles are 2-4x the bytes of code tiles, so small-n bf16 shapes keep 4
+ * stages (2 blocks a SM) instead of 6/5. */
+template <int MODE, int BN> constexpr int tc_stages() {
+    return MODE == TC_BF16 && BN <= 16 ? 4 : tc_cfg<BN>::STAGES;
+}
+
+/* What a call launches: block shape, split-K, and the scratch layout (byte offsets). */
+struct tc_plan {
+    int quant, bits, group, cols, cols_pad, bn, n_pad, tiles, rows_total, splits, cps, ngp;
+    size_t off_xl, off_xsum, off_isg, off_part, bytes;
+};
+
+/* The format the kernel takes (whatever n): 16-byte row starts, 4/8-bit codes with group
+ * 32/64/128 or bf16. */
+static bool tc_format_ok(const kiln_matrix *w) {
+    if ((uintptr_t)w->data & 15) return false;
+    if (w->rows <= 0 || w->rows >= INT32_MAX / 2 || w->cols <= 0 || w->cols >= INT32_MAX / 16)
+        return false;
+    if (kiln_matrix_is_quantized(w))
+        return (w->bits == 4 || w->bits == 8) &&
+               (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) &&
+               w->cols % w->group_size == 0 &&
+               (w->scale_dtype == KILN_DT_F16 || w->scale_dtype == KILN_DT_BF16 ||
+                w->scale_dtype == KILN_DT_F32);
+    return w->dtype == KILN_DT_BF16 && w->cols % 8 == 0;
+}
+
+/* same format and cols as b */
+static bool tc_same(const kiln_matrix *a, const kiln_matrix *b) {
+    if (a->dtype != b->dtype || a->cols != b->cols) return false;
+    if (!kiln_matrix_is_quantized(a)) return true;
+    return a->bits == b->bits && a->group_size == b->group_size && a->scale_dtype == b->scale_dtype;
+}
+
+/* Resident blocks of a shape per SM: shared memory (227 KiB a SM) and registers (8 warps; 64K
+ * registers: <= 80 a thread for 3 blocks, <= 128 for 2; the larger shapes need more). */
+template <int MODE, int SS, int BN> static int tc_blocks_per_sm_t(void) {
+    const int smem = (int)tc_layout<MODE, SS, BN, tc_stages<MODE, BN>()>::bytes + 1024;
+    const int by_smem = (227 << 10) / smem, by_regs = BN == 8 ? 3 : BN == 16 ? 2 : 1;
+    const int b = by_smem < by_regs ? by_smem : by_regs;
+    return b > 0 ? b : 1;
+}
+template <int MODE, int SS> static int tc_blocks_per_sm_m(int bn) {
+    return bn == 8    ? tc_blocks_per_sm_t<MODE, SS, 8>()
+           : bn == 16 ? tc_blocks_per_sm_t<MODE, SS, 16>()
+           : bn == 64 ? tc_blocks_per_sm_t<MODE, SS, 64>()
+                      : tc_blocks_per_sm_t<MODE, SS, 128>();
+}
+static int tc_blocks_per_sm(int bits, int group, int bn) {
+    if (bits == 16) return tc_blocks_per_sm_m<TC_BF16, 4>(bn);
+    if (bits == 4)
+        return group == 32 ? tc_blocks_per_sm_m<TC_Q4, 2>(bn) : tc_blocks_per_sm_m<TC_Q4, 4>(bn);
+    return group == 32 ? tc_blocks_per_sm_m<TC_Q8, 2>(bn) : tc_blocks_per_sm_m<TC_Q8, 4>(bn);
+}
+
+/* Plans a call over count matrices (format checked here, not n's policy); bn / splits > 0 force
+ * the block's tokens (8, 16, 64, 128) / the split count. False: the kernel does not take them. */
+static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, int64_t n, int n_sms,
+                         int bn, int splits) {
+    if (count < 1 || count > TC_MATS || n < 1 || n > (int64_t)1 << 24) return false;
+    int64_t rows_total = 0;
+    for (int i = 0; i < count; i++) {
+        if (!tc_format_ok(ws[i]) || !tc_same(ws[i], ws[0])) return false;
+        rows_total += ws[i]->rows;
+    }
+    if (rows_total >= INT32_MAX / 2) return false;
+    memset(p, 0, sizeof *p);
+    const kiln_matrix *w0 = ws[0];
+    p->quant = kiln_matrix_is_quantized(w0);
+    p->bits = p->quant ? w0->bits : 16;
+    p->group = p->quant ? w0->group_size : 1;
+    p->cols = (int)w0->cols;
+    p->cols_pad = (p->cols + TC_BK - 1) / TC_BK * TC_BK;
+    if (bn != 8 && bn != 16 && bn != 64 && bn != 128)
+        bn = n <= 8 ? 8 : n <= 16 ? 16 : n <= 64 ? 64 : 128;
+    p->bn = bn;
+    p->n_pad = (int)((n + bn - 1) / bn * bn);
+    if (p->n_pad / bn > 65535) return false;
+    for (int i = 0; i < count; i++) p->tiles += (int)((ws[i]->rows + TC_BM - 1) / TC_BM);
+    p->rows_total = (int)rows_total;
+    /* split-K while the blocks leave the SMs short of work; a split ends on a group's end and
+     * gets >= 2 units (of max(64, group) columns) */
+    const int nchunks = p->cols_pad / TC_BK;
+    const int unit = p->quant && p->group > TC_BK ? p->group / TC_BK : 1;
+    const int units = (nchunks + unit - 1) / unit;
+    if (splits < 1) {
+        const int64_t blocks = (int64_t)p->tiles * (p->n_pad / bn);
+        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn);
+        /* split only when under 3/4 of a wave: partials cost a write and a read of y per split */
+        splits = 4 * blocks < 3 * want ? (int)(want / blocks) : 1; /* within one wave */
+        if (splits < 1) splits = 1;
+        const int max_split = units / 2 > 1 ? units / 2 : 1;
+        if (splits > max_split) splits = max_split;
+        if (splits > 16) splits = 16;
+    }
+    if (splits > units) splits = units;
+    p->cps = (units + splits - 1) / splits * unit;
+    p->splits = (nchunks + p->cps - 1) / p->cps;
+    /* scratch: x hi, lo [n_pad, cols_pad] u16, xsum [n_pad, cols_pad / group] f32, 1/sigma
+     * [n_pad], partials [splits, n, rows_total] f32 */
+    p->ngp = p->quant ? p->cols_pad / p->group : 0;
+    auto al = [](size_t b) { return (b + 255) & ~(size_t)255; };
+    const size_t xb = al((size_t)p->n_pad * p->cols_pad * 2);
+    p->off_xl = xb;
+    p->off_xsum = 2 * xb;
+    p->off_isg = p->off_xsum + al((size_t)p->n_pad * (p->ngp + 1) * 4);
+    p->off_part = p->off_isg + al((size_t)p->n_pad * 4);
+    p->bytes = p->off_part + (p->splits > 1 ? al((size_t)p->splits * n * rows_total * 4) : 0);
+    return true;
+}
+
+/* The kernels' parameters for a plan and its scratch. */
+static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *ys, const float *x,
+                         int64_t n, const kiln_matrix *const *ws, const float *norm_w, float eps,
+                         bool plus_one, bool add, tc_args *A, tc_prep_args *P) {
+    memset(A, 0, sizeof *A);
+    memset(P, 0, sizeof *P);
+    int tiles = 0, roff = 0;
+    for (int i = 0; i < count; i++) {
+        tc_mat &m = A->m[i];
+        m.w = ws[i]->data;
+        m.scales = ws[i]->scales;
+        m.qbias = ws[i]->biases;
+        m.obias = ws[i]->bias;
+        m.y = ys[i];
+        m.rows = (int)ws[i]->rows;
+        m.first = tiles;
+        m.roff = roff;
+        tiles += (m.rows + TC_BM - 1) / TC_BM;
+        roff += m.rows;
+    }
+    A->count = count;
+    A->xh = (const uint16_t *)scr;
+    A->xl = (const uint16_t *)(scr + p.off_xl);
+    A->xsum = (const float *)(scr + p.off_xsum);
+    A->inv_sigma = (const float *)(scr + p.off_isg);
+    A->part = p.splits > 1 ? (float *)(scr + p.off_part) : NULL;
+    A->n = (int)n, A->cols = p.cols, A->cols_pad = p.cols_pad, A->group = p.group;
+    A->sdt = p.quant ? (int)ws[0]->scale_dtype : 0;
+    A->chunks_per_split = p.cps, A->rows_total = p.rows_total, A->add = add ? 1 : 0;
+    P->x = x;
+    P->xh = (uint16_t *)scr;
+    P->xl = (uint16_t *)(scr + p.off_xl);
+    P->xsum = (float *)(scr + p.off_xsum);
+    P->inv_sigma = (float *)(scr + p.off_isg);
+    P->norm_w = norm_w;
+    P->n = (int)n, P->cols = p.cols, P->cols_pad = p.cols_pad, P->group = p.group;
+    P->eps = eps, P->plus_one = plus_one ? 1 : 0;
+}
+
+#ifndef TC_HOST_EMU
+static int g_tc_mode = -1, g_tc_dense_max = -1, g_tc_bn = 0, g_tc_splits = 0;
+static long long g_tc_launches = 0;
+extern "C" long long kiln_cuda_tc_gemm_launches(void) {
+    return g_tc_launches;
+}
+extern "C" void kiln_cuda_set_tc_gemm(int mode, int dense_max_n, int bn, int splits) {
+    g_tc_mode = mode, g_tc_dense_max = dense_max_n, g_tc_bn = bn, g_tc_splits = splits;
+}
+static int tc_mode(void) {
+    if (g_tc_mode < 0) {
+        const char *e = getenv("KILN_CUDA_TC_GEMM");
+        g_tc_mode = e && *e ? atoi(e) : 1;
+        /* block shape and split-K for A/B runs (0: by shape) */
+        const char *b = getenv("KILN_CUDA_TC_BN"), *k = getenv("KILN_CUDA_TC_SPLITS");
+        if (b && *b) g_tc_bn = atoi(b);
+        if (k && *k) g_tc_splits = atoi(k);
+    }
+    return g_tc_mode;
+}
+static int tc_dense_max(void) {
+    if (g_tc_dense_max < 0) {
+        const char *e = getenv("KILN_CUDA_TC_DENSE_MAX_N");
+        g_tc_dense_max = e && *e ? atoi(e) : 16;
+    }
+    return g_tc_dense_max;
+}
+
+static int g_tc_quant_min = -1;
+static int tc_quant_min(void) { /* fewest tokens for quantized weights (below: dp4a GEMV) */
+    if (g_tc_quant_min < 0) {
+        const char *e = getenv("KILN_CUDA_TC_QUANT_MIN_N");
+        g_tc_quant_min = e && *e ? atoi(e) : 2;
+        if (g_tc_quant_min < 2) g_tc_quant_min = 2;
+    }
+    return g_tc_quant_min;
+}
+
+bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
+    const int mode = tc_mode();
+    if (mode == 0 || n < 1 || !tc_format_ok(w)) return false;
+    if (mode == 2) return true; /* forced (tests, bench) */
+    if (kiln_matrix_is_quantized(w)) return n >= tc_quant_min();
+    return n >= 2 && n <= tc_dense_max();
+}
+
+template <int MODE, int SS, int BN>
+static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
+    using C = tc_cfg<BN>;
+    constexpr int S = tc_stages<MODE, BN>();
+    const size_t smem = tc_layout<MODE, SS, BN, S>::bytes;
+    static bool raised = false; /* per instantiation */
+    if (!raised) {
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)smem)))
+            return;
+        raised = true;
+    }
+    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>), grid, TC_THREADS, smem, A);
+    KCU_LAUNCHED(st);
+}
+
+template <int MODE, int SS>
+static void tc_launch_bn(kcu_state *st, const tc_args &A, dim3 grid, int bn) {
+    if (bn == 8)
+        tc_launch_cfg<MODE, SS, 8>(st, A, grid);
+    else if (bn == 16)
+        tc_launch_cfg<MODE, SS, 16>(st, A, grid);
+    else if (bn == 64)
+        tc_launch_cfg<MODE, SS, 64>(st, A, grid);
+    else
+        tc_launch_cfg<MODE, SS, 128>(st, A, grid);
+}
+
+bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
+                 const kiln_matrix *const *ws, const float *norm_w, float eps, bool plus_one,
+                 bool add) {
+    for (int i = 0; i < count; i++)
+        if (!kcu_tc_gemm_applies(ws[i], n)) return false;
+    tc_plan p;
+    if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits)) return false;
+    char *scr = (char *)kcu_scratch(st, p.bytes);
+    if (!scr) return true; /* the sticky error is set */
+    tc_args A;
+    tc_prep_args P;
+    tc_plan_args(p, scr, count, ys, x, n, ws, norm_w, eps, plus_one, add, &A, &P);
+
+    const size_t psm = TC_THREADS / 32 * sizeof(float);
+    if (!p.quant)
+        KCU_LAUNCH(st, (k_tc_prep<false, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else if (p.bits == 4)
+        KCU_LAUNCH(st, (k_tc_prep<true, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else
+        KCU_LAUNCH(st, (k_tc_prep<true, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    KCU_LAUNCHED(st);
+
+    const dim3 grid((unsigned)p.tiles, (unsigned)(p.n_pad / p.bn), (unsigned)p.splits);
+    if (!p.quant)
+        tc_launch_bn<TC_BF16, 4>(st, A, grid, p.bn);
+    else if (p.bits == 4 && p.group == 32)
+        tc_launch_bn<TC_Q4, 2>(st, A, grid, p.bn);
+    else if (p.bits == 4)
+        tc_launch_bn<TC_Q4, 4>(st, A, grid, p.bn);
+    else if (p.group == 32)
+        tc_launch_bn<TC_Q8, 2>(st, A, grid, p.bn);
+    else
+        tc_launch_bn<TC_Q8, 4>(st, A, grid, p.bn);
+    g_tc_launches++;
+    if (p.splits > 1) {
+        KCU_LAUNCH(st, k_tc_reduce, kcu_blocks((int64_t)n * p.rows_total, 256, 4096), 256, 0, A,
+                   p.splits);
+        KCU_LAUNCHED(st);
+    }
+    return true;
+}
+#endif
