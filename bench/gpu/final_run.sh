@@ -54,7 +54,7 @@ grep -E "first differing|records, " /tmp/plain.log | tail -5 | cut -c1-300
 wait $MODELS
 stamp "A/B decode (medians of interleaved rounds)"
 # EXTRA_AB: more variant lines, "FORMAT BATCH VARIANTS" separated by '|'
-AB_LINES=${AB_LINES:-"q4 1 KILN_CUDA_FUSED=0;default|q8 1 KILN_CUDA_FUSED=0;default"}
+AB_LINES=${AB_LINES:-"q4 1 KILN_CUDA_FUSED=0;default|q8 1 KILN_CUDA_FUSED=0;default|q4 64 KILN_CUDA_TC_GEMM=0;default|q8 8 KILN_CUDA_TC_GEMM=0;default|bf16 8 KILN_CUDA_TC_GEMM=0;default|bf16 64 KILN_GRAPH_MAX_BATCH=8;KILN_GRAPH_MAX_BATCH=64"}
 IFS='|' read -r -a ABS <<<"$AB_LINES"
 for line in "${ABS[@]}"; do
     left 120 || { stamp "out of time before A/B $line"; break; }
@@ -64,9 +64,9 @@ for line in "${ABS[@]}"; do
 done
 j() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print('prefill %.0f decode %.1f' % (d['prefill_tok_s'], d['decode_tok_s']))" 2>/dev/null || echo "failed"; }
 if left 100; then
-    stamp "prefill 512 (0.6B): variants ${PP_VARIANTS:-default}"
+    stamp "prefill 512 (0.6B): variants ${PP_VARIANTS:-KILN_CUDA_TC_GEMM=0 default}"
     for f in "" -q4 -q8; do
-        for v in ${PP_VARIANTS:-default}; do
+        for v in ${PP_VARIANTS:-KILN_CUDA_TC_GEMM=0 default}; do
             envs=()
             [ "$v" = default ] || IFS=',' read -r -a envs <<<"$v"
             echo "0.6B$f $v: $(env "${envs[@]}" $B/kiln bench --device cuda --model $M/qwen3-0.6b$f --prompt 512 --gen 1 --runs 3 --json --quiet 2>/dev/null | j)"
@@ -74,10 +74,11 @@ if left 100; then
     done
 fi
 if left 60; then
-    stamp "gated delta rule micro"
+    stamp "micro: tensor-core GEMM [tc] vs the old paths [old], then the gated delta rule"
     gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
         bench/gpu/kiln_gpu_bench.c -o $B/kiln_gpu_bench -L$B -lkiln -Wl,-rpath,$B \
         -L/usr/local/cuda/lib64 -lcudart -lm 2>&1 | head -5
-    timeout $((LIMIT - SECONDS - 10)) $B/kiln_gpu_bench gdn 2>&1 | tail -14 | cut -c1-160
+    timeout 100 $B/kiln_gpu_bench tc 2>&1 | grep -E "\[(tc|old)\]" | cut -c1-120
+    left 30 && timeout $((LIMIT - SECONDS - 10)) $B/kiln_gpu_bench gdn 2>&1 | tail -14 | cut -c1-160
 fi
 stamp "end"
