@@ -1082,21 +1082,24 @@ void kiln_pack_wq_avx512(const uint8_t *codes, int64_t row_bytes, int64_t nr, in
                          int bits, int kb, uint8_t *wq) {
     enum { WR = KILN_GEMM_WR };
     const __m256i low4 = _mm256_set1_epi8(15);
-    for (int64_t j = 0; j < WR; j++) {
-        const uint8_t *p = codes + (j < nr ? j : 0) * row_bytes; /* rows past nr: row 0 again */
-        uint8_t *dst = wq + j * kb;
-        for (int64_t k = 0; k < cols; k += 32) {
-            __m256i v;
-            if (bits == 4) { /* 16 bytes -> 32 codes: low and high nibbles interleaved */
-                __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + k / 2)));
-                v = _mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi16(b, 4)), low4);
-            } else {
-                v = _mm256_loadu_si256((const __m256i *)(p + k));
+    const uint8_t *rows[WR];
+    for (int j = 0; j < WR; j++)
+        rows[j] = codes + (j < nr ? j : 0) * row_bytes; /* past nr: row 0 */
+    /* block by block, row by row: the output is written in order (wq is cold: the panels' x
+     * streamed through the cache since the last block) */
+    for (int64_t k0 = 0; k0 < cols; k0 += kb)
+        for (int j = 0; j < WR; j++)
+            for (int64_t k = k0; k < k0 + kb; k += 32, wq += 32) {
+                __m256i v;
+                if (bits == 4) { /* 16 bytes -> 32 codes: low and high nibbles interleaved */
+                    __m256i b =
+                        _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rows[j] + k / 2)));
+                    v = _mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi16(b, 4)), low4);
+                } else {
+                    v = _mm256_loadu_si256((const __m256i *)(rows[j] + k));
+                }
+                _mm256_store_si256((__m256i *)wq, v);
             }
-            /* element k lands in block k / kb, row j, at k % kb */
-            _mm256_storeu_si256((__m256i *)(dst + (k / kb) * WR * kb + k % kb), v);
-        }
-    }
 }
 
 void kiln_scales_f32_avx512(const void *p, kiln_dtype dt, int64_t i, int64_t n, float *out) {

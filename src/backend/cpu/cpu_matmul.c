@@ -369,7 +369,8 @@ static void qx_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
             kiln_scales_f32_avx512(w->scales, w->scale_dtype, r * groups, groups, sc + j * groups);
             kiln_scales_f32_avx512(w->biases, w->scale_dtype, r * groups, groups, bi + j * groups);
         }
-        /* the next block's codes, scales and biases, a slice per panel (see panel_slice) */
+        /* the next block's codes, scales and biases, a slice per panel (see panel_slice), into
+         * L2: a panel's x digits (3 * cols * XP bytes) stream through L1 and would evict them */
         const char *next[3] = {NULL, NULL, NULL};
         int64_t next_bytes[3] = {0, 0, 0};
         if (b + 1 < b1) {
@@ -385,7 +386,7 @@ static void qx_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
             for (int q = 0; q < 3; q++)
                 for (int64_t o = next_bytes[q] * p / panels; o < next_bytes[q] * (p + 1) / panels;
                      o += 64)
-                    __builtin_prefetch(next[q] + o);
+                    __builtin_prefetch(next[q] + o, 0, 2);
             kiln_tile_qx_avx512(cols, job->kb, (int)w->group_size, w->bits,
                                 job->xd + p * 3 * cols * KILN_GEMM_XP,
                                 job->dxp + p * blocks * KILN_GEMM_XP,
