@@ -3,7 +3,10 @@
  * permuted / quantized x), then streams each weight row once and splits the output rows across
  * the pool. Larger n (prefill) is a blocked GEMM: each thread takes blocks of NR weight
  * rows, converts a KC-deep slab of them to f32 once into a packed [KC][NR] buffer and runs MR x NR
- * micro-tiles over all n rows of x against it. The per-level pieces come from cpu_internal.h. */
+ * micro-tiles over all n rows of x against it; levels with a tile_t kernel run the panel GEMM
+ * (rows decoded to f32 once per call), and 4/8-bit weights on AVX512-VNNI the integer panel GEMM
+ * (x in three int8 digits, codes as bytes; gemm_q_vnni). The per-level pieces come from
+ * cpu_internal.h. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
 
