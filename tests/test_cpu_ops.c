@@ -1,7 +1,8 @@
 /* test_cpu_ops.c — every CPU fast path against its reference on fresh random data, at each SIMD
  * level the CPU has (forced in turn), with thread pools of 1 and 2: matmul for f32/f16/bf16 and
  * MLX-quantized weights of 2..8 bits, groups 32/64/128, f16/bf16/f32 scales, with and without an
- * output bias, n = 1, 2, 3, 4, 7, 33 and row counts that are not tile multiples, in the exact
+ * output bias, n = 1, 2, 3, 4, 7, 33 and row counts that are not tile multiples (and the 4/8-bit
+ * prefill GEMM at n = 9..300 with outlier channels), in the exact
  * mode (<= 1e-5) and the fast mode (int8 / bf16 activations where the CPU has them: <= 2e-2 per
  * case vs the reference, typically 4e-3, noisy on 9-row views; and <= 1e-5 vs a double model of
  * its int8 arithmetic; the exact mode must be unchanged after it); embedding; and the
@@ -159,6 +160,56 @@ static void test_matmul_quant(kiln_threadpool *pool) {
         if (err > quant_worst) quant_worst = err;
         free_matrix(&w);
     }
+}
+
+/* The prefill GEMM of 4/8-bit weights (on AVX512-VNNI: x in three int8 digits per block, see
+ * cpu_kernels_avx512.c) against the reference at prefill sizes: n from 9 to 300 (panels of 32
+ * tokens with short last ones), row counts that are not multiples of the 12-row blocks, every
+ * group size, and activations with outlier channels (x100, as the residual stream has) and an
+ * all-zero token. Bounds: relative L2 <= 1e-5 (the exact-mode bound of every matmul here) and
+ * per output |y - ref| <= 3e-5 * rms(ref) (the f32 paths reach ~1e-5 of rms on these inputs). */
+static double prefill_worst = 0.0, prefill_l2 = 0.0;
+
+static void test_gemm_prefill(kiln_threadpool *pool) {
+    static const int64_t ns[] = {9, 17, 32, 33, 64, 100, 129};
+    static const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int gs = 32; gs <= 128; gs *= 2)
+            for (int shape = 0; shape < 2; shape++) {
+                int64_t rows = shape ? 29 : 13 + gs / 32, cols = (int64_t)gs * (shape ? 3 : 5);
+                kiln_matrix w =
+                    make_matrix(rows, cols, 0, bits, gs, sdts[(bits + gs / 32) % 3], shape == 1);
+                for (size_t t = 0; t < sizeof ns / sizeof *ns; t++) {
+                    int64_t n = ns[t] + (shape && t == 6 ? 171 : 0); /* and n = 300 */
+                    float *x = rand_vec(n * cols, 1.0f);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t k = 3; k < cols; k += 97) x[i * cols + k] *= 100.0f;
+                    for (int64_t k = 0; k < cols; k++) x[(n / 2) * cols + k] = 0.0f;
+                    float *y = malloc(sizeof(float) * (size_t)(n * rows));
+                    float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+                    for (int64_t i = 0; i < n * rows; i++) y[i] = NAN;
+                    kiln_cpu_matmul(pool, y, x, n, &w);
+                    kiln_cpu_matmul_ref(ref, x, n, &w);
+                    double ss = 0.0, worst = 0.0;
+                    for (int64_t i = 0; i < n * rows; i++) ss += (double)ref[i] * ref[i];
+                    double rms = sqrt(ss / (double)(n * rows));
+                    for (int64_t i = 0; i < n * rows; i++) {
+                        double e = fabs((double)y[i] - ref[i]) / rms;
+                        if (!(e <= worst)) worst = e;
+                    }
+                    double l2 = test_rel_l2(y, ref, (size_t)(n * rows));
+                    CHECK_MSG(l2 <= 1e-5 && worst <= 3e-5,
+                              "prefill q%dg%d [%s] n=%lld rows=%lld cols=%lld: rel L2 %g, worst "
+                              "%g of rms",
+                              bits, gs, kiln_cpu_simd_name(), (long long)n, (long long)rows,
+                              (long long)cols, l2, worst);
+                    if (l2 > prefill_l2) prefill_l2 = l2;
+                    if (worst > prefill_worst) prefill_worst = worst;
+                    matmul_cases++;
+                    free(x), free(y), free(ref);
+                }
+                free_matrix(&w);
+            }
 }
 
 /* A row's GEMV result must not depend on the batch (n = 1..4) or the thread count: the server
@@ -586,6 +637,12 @@ int main(void) {
             test_matmul_quant(pools[p]);
         }
         test_matmul_quant(NULL);
+        prefill_worst = prefill_l2 = 0.0;
+        test_gemm_prefill(pools[0]);
+        test_gemm_prefill(pools[1]);
+        printf("level %s: prefill GEMM (4/8-bit, n 9..300): worst rel L2 %.2e, worst output "
+               "%.2e of rms\n",
+               kiln_cpu_simd_name(), prefill_l2, prefill_worst);
         test_gemv_batch_invariant(pools[1]);
         printf("level %s: exact quantized matmul worst rel err %.2e\n", kiln_cpu_simd_name(),
                quant_worst);

@@ -203,6 +203,21 @@ void kiln_pack_x_avx512(const float *x, int64_t np, int64_t cols, float *xt);
 void kiln_f32_to_bf16_avx512(const float *src, int64_t n, uint16_t *dst);
 void kiln_tile_bf16_avx512(int64_t pairs, const uint32_t *xt, const uint16_t *const *wrows,
                            float *c);
+/* Exact VNNI panel GEMM for 4/8-bit weights (AVX512-VNNI; see cpu_kernels_avx512.c). pack_xq:
+ * one panel of np <= XP tokens of x[., cols] split into three int8 digits per block of kb
+ * elements (xd: [blocks][3][kb/4][XP] dwords; dxp: [blocks][XP] the block's max|x|/127/2^14, zero
+ * past np). pack_wq: WR weight rows from codes (rows row_bytes apart, nr <= WR of them; the rest
+ * repeat row 0) as wq[cols/kb][WR][kb], one byte per code. tile_qx: c[j*XP + i] = W[row j] . x[i]
+ * for the WR rows of wq, with sc / bi the rows' group scales and biases as f32 ([WR][ldsc]) and
+ * xs the panel's group sums of x ([groups][XP]). kb divides gs, kb is 32 or 64. */
+void kiln_pack_xq_avx512(const float *x, int64_t np, int64_t cols, int kb, int8_t *xd, float *dxp);
+void kiln_pack_wq_avx512(const uint8_t *codes, int64_t row_bytes, int64_t nr, int64_t cols,
+                         int bits, int kb, uint8_t *wq);
+/* out[t] = group value p[i + t] (f16 / bf16 / f32) as f32, t < n. */
+void kiln_scales_f32_avx512(const void *p, kiln_dtype dt, int64_t i, int64_t n, float *out);
+void kiln_tile_qx_avx512(int64_t cols, int kb, int gs, int bits, const int8_t *xd, const float *dxp,
+                         const float *xs, const uint8_t *wq, const float *sc, const float *bi,
+                         int64_t ldsc, float *c);
 void kiln_dot_rows_avx512(float *out, const float *a, const float *rows, int64_t stride,
                           int64_t count, int64_t n);
 void kiln_axpy_rows_avx512(float *y, const float *coef, const float *rows, int64_t stride,

@@ -994,3 +994,272 @@ void kiln_store_tile_avx512(const float *c, int64_t np, int64_t nr, const float 
             _mm512_mask_storeu_ps(y + (i0 + i) * ldy, m, _mm512_add_ps(r[i], b));
     }
 }
+
+/* ---- exact VNNI panel GEMM (4/8-bit weights, x split into three int8 digits) ----------------
+ * The prefill counterpart of the exact int8 GEMV: y[i, r] = sum_g s[r,g] * sum_{k in g} q[r,k] *
+ * x[i,k] + b[r,g] * sum_{k in g} x[i,k]. x is split per token and block of kb elements (kb =
+ * min(group, 64)) as x ~ dx/2^14 * (q0*2^14 + q1*2^7 + q2) with dx = max|x|/127 of the block,
+ * |q0| <= 127, |q1|, |q2| <= 64 (quantize_x_int8's recipe, per kb-block instead of 16); a panel of
+ * XP tokens holds, per block and digit, kb/4 lines of XP dwords (4 consecutive digits of one
+ * token), the s8 operand of vpdpbusd; the u8 operand is 4 codes of one weight row broadcast to
+ * all lanes (8-bit codes read in place; 4-bit rows expanded to a byte per code once per row
+ * block). A lane's integer sum over a block is converted to f32 once per block and scaled by
+ * s * dx/2^14 into the f32 tile c (in memory: once per block per accumulator is cheap); the bias
+ * term b*sum(x) is one f32 FMA per group. Integer ranges: 4-bit codes, one chain per block
+ * ((d0 << 7) + d1) << 7 + d2: |.| <= 64*15*(127*2^14 + 64*2^7 + 64) < 2^31; 8-bit codes, digit 0
+ * in its own chain (|d0| <= 64*255*127) and (d1 << 7) + d2 in another, joined in f32 as
+ * d0*2^14 + d12. Per element the representation error is <= 2^-15*dx (~2.4e-7 of the block's
+ * max|x|), as in the exact GEMV; the sums are exact integers until the per-block conversion. */
+
+/* The 3 digits (xmm of 16 int8) of 16 elements of x already scaled to t = x/dx. */
+static ALWAYS_INLINE void xq_digits(__m512 t, __m128i *d) {
+    const __m512 c128 = _mm512_set1_ps(128.0f);
+    for (int p = 0; p < 3; p++) {
+        __m512i q = _mm512_cvtps_epi32(t); /* round to nearest even */
+        d[p] = _mm512_cvtsepi32_epi8(q);
+        t = _mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(q)), c128); /* exact */
+    }
+}
+
+/* z[0..3]: lane t of z[g] = 4 dwords of token g + 4t; out: o[d] = dword d of tokens 0..15. */
+static ALWAYS_INLINE void transpose_4x16(const __m512i *z, __m512i *o) {
+    __m512i a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    __m512i c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    o[0] = _mm512_unpacklo_epi64(a, c), o[1] = _mm512_unpackhi_epi64(a, c);
+    o[2] = _mm512_unpacklo_epi64(b, d), o[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+void kiln_pack_xq_avx512(const float *x, int64_t np, int64_t cols, int kb, int8_t *xd, float *dxp) {
+    enum { XP = KILN_GEMM_XP };
+    const int64_t blocks = cols / kb, kq = kb / 4;
+    for (int64_t i0 = 0; i0 < XP; i0 += 16) /* 16 tokens at a time: one zmm line per dword */
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t k0 = b * kb;
+            float inv[16];
+            for (int i = 0; i < 16; i++) {
+                float amax = 0.0f;
+                if (i0 + i < np) {
+                    __m512 m = _mm512_setzero_ps();
+                    for (int c = 0; c < kb; c += 16)
+                        m = _mm512_max_ps(
+                            m, _mm512_abs_ps(_mm512_loadu_ps(x + (i0 + i) * cols + k0 + c)));
+                    amax = _mm512_reduce_max_ps(m);
+                }
+                inv[i] = amax > 0.0f ? 127.0f / amax : 0.0f;
+                dxp[b * XP + i0 + i] = amax / 127.0f * (1.0f / 16384.0f);
+            }
+            int8_t *blk = xd + b * 3 * kq * XP * 4 + i0 * 4;
+            for (int c = 0; c < kb; c += 16) {
+                __m512i z[3][4];
+                for (int g = 0; g < 4; g++) {
+                    __m128i d[4][3]; /* token g + 4t, digit p */
+                    for (int t = 0; t < 4; t++) {
+                        const int i = g + 4 * t;
+                        d[t][0] = d[t][1] = d[t][2] = _mm_setzero_si128();
+                        if (i0 + i < np)
+                            xq_digits(_mm512_mul_ps(_mm512_loadu_ps(x + (i0 + i) * cols + k0 + c),
+                                                    _mm512_set1_ps(inv[i])),
+                                      d[t]);
+                    }
+                    for (int p = 0; p < 3; p++)
+                        z[p][g] = _mm512_inserti32x4(
+                            _mm512_inserti32x4(
+                                _mm512_inserti32x4(_mm512_castsi128_si512(d[0][p]), d[1][p], 1),
+                                d[2][p], 2),
+                            d[3][p], 3);
+                }
+                for (int p = 0; p < 3; p++) {
+                    __m512i o[4];
+                    transpose_4x16(z[p], o);
+                    for (int d = 0; d < 4; d++)
+                        _mm512_store_si512(blk + (p * kq + c / 4 + d) * XP * 4, o[d]);
+                }
+            }
+        }
+}
+
+void kiln_pack_wq_avx512(const uint8_t *codes, int64_t row_bytes, int64_t nr, int64_t cols,
+                         int bits, int kb, uint8_t *wq) {
+    enum { WR = KILN_GEMM_WR };
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const uint8_t *rows[WR];
+    for (int j = 0; j < WR; j++)
+        rows[j] = codes + (j < nr ? j : 0) * row_bytes; /* past nr: row 0 */
+    /* block by block, row by row: the output is written in order (wq is cold: the panels' x
+     * streamed through the cache since the last block) */
+    for (int64_t k0 = 0; k0 < cols; k0 += kb)
+        for (int j = 0; j < WR; j++)
+            for (int64_t k = k0; k < k0 + kb; k += 32, wq += 32) {
+                __m256i v;
+                if (bits == 4) { /* 16 bytes -> 32 codes: low and high nibbles interleaved */
+                    __m256i b =
+                        _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rows[j] + k / 2)));
+                    v = _mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi16(b, 4)), low4);
+                } else {
+                    v = _mm256_loadu_si256((const __m256i *)(rows[j] + k));
+                }
+                _mm256_store_si256((__m256i *)wq, v);
+            }
+}
+
+void kiln_scales_f32_avx512(const void *p, kiln_dtype dt, int64_t i, int64_t n, float *out) {
+    for (int64_t g = 0; g < n; g += 16)
+        _mm512_mask_storeu_ps(out + g, tail_mask(n - g), load_groups16(p, dt, i + g, n - g));
+}
+
+/* A zero accumulator of its own: accumulators all set from one (CSE'd) zero value would have to
+ * be copied apart before the first tied vpdpbusd. */
+static ALWAYS_INLINE __m512i zero_acc(void) {
+    __m512i z;
+    __asm__ volatile("vpxord %0, %0, %0" : "=v"(z));
+    return z;
+}
+
+/* One digit pass of 6 weight rows over a block: for kq steps of 4 codes, acc[j][v] +=
+ * vpdpbusd(broadcast dword of row j, x line v), row j at w + j*KB, x lines XP dwords apart.
+ * The whole loop is one asm statement because GCC 12 does not keep a tile's tied vpdpbusd
+ * accumulators in place across a loop: depending on the variant it copies every accumulator per
+ * step or spills them (the intrinsics' instructions are the same). 12 "+v" accumulators and 3
+ * "+r" pointers are GCC's limit of 30 operands; KB is spelled into the displacements (an "i"
+ * operand would not fit, nor work unoptimized). zmm29-31 are scratch. */
+#define QX_ROW(J, KB, A0, A1)                                                                      \
+    "vpbroadcastd " #J "*" #KB "(%[w]), %%zmm29\n\t"                                               \
+    "vpdpbusd %%zmm30, %%zmm29, %" #A0 "\n\t"                                                      \
+    "vpdpbusd %%zmm31, %%zmm29, %" #A1 "\n\t"
+#define QX_LOOP_FN(NAME, ROWS, ...)                                                                \
+    static ALWAYS_INLINE void NAME(__m512i(*acc)[2], const int8_t *x, const uint8_t *w,            \
+                                   int64_t kq) {                                                   \
+        __asm__("1:\n\t"                                                                           \
+                "vmovdqa64 (%[x]), %%zmm30\n\t"                                                    \
+                "vmovdqa64 64(%[x]), %%zmm31\n\t" ROWS "sub $-128, %[x]\n\t"                       \
+                "add $4, %[w]\n\t"                                                                 \
+                "dec %[n]\n\t"                                                                     \
+                "jnz 1b\n\t"                                                                       \
+                : __VA_ARGS__, [x] "+r"(x), [w] "+r"(w), [n] "+r"(kq)                              \
+                :                                                                                  \
+                : "zmm29", "zmm30", "zmm31", "cc", "memory");                                      \
+    }
+QX_LOOP_FN(qx_loop6_64,
+           QX_ROW(0, 64, 0, 1) QX_ROW(1, 64, 2, 3) QX_ROW(2, 64, 4, 5) QX_ROW(3, 64, 6, 7)
+               QX_ROW(4, 64, 8, 9) QX_ROW(5, 64, 10, 11),
+           "+v"(acc[0][0]), "+v"(acc[0][1]), "+v"(acc[1][0]), "+v"(acc[1][1]), "+v"(acc[2][0]),
+           "+v"(acc[2][1]), "+v"(acc[3][0]), "+v"(acc[3][1]), "+v"(acc[4][0]), "+v"(acc[4][1]),
+           "+v"(acc[5][0]), "+v"(acc[5][1]))
+QX_LOOP_FN(qx_loop6_32,
+           QX_ROW(0, 32, 0, 1) QX_ROW(1, 32, 2, 3) QX_ROW(2, 32, 4, 5) QX_ROW(3, 32, 6, 7)
+               QX_ROW(4, 32, 8, 9) QX_ROW(5, 32, 10, 11),
+           "+v"(acc[0][0]), "+v"(acc[0][1]), "+v"(acc[1][0]), "+v"(acc[1][1]), "+v"(acc[2][0]),
+           "+v"(acc[2][1]), "+v"(acc[3][0]), "+v"(acc[3][1]), "+v"(acc[4][0]), "+v"(acc[4][1]),
+           "+v"(acc[5][0]), "+v"(acc[5][1]))
+
+/* ACC += one digit pass over a block (kq >= 1 steps against x lines XD and the block's packed
+ * rows WQ; R = 6 or 12 rows of KB codes). */
+#define QX_PASS(ACC, XD, WQ, KQ, KB, R)                                                            \
+    _Pragma("GCC unroll 2") for (int h_ = 0; h_ < (R); h_ += 6) {                                  \
+        if ((KB) == 64)                                                                            \
+            qx_loop6_64(ACC + h_, (XD), (WQ) + h_ * (KB), (KQ));                                   \
+        else                                                                                       \
+            qx_loop6_32(ACC + h_, (XD), (WQ) + h_ * (KB), (KQ));                                   \
+    }
+#define QX_SHIFT7(ACC, R)                                                                          \
+    _Pragma("GCC unroll 16") for (int j = 0; j < (R); j++)                                         \
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) ACC[j][v] =                           \
+            _mm512_slli_epi32(ACC[j][v], 7)
+
+/* c[j*XP + i] (+)= s_j * dx_i * F (+ b_j * xs_i at a group's end) for j < R: the per-block
+ * epilogue, F the block's lane sums as f32 (one chain, or digit 0 * 2^14 + the other chain). */
+static ALWAYS_INLINE void qx_epilogue(float *c, const float *dxp, const float *xs, const float *sc,
+                                      const float *bi, int64_t ldsc, int64_t g, bool group_end,
+                                      const __m512i (*acc)[KILN_GEMM_XP / 16],
+                                      const __m512i (*acc0)[KILN_GEMM_XP / 16], const int R) {
+    enum { XP = KILN_GEMM_XP, XV = KILN_GEMM_XP / 16 };
+    __m512 dx[XV];
+    _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) dx[v] = _mm512_load_ps(dxp + 16 * v);
+    _Pragma("GCC unroll 16") for (int j = 0; j < R; j++) {
+        const __m512 s = _mm512_set1_ps(sc[j * ldsc + g]);
+        _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) {
+            __m512 f = _mm512_cvtepi32_ps(acc[j][v]);
+            if (acc0)
+                f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc0[j][v]), _mm512_set1_ps(16384.0f), f);
+            __m512 cv = _mm512_loadu_ps(c + j * XP + 16 * v);
+            cv = _mm512_fmadd_ps(f, _mm512_mul_ps(s, dx[v]), cv);
+            if (group_end)
+                cv = _mm512_fmadd_ps(_mm512_set1_ps(bi[j * ldsc + g]),
+                                     _mm512_load_ps(xs + g * XP + 16 * v), cv);
+            _mm512_storeu_ps(c + j * XP + 16 * v, cv);
+        }
+    }
+}
+
+/* 4-bit codes: the 12 rows of wq in one pass per digit, one chain ((d0 << 7) + d1) << 7 + d2. */
+static ALWAYS_INLINE void tile_qx4(int64_t cols, int gs, const int8_t *xd, const float *dxp,
+                                   const float *xs, const uint8_t *wq, const float *sc,
+                                   const float *bi, int64_t ldsc, float *c, const int KB) {
+    enum { WR = KILN_GEMM_WR, XP = KILN_GEMM_XP, XV = KILN_GEMM_XP / 16, R = 12 };
+    const int kb = KB;
+    const int64_t blocks = cols / kb, kq = kb / 4;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t k0 = b * kb;
+        const int8_t *xb = xd + b * 3 * kq * XP * 4;
+        const uint8_t *wb = wq + k0 * WR;
+        __m512i acc[R][XV];
+        _Pragma("GCC unroll 16") for (int j = 0; j < R; j++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] = _mm512_setzero_si512();
+        QX_PASS(acc, xb, wb, kq, KB, R)
+        QX_SHIFT7(acc, R);
+        QX_PASS(acc, xb + kq * XP * 4, wb, kq, KB, R)
+        QX_SHIFT7(acc, R);
+        QX_PASS(acc, xb + 2 * kq * XP * 4, wb, kq, KB, R)
+        qx_epilogue(c, dxp + b * XP, xs, sc, bi, ldsc, k0 >> __builtin_ctz((unsigned)gs),
+                    ((k0 + kb) & (gs - 1)) == 0, (const __m512i(*)[XV])acc, NULL, R);
+    }
+}
+
+/* 8-bit codes: 6 rows (wq + 4*j) per pass; digit 0 in its own chain, (d1 << 7) + d2 in another. */
+static ALWAYS_INLINE void tile_qx8(int64_t cols, int gs, const int8_t *xd, const float *dxp,
+                                   const float *xs, const uint8_t *wq, const float *sc,
+                                   const float *bi, int64_t ldsc, float *c, const int KB) {
+    enum { WR = KILN_GEMM_WR, XP = KILN_GEMM_XP, XV = KILN_GEMM_XP / 16, R = 6 };
+    const int kb = KB;
+    const int64_t blocks = cols / kb, kq = kb / 4;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t k0 = b * kb;
+        const int8_t *xb = xd + b * 3 * kq * XP * 4;
+        const uint8_t *wb = wq + k0 * WR;
+        __m512i acc[R][XV], acc0[R][XV];
+        _Pragma("GCC unroll 16") for (int j = 0; j < R; j++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc0[j][v] = zero_acc();
+        QX_PASS(acc0, xb, wb, kq, KB, R)
+        _Pragma("GCC unroll 16") for (int j = 0; j < R; j++)
+            _Pragma("GCC unroll 4") for (int v = 0; v < XV; v++) acc[j][v] = zero_acc();
+        QX_PASS(acc, xb + kq * XP * 4, wb, kq, KB, R)
+        QX_SHIFT7(acc, R);
+        QX_PASS(acc, xb + 2 * kq * XP * 4, wb, kq, KB, R)
+        qx_epilogue(c, dxp + b * XP, xs, sc, bi, ldsc, k0 >> __builtin_ctz((unsigned)gs),
+                    ((k0 + kb) & (gs - 1)) == 0, (const __m512i(*)[XV])acc,
+                    (const __m512i(*)[XV])acc0, R);
+    }
+}
+
+void kiln_tile_qx_avx512(int64_t cols, int kb, int gs, int bits, const int8_t *xd, const float *dxp,
+                         const float *xs, const uint8_t *wq, const float *sc, const float *bi,
+                         int64_t ldsc, float *c) {
+    _Static_assert(KILN_GEMM_WR == 12 && KILN_GEMM_XP == 32, "qx tile shape");
+    memset(c, 0, sizeof(float) * KILN_GEMM_WR * KILN_GEMM_XP);
+    /* kb a compile-time constant: the 12 rows of a block sit at fixed offsets j*kb */
+    if (bits == 4) {
+        if (kb == 64)
+            tile_qx4(cols, gs, xd, dxp, xs, wq, sc, bi, ldsc, c, 64);
+        else
+            tile_qx4(cols, gs, xd, dxp, xs, wq, sc, bi, ldsc, c, 32);
+        return;
+    }
+    for (int h = 0; h < 12; h += 6) {
+        if (kb == 64)
+            tile_qx8(cols, gs, xd, dxp, xs, wq + h * 64, sc + h * ldsc, bi + h * ldsc, ldsc,
+                     c + h * KILN_GEMM_XP, 64);
+        else
+            tile_qx8(cols, gs, xd, dxp, xs, wq + h * 32, sc + h * ldsc, bi + h * ldsc, ldsc,
+                     c + h * KILN_GEMM_XP, 32);
+    }
+}

@@ -3,7 +3,10 @@
  * permuted / quantized x), then streams each weight row once and splits the output rows across
  * the pool. Larger n (prefill) is a blocked GEMM: each thread takes blocks of NR weight
  * rows, converts a KC-deep slab of them to f32 once into a packed [KC][NR] buffer and runs MR x NR
- * micro-tiles over all n rows of x against it. The per-level pieces come from cpu_internal.h. */
+ * micro-tiles over all n rows of x against it; levels with a tile_t kernel run the panel GEMM
+ * (rows decoded to f32 once per call), and 4/8-bit weights on AVX512-VNNI the integer panel GEMM
+ * (x in three int8 digits, codes as bytes; gemm_q_vnni). The per-level pieces come from
+ * cpu_internal.h. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
 
@@ -301,6 +304,139 @@ static bool gemm_bf16_fast(kiln_threadpool *pool, float *y, const float *x, int6
     return !job.failed;
 }
 
+/* ---- exact VNNI panel GEMM (4/8-bit MLX weights, AVX512-VNNI) -------------------------------- */
+
+typedef struct {
+    const kiln_matrix *w;
+    const float *x; /* [n, cols] */
+    float *y;       /* [n, rows] */
+    int64_t n;
+    int kb;      /* x block: min(group, 64) elements per scale */
+    int8_t *xd;  /* [panels][3 * cols * XP] digits */
+    float *dxp;  /* [panels][blocks][XP] */
+    float *xs;   /* [panels][groups][XP] group sums of x */
+    bool failed; /* a slice had no memory for its buffers */
+} qx_job;
+
+/* Panels [p0, p1): x's digits, block scales and group sums in the panel layouts. */
+static void qx_pack_slice(void *ctx, int64_t p0, int64_t p1, int thread) {
+    (void)thread;
+    qx_job *job = ctx;
+    const kiln_matrix *w = job->w;
+    const int64_t cols = w->cols, groups = cols / w->group_size, blocks = cols / job->kb;
+    float *sums = malloc((size_t)groups * sizeof(float));
+    if (!sums) {
+        job->failed = true;
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t np =
+            job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+        const float *xp = job->x + p * KILN_GEMM_XP * cols;
+        kiln_pack_xq_avx512(xp, np, cols, job->kb, job->xd + p * 3 * cols * KILN_GEMM_XP,
+                            job->dxp + p * blocks * KILN_GEMM_XP);
+        float *xs = job->xs + p * groups * KILN_GEMM_XP;
+        for (int64_t i = 0; i < KILN_GEMM_XP; i++) { /* the GEMV's group sums, per token */
+            if (i < np) kiln_group_sums(xp + i * cols, 1, cols, w->group_size, sums);
+            for (int64_t g = 0; g < groups; g++) xs[g * KILN_GEMM_XP + i] = i < np ? sums[g] : 0.0f;
+        }
+    }
+    free(sums);
+}
+
+/* Blocks [b0, b1) of WR weight rows: the rows' codes (a byte per code, [block][WR][kb]), scales
+ * and biases once, then one tile per x panel; the next block's rows are prefetched meanwhile. */
+static void qx_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    qx_job *job = ctx;
+    const kiln_matrix *w = job->w;
+    const int64_t cols = w->cols, groups = cols / w->group_size, blocks = cols / job->kb;
+    const int64_t panels = (job->n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
+    const int64_t row_bytes = kiln_matrix_row_code_bytes(w);
+    uint8_t *wq = aligned_alloc(64, (size_t)(KILN_GEMM_WR * cols));
+    float *sb = malloc((size_t)(2 * KILN_GEMM_WR * groups) * sizeof(float));
+    if (!wq || !sb) {
+        free(wq), free(sb);
+        job->failed = true;
+        return;
+    }
+    float *sc = sb, *bi = sb + KILN_GEMM_WR * groups;
+    _Alignas(64) float c[KILN_GEMM_WR * KILN_GEMM_XP];
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t r0 = b * KILN_GEMM_WR;
+        int64_t nr = w->rows - r0 < KILN_GEMM_WR ? w->rows - r0 : KILN_GEMM_WR;
+        kiln_pack_wq_avx512((const uint8_t *)w->data + r0 * row_bytes, row_bytes, nr, cols, w->bits,
+                            job->kb, wq);
+        for (int64_t j = 0; j < KILN_GEMM_WR; j++) { /* rows past nr repeat row r0 (discarded) */
+            int64_t r = r0 + (j < nr ? j : 0);
+            kiln_scales_f32_avx512(w->scales, w->scale_dtype, r * groups, groups, sc + j * groups);
+            kiln_scales_f32_avx512(w->biases, w->scale_dtype, r * groups, groups, bi + j * groups);
+        }
+        /* the next block's codes, scales and biases, a slice per panel (see panel_slice), into
+         * L2: a panel's x digits (3 * cols * XP bytes) stream through L1 and would evict them */
+        const char *next[3] = {NULL, NULL, NULL};
+        int64_t next_bytes[3] = {0, 0, 0};
+        if (b + 1 < b1) {
+            int64_t r1 = r0 + KILN_GEMM_WR;
+            int64_t nr1 = w->rows - r1 < KILN_GEMM_WR ? w->rows - r1 : KILN_GEMM_WR;
+            int64_t sbytes = (int64_t)kiln_dtype_size(w->scale_dtype);
+            next[0] = (const char *)w->data + r1 * row_bytes, next_bytes[0] = nr1 * row_bytes;
+            next[1] = (const char *)w->scales + r1 * groups * sbytes;
+            next[2] = (const char *)w->biases + r1 * groups * sbytes;
+            next_bytes[1] = next_bytes[2] = nr1 * groups * sbytes;
+        }
+        for (int64_t p = 0; p < panels; p++) {
+            for (int q = 0; q < 3; q++)
+                for (int64_t o = next_bytes[q] * p / panels; o < next_bytes[q] * (p + 1) / panels;
+                     o += 64)
+                    __builtin_prefetch(next[q] + o, 0, 2);
+            kiln_tile_qx_avx512(cols, job->kb, (int)w->group_size, w->bits,
+                                job->xd + p * 3 * cols * KILN_GEMM_XP,
+                                job->dxp + p * blocks * KILN_GEMM_XP,
+                                job->xs + p * groups * KILN_GEMM_XP, wq, sc, bi, groups, c);
+            int64_t np =
+                job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+            kiln_store_tile_avx512(c, np, nr, w->bias ? w->bias + r0 : NULL,
+                                   job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
+        }
+    }
+    free(wq), free(sb);
+}
+
+/* env KILN_QGEMM=f32 turns the VNNI GEMM off (the f32 panel GEMM instead): A/B measurements.
+ * Read on every call (a GEMM call is long; benchmarks flip it between runs). */
+static bool qgemm_vnni_enabled(void) {
+    const char *env = getenv("KILN_QGEMM");
+    return !(env && !strcmp(env, "f32"));
+}
+
+/* Exact-mode GEMM of 4/8-bit weights on vpdpbusd (x in three int8 digits). Returns false when it
+ * does not apply (no AVX512-VNNI, other widths, group not a power of two >= 32) or out of memory
+ * (then the f32 GEMM runs and overwrites whatever was written). */
+static bool gemm_q_vnni(kiln_threadpool *pool, float *y, const float *x, int64_t n,
+                        const kiln_matrix *w) {
+    if (!kiln_matrix_is_quantized(w) || (w->bits != 4 && w->bits != 8) || w->group_size < 32 ||
+        (w->group_size & (w->group_size - 1)) || kiln_cpu_simd_level() != KILN_SIMD_AVX512 ||
+        !kiln_cpu_has_vnni() || !qgemm_vnni_enabled())
+        return false;
+    const int64_t cols = w->cols, panels = (n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
+    const int kb = w->group_size < 64 ? (int)w->group_size : 64;
+    const int64_t blocks = cols / kb, groups = cols / w->group_size;
+    int8_t *xd = aligned_alloc(64, (size_t)(panels * 3 * cols * KILN_GEMM_XP));
+    float *dxp = aligned_alloc(64, (size_t)(panels * blocks * KILN_GEMM_XP) * sizeof(float));
+    float *xs = aligned_alloc(64, (size_t)(panels * groups * KILN_GEMM_XP) * sizeof(float));
+    bool ok = xd && dxp && xs;
+    if (ok) {
+        qx_job job = {w, x, y, n, kb, xd, dxp, xs, false};
+        kiln_parallel_for(pool, panels, 1, qx_pack_slice, &job);
+        if (!job.failed)
+            kiln_parallel_for(pool, (w->rows + KILN_GEMM_WR - 1) / KILN_GEMM_WR, 1, qx_slice, &job);
+        ok = !job.failed;
+    }
+    free(xd), free(dxp), free(xs);
+    return ok;
+}
+
 /* Returns false (nothing written) when out of memory. */
 static bool gemm_panels(kiln_threadpool *pool, const kiln_cpu_kernels *kernels, float *y,
                         const float *x, int64_t n, const kiln_matrix *w) {
@@ -354,6 +490,7 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
         if (scratch != stack) free(scratch);
     } else {
         if (gemm_bf16_fast(pool, y, x, n, w)) return;
+        if (gemm_q_vnni(pool, y, x, n, w)) return;
         if (job.kernels->tile_t && gemm_panels(pool, job.kernels, y, x, n, w)) return;
         int64_t blocks = (w->rows + KILN_GEMM_NR - 1) / KILN_GEMM_NR;
         kiln_parallel_for(pool, blocks, 1, gemm_slice, &job);
