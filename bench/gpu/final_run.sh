@@ -49,19 +49,9 @@ P+=($!)
 wait "${P[@]}"
 cat /tmp/t[1-7].out
 grep -E "codec noise" /tmp/test_parity_cuda_kv.log | head -30 | cut -c1-200
-KILN_TEST_PLAIN_PAGED=1 timeout 60 $B/test_kv_cuda >/tmp/plain.log 2>&1
+KILN_TEST_PLAIN_PAGED=1 timeout 40 $B/test_kv_cuda >/tmp/plain.log 2>&1
 grep -E "first differing|records, " /tmp/plain.log | tail -5 | cut -c1-300
 wait $MODELS
-stamp "A/B decode (medians of interleaved rounds)"
-# EXTRA_AB: more variant lines, "FORMAT BATCH VARIANTS" separated by '|'
-AB_LINES=${AB_LINES:-"q4 1 KILN_CUDA_FUSED=0;default|q8 1 KILN_CUDA_FUSED=0;default|q4 64 KILN_CUDA_TC_GEMM=0;default|q8 8 KILN_CUDA_TC_GEMM=0;default|bf16 8 KILN_CUDA_TC_GEMM=0;default|bf16 64 KILN_GRAPH_MAX_BATCH=8;KILN_GRAPH_MAX_BATCH=64"}
-IFS='|' read -r -a ABS <<<"$AB_LINES"
-for line in "${ABS[@]}"; do
-    left 120 || { stamp "out of time before A/B $line"; break; }
-    read -r f b v <<<"$line"
-    SHAPES=qwen3-0.6b FORMATS=$f BATCHES=$b ROUNDS=${ROUNDS:-2} GEN=64 VARIANTS="$v" \
-        bash bench/gpu/ab_decode.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-160
-done
 j() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print('prefill %.0f decode %.1f' % (d['prefill_tok_s'], d['decode_tok_s']))" 2>/dev/null || echo "failed"; }
 if left 100; then
     stamp "prefill 512 (0.6B): variants ${PP_VARIANTS:-KILN_CUDA_TC_GEMM=0 default}"
@@ -73,6 +63,16 @@ if left 100; then
         done
     done
 fi
+stamp "A/B decode (medians of interleaved rounds)"
+# EXTRA_AB: more variant lines, "FORMAT BATCH VARIANTS" separated by '|'
+AB_LINES=${AB_LINES:-"q4 1 KILN_CUDA_FUSED=0;default|q4 64 KILN_CUDA_TC_GEMM=0;default|bf16 8 KILN_CUDA_TC_GEMM=0;default|q8 1 KILN_CUDA_FUSED=0;default|q8 8 KILN_CUDA_TC_GEMM=0;default|bf16 64 KILN_GRAPH_MAX_BATCH=8;KILN_GRAPH_MAX_BATCH=64"}
+IFS='|' read -r -a ABS <<<"$AB_LINES"
+for line in "${ABS[@]}"; do
+    left 45 || { stamp "out of time before A/B $line"; break; }
+    read -r f b v <<<"$line"
+    SHAPES=qwen3-0.6b FORMATS=$f BATCHES=$b ROUNDS=${ROUNDS:-2} GEN=${GEN:-32} VARIANTS="$v" \
+        bash bench/gpu/ab_decode.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-160
+done
 if left 60; then
     stamp "micro: tensor-core GEMM [tc] vs the old paths [old], then the gated delta rule"
     gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
