@@ -87,6 +87,9 @@ void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
  * (default; env KILN_CUDA_QGEMV_INLINE_COLS columns per SM, 6144); -1 goes back to env
  * KILN_CUDA_QGEMV_INLINE. Off with KILN_CUDA_FUSED=0. */
 void kiln_cuda_set_qgemv_inline(int mode);
+/* The quantized (dp4a) decode fusions: 1 on, 0 off, < 0 back to KILN_CUDA_QFUSED (default off;
+ * see kcu_qfused_enabled in gemv.cuh). */
+void kiln_cuda_set_qfused(int on);
 /* bf16 GEMV kernel (n <= 8): 1 = 4 warps split the columns of 4 rows (default), 2 = row-streaming
  * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE
  * and KILN_CUDA_GEMV_DENSE_KS; variant < 0 goes back to the environment. */

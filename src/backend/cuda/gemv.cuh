@@ -53,9 +53,15 @@ __device__ __forceinline__ float kcu_glu_act(float g, int act) {
     return g / (1.0f + __expf(-g));
 }
 
-/* The decode-layer fusion kernels (matmul_fused.cu, and the dp4a ones of qgemv.cu) are on unless
+/* The decode-layer fusion kernels of matmul_fused.cu (dense weights) are on unless
  * KILN_CUDA_FUSED=0 (then the ops run as compositions of plain ops, for A/B runs). */
 bool kcu_fused_enabled(void);
+/* The dp4a ones of qgemv.cu (quantized weights at n <= 8: fused norm / add / GLU, q/k/v in one
+ * launch, digits made in the blocks) are opt-in, KILN_CUDA_QFUSED=1 (and not KILN_CUDA_FUSED=0):
+ * their op test (test_qgemv_fused) failed on the H200 on 2026-12-03 (first at a 96-column
+ * q4g32 matmul_add), although the fixture parity tests passed with them on. Tests switch them
+ * with kiln_cuda_set_qfused. */
+bool kcu_qfused_enabled(void);
 
 /* x and w->data 16-byte aligned and rows that keep 16-byte alignment (matmul.cu). */
 bool kcu_gemv_ok(const kiln_matrix *w, const float *x);

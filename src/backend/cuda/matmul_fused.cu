@@ -177,6 +177,19 @@ bool kcu_fused_enabled(void) {
     return g_fused_on != 0;
 }
 
+static int g_qfused_on = -1;
+bool kcu_qfused_enabled(void) {
+    if (g_qfused_on < 0) {
+        const char *e = getenv("KILN_CUDA_QFUSED");
+        g_qfused_on = e && strcmp(e, "1") == 0;
+    }
+    return g_qfused_on != 0 && kcu_fused_enabled();
+}
+
+extern "C" void kiln_cuda_set_qfused(int on) {
+    g_qfused_on = on < 0 ? -1 : on != 0;
+}
+
 /* The GEMV applies: dense weights of one dtype, same cols, aligned, n <= GEMV_MAX_N, and the norm
  * weights (if any) 16-byte aligned. KILN_CUDA_FUSED=0 turns the kernels off (composition). */
 static bool fused_applies(int count, const kiln_matrix *const *ws, const float *x, int64_t n,
@@ -225,10 +238,11 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
                                 const float *norm_w, float eps, bool plus_one) {
     if (n <= 0) return;
     /* tensor cores (batched decode, prefill): the norm is applied as x is split */
-    if (kcu_fused_enabled() && kcu_tc_gemm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one, false))
+    if (kcu_fused_enabled() &&
+        kcu_tc_gemm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one, false))
         return;
     if (!fused_applies(count, ws, x, n, norm_w)) {
-        if (kcu_fused_enabled() &&
+        if (kcu_qfused_enabled() &&
             kcu_qgemv_dp4a_norm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one))
             return;
         kiln_backend_matmul_norm_composed(be, count, ys, x, h, n, ws, norm_w, eps, plus_one);
@@ -256,9 +270,10 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
 extern "C" void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
                                const kiln_matrix *w) {
     if (n <= 0) return;
-    if (kcu_fused_enabled() && kcu_tc_gemm(kcu_st(be), 1, &y, x, n, &w, NULL, 0.0f, false, true)) return;
+    if (kcu_fused_enabled() && kcu_tc_gemm(kcu_st(be), 1, &y, x, n, &w, NULL, 0.0f, false, true))
+        return;
     if (!fused_applies(1, &w, x, n, NULL)) {
-        if (kcu_fused_enabled() && kcu_qgemv_dp4a_add(kcu_st(be), y, x, n, w)) return;
+        if (kcu_qfused_enabled() && kcu_qgemv_dp4a_add(kcu_st(be), y, x, n, w)) return;
         kiln_backend_matmul_add_composed(be, y, x, tmp, n, w);
         return;
     }
@@ -291,7 +306,7 @@ extern "C" void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x
         return;
     }
     if (wg->rows != wu->rows || !fused_applies(2, ws, x, n, norm_w)) {
-        if (kcu_fused_enabled() &&
+        if (kcu_qfused_enabled() &&
             kcu_qgemv_dp4a_norm_glu(kcu_st(be), out, x, n, wg, wu, norm_w, eps, plus_one, (int)act))
             return;
         kiln_backend_matmul_norm_glu_composed(be, out, x, h, up, n, wg, wu, norm_w, eps, plus_one,

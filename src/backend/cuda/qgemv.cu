@@ -595,7 +595,7 @@ static bool qg_run(kcu_state *st, const qg_call &c) {
     if (!qg_plan(st, c, A, &blocks)) return false;
     const int inl_mode = qg_env(&g_qg_inline, "KILN_CUDA_QGEMV_INLINE", 2);
     const int64_t budget = qg_env(&g_qg_inline_cols, "KILN_CUDA_QGEMV_INLINE_COLS", 6144);
-    const bool inl = kcu_fused_enabled() && inl_mode != 0 && c.n == 1 &&
+    const bool inl = kcu_qfused_enabled() && inl_mode != 0 && c.n == 1 &&
                      c.ws[0]->cols <= QG_INL_COLS &&
                      (inl_mode == 1 || (int64_t)blocks * c.ws[0]->cols <= budget * st->n_sms);
     if (!inl && !qg_pass1(st, c, A)) return true; /* the sticky error is set */
@@ -614,7 +614,7 @@ bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const floa
     c.x = x;
     c.n = n;
     c.rows_per_warp = qg_env(&g_qg_rows, "KILN_CUDA_QGEMV_ROWS", 0);
-    if (kcu_fused_enabled() && count <= QG_MAX) {
+    if (kcu_qfused_enabled() && count <= QG_MAX) {
         c.count = count, c.ys = ys, c.ws = ws;
         if (qg_run(st, c)) return true;
     }
