@@ -21,29 +21,8 @@
 #include <vector>
 
 /* ---- CUDA shims ---- */
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __grid_constant__
-#define __shared__
+#include "cuda_shim.h"
 #define KCU_PDL_ENTER() /* programmatic dependent launch: nothing to wait for on the CPU */
-struct uint4 {
-    unsigned x, y, z, w;
-};
-static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
-    return {a, b, c, d};
-}
-struct float4 {
-    float x, y, z, w;
-};
-struct emu_dim3 {
-    unsigned x, y, z;
-};
-thread_local emu_dim3 threadIdx, blockIdx;
-static emu_dim3 blockDim, gridDim;
-thread_local int t_warp, t_lane;
 static inline uint4 __ldg(const uint4 *p) {
     return *p;
 }

@@ -33,24 +33,10 @@ extern "C" {
 }
 
 /* ---- CUDA shims ---- */
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define KCU_PDL_ENTER() /* programmatic dependent launch: nothing to wait for on the CPU */
-struct float4 {
-    float x, y, z, w;
-};
-static inline float4 make_float4(float a, float b, float c, float d) {
-    return {a, b, c, d};
-}
-struct emu_dim3 {
-    unsigned x, y, z;
-};
-thread_local emu_dim3 threadIdx, blockIdx;
-static float *emu_smem;                    /* the running block's shared memory */
-static std::barrier<> *emu_bar;            /* the running block's __syncthreads */
+#include "cuda_shim.h"
+#define KCU_PDL_ENTER()         /* programmatic dependent launch: nothing to wait for on the CPU */
+static float *emu_smem;         /* the running block's shared memory */
+static std::barrier<> *emu_bar; /* the running block's __syncthreads */
 static std::atomic<int> emu_misaligned{0}; /* 16-byte shared loads off a 16-byte boundary */
 #define GDN_SMEM(name) float *name = emu_smem
 static void __syncthreads() {

@@ -37,28 +37,7 @@ extern "C" {
 }
 
 /* ---- CUDA shims ---- */
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __grid_constant__
-#define __shared__
-struct uint2 {
-    unsigned x, y;
-};
-struct uint4 {
-    unsigned x, y, z, w;
-};
-static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
-    return {a, b, c, d};
-}
-struct emu_dim3 {
-    unsigned x, y, z;
-};
-thread_local emu_dim3 threadIdx, blockIdx;
-static emu_dim3 blockDim, gridDim;
-thread_local int t_warp, t_lane;
+#include "cuda_shim.h"
 static inline void kcu_pdl_wait() {}
 static inline void kcu_pdl_trigger() {}
 static inline float rsqrtf(float x) {

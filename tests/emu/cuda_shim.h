@@ -1,0 +1,39 @@
+/* cuda_shim.h — what the CPU warp emulators (fa_emulate.cc, tc_gemm_emulate.cc,
+ * gdn_emulate.cc) share to compile a kernel source as host C++: the CUDA qualifiers as nothing,
+ * the vector types the kernels use, and the block / thread coordinates (each emulated CUDA thread
+ * is a std::thread, so threadIdx / blockIdx and the warp / lane are thread_local). Barriers,
+ * shuffles, mma and shared memory stay in each emulator: they differ in warp count and checks. */
+#ifndef KILN_TESTS_EMU_CUDA_SHIM_H
+#define KILN_TESTS_EMU_CUDA_SHIM_H
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __grid_constant__
+#define __shared__
+
+struct uint2 {
+    unsigned x, y;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
+    return {a, b, c, d};
+}
+struct float4 {
+    float x, y, z, w;
+};
+static inline float4 make_float4(float a, float b, float c, float d) {
+    return {a, b, c, d};
+}
+struct emu_dim3 {
+    unsigned x, y, z;
+};
+inline thread_local emu_dim3 threadIdx, blockIdx;
+inline emu_dim3 blockDim, gridDim;
+inline thread_local int t_warp, t_lane;
+
+#endif
