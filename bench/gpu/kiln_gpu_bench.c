@@ -268,7 +268,24 @@ static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
     free(h.d), free(h.s), free(h.b);
 }
 
+/* Llama-3-8B layer shapes in every format, or the shapes of env KILN_BENCH_TC_SHAPES ("ROWSxCOLS
+ * ...") in the formats of KILN_BENCH_TC_FMTS (default bf16) */
 static void bench_tc_all(void) {
+    const char *env = getenv("KILN_BENCH_TC_SHAPES");
+    if (env && *env) {
+        char fm[256], *fsave = NULL;
+        snprintf(fm, sizeof fm, "%s",
+                 getenv("KILN_BENCH_TC_FMTS") ? getenv("KILN_BENCH_TC_FMTS") : "bf16");
+        for (char *f = strtok_r(fm, " ", &fsave); f; f = strtok_r(NULL, " ", &fsave)) {
+            char *save = NULL, sh[512];
+            snprintf(sh, sizeof sh, "%s", env);
+            for (char *t = strtok_r(sh, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+                long long r = 0, c = 0;
+                if (sscanf(t, "%lldx%lld", &r, &c) == 2 && r > 0 && c > 0) bench_tc(f, r, c);
+            }
+        }
+        return;
+    }
     const char *fmts[] = {"bf16", "q8g64", "q4g64", "q4g32"};
     const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
     for (int f = 0; f < 4; f++)

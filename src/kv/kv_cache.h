@@ -35,7 +35,20 @@ typedef struct kiln_attn_params {
      * device cache given them reads each sequence's position from there instead of from its
      * host-side length, so a recorded decode step can be replayed at later positions. */
     const int32_t *positions;
+    /* Optional (only for caches whose vtable sets prep_inside): q and k arrive as the matmuls
+     * left them and the cache applies the per-head RMSNorm and RoPE of the qk_norm_rope op
+     * itself, reading positions from `positions`, before storing k and attending with q. q and k
+     * may be left raw or overwritten. A device cache fuses this with its store and attention. */
+    const struct kiln_qk_prep *prep;
 } kiln_attn_params;
+
+/* The qk_norm_rope op's arguments (backend.h) for kiln_attn_params.prep. */
+typedef struct kiln_qk_prep {
+    const float *q_norm, *k_norm; /* [head_dim] each, or NULL: no norm */
+    const float *inv_freq;        /* [rot_dim / 2] */
+    int rot_dim;                  /* even, <= head_dim */
+    float eps;
+} kiln_qk_prep;
 
 typedef struct kiln_kv_vtable {
     const char *kind;
@@ -66,6 +79,8 @@ typedef struct kiln_kv_vtable {
      * Equal keys promise identical launches (buffers, split geometry), so a recorded step may
      * be replayed. 0 = not replayable. */
     uint64_t (*graph_key)(const kiln_kv *kv, int n_new);
+    /* store_attend_batch accepts kiln_attn_params.prep (q / k norm + RoPE done by the cache). */
+    bool prep_inside;
 } kiln_kv_vtable;
 
 struct kiln_kv {

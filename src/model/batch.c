@@ -11,7 +11,7 @@ int kiln_graph_max_batch(void) {
     int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (v < 0) {
         const char *e = getenv("KILN_GRAPH_MAX_BATCH");
-        v = e && *e ? atoi(e) : 8;
+        v = e && *e ? atoi(e) : 64;
         if (v < 0) v = 0;
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }

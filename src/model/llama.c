@@ -266,11 +266,9 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         rot = (int)(s->head_dim * prf);
         rot -= rot % 2;
     }
-    /* small decode steps (one token per sequence, up to 8 sequences, batched K/V calls) run as
-     * one recorded unit where the backend offers it: on CUDA a graph instead of ~17 launches per
-     * layer, recorded once per key and replayed while the key holds. Larger batches are
-     * GEMM-bound and were measured slower captured when every step re-captured;
-     * KILN_GRAPH_MAX_BATCH raises the limit (graphs are now replayed by key). */
+    /* decode steps (one token per sequence, up to kiln_graph_max_batch() sequences, batched K/V
+     * calls) run as one recorded unit where the backend offers it: on CUDA a graph instead of
+     * ~6 launches per layer, recorded once per key and replayed while the key holds. */
     const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= kiln_graph_max_batch();
     bool replayed = false;
     if (graph) replayed = be->graph_begin(be, decode_step_key(s, &a, kvs, kv_n, n_entries));
@@ -282,8 +280,13 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         float *const qkv_out[3] = {a.q, a.k, a.v};
         const kiln_matrix *const qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         be->matmul_norm(be, 3, qkv_out, a.x, a.h, T, qkv_w, L->attn_norm, s->eps, false);
-        be->qk_norm_rope(be, a.q, a.k, a.pos, T, s->n_heads, s->n_kv_heads, s->head_dim, rot,
-                         s->inv_freq, L->q_norm, L->k_norm, s->eps);
+        /* decode steps on caches that take the q/k norm + RoPE into their store + attention
+         * (the CUDA contiguous cache: one kernel instead of three) */
+        const kiln_qk_prep prep = {L->q_norm, L->k_norm, s->inv_freq, rot, s->eps};
+        ap.prep = batch_kv && bvt->prep_inside && T == n_entries ? &prep : NULL;
+        if (!ap.prep)
+            be->qk_norm_rope(be, a.q, a.k, a.pos, T, s->n_heads, s->n_kv_heads, s->head_dim, rot,
+                             s->inv_freq, L->q_norm, L->k_norm, s->eps);
         if (batch_kv)
             bvt->store_attend_batch(kvs, kv_n, n_entries, l, a.k, a.v, a.q, a.attn, &ap, be->pool);
         else

@@ -6,7 +6,15 @@
  * Each warp owns RPW rows; lane j scores key j of the tile, the warp keeps an online softmax
  * (running max m, sum l) and each lane accumulates the output dims lane, lane+32, ... .
  * Long key ranges with few blocks (decode) are split over gridDim.z; the partial (m, l, acc) of
- * each split are merged by log-sum-exp in a second kernel. */
+ * each split are merged by log-sum-exp in a second kernel.
+ *
+ * Decode with the q/k prep inside (kcu_attention_decode_prep, one token per sequence): the same
+ * kernel, instantiated with PREP, also does the work of qk_norm_rope and the KV store: each warp
+ * RMSNorms and rotates its raw q rows while staging them, every block preps the step's k row of
+ * its KV head (and reads its v row) into shared memory, rounded to the cache's dtype, uses them
+ * for the new key instead of the cache, and the block that owns that key writes them to the
+ * cache. The last split of each row tile to finish (an arrival counter per tile) merges the
+ * splits, so the step needs one launch where it took four. */
 #include "backend/cuda/attention.cuh"
 
 #define ATT_WARPS 4
@@ -29,6 +37,11 @@ struct att_launch {
     int vec;         /* head dims allow 16-byte K/V loads */
     float *part_o;   /* [seqs, splits, n_kv_heads, rows_max, v_head_dim] (splits > 1) */
     float *part_ml;  /* [seqs, splits, n_kv_heads, rows_max, 2] */
+    /* PREP kernels: the step's raw stacked k [T, n_kv_heads*hd] / v [T, n_kv_heads*vhd] rows, the
+     * q/k norm + RoPE, and the split arrival counters [seqs, n_kv_heads, tiles] (kept zero) */
+    const float *k_new, *v_new;
+    kiln_qk_prep prep;
+    unsigned *counters;
     int n_seq;
     att_seq s[KCU_ATT_MAX_SEQ];
 };
@@ -55,7 +68,49 @@ __device__ __forceinline__ void load16(const void *base, int64_t off, int dt, bo
     }
 }
 
-template <int DPL, int RPW>
+/* x rounded as the cache stores it (what a later step will read back) */
+__device__ __forceinline__ float att_round(float x, int dt) {
+    if (dt == KILN_DT_F16) return __half2float(__float2half_rn(x));
+    if (dt == KILN_DT_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+    return x;
+}
+__device__ __forceinline__ void att_store(void *dst, int64_t i, float x, int dt) {
+    if (dt == KILN_DT_F32)
+        ((float *)dst)[i] = x;
+    else if (dt == KILN_DT_F16)
+        ((__half *)dst)[i] = __float2half_rn(x);
+    else
+        ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
+}
+
+/* One warp: dst [hd] = RoPE(RMSNorm(src) * nw) at position p, as k_qk_norm_rope (fused.cu) does
+ * it: norm with the weight when nw is given, then rotate-half of the first rot_dim dims, the
+ * angle p*inv_freq in f32, its sine and cosine in double. */
+__device__ __forceinline__ void att_prep_head(float *dst, const float *src, int hd, const float *nw,
+                                              const kiln_qk_prep &P, float p, int lane) {
+    float ss = 0.0f;
+    for (int d = lane; d < hd; d += 32) {
+        float v = src[d];
+        dst[d] = v;
+        ss += v * v;
+    }
+    if (nw) {
+        float inv = rsqrtf(kcu_warp_sum(ss) / (float)hd + P.eps);
+        for (int d = lane; d < hd; d += 32) dst[d] = dst[d] * inv * nw[d];
+    }
+    __syncwarp();
+    const int half = P.rot_dim / 2;
+    for (int j = lane; j < half; j += 32) {
+        double sn, cs;
+        sincos((double)(p * P.inv_freq[j]), &sn, &cs);
+        float x1 = dst[j], x2 = dst[j + half];
+        dst[j] = x1 * (float)cs - x2 * (float)sn;
+        dst[j + half] = x2 * (float)cs + x1 * (float)sn;
+    }
+    __syncwarp();
+}
+
+template <int DPL, int RPW, bool PREP>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__ att_launch L) {
     KCU_PDL_ENTER();
     const int si = blockIdx.z / L.splits, z = blockIdx.z - si * L.splits;
@@ -76,19 +131,60 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
     float *Qs = sm;                     /* [ROWS][hd] */
     float *Ks = Qs + ROWS * hd;         /* [KT][hd+1] (padded: lanes read different banks) */
     float *Vs = Ks + ATT_KT * (hd + 1); /* [KT][vhd] */
+    float *Kn = Vs + ATT_KT * vhd;      /* PREP: the step's k row of this KV head, as stored [hd] */
+    float *Vn = Kn + hd;                /* PREP: its v row, as stored [vhd] */
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int kvh = blockIdx.y;
     int n_heads = a.p.n_heads;
     int64_t kstride = (int64_t)a.n_kv_heads * hd, vstride = (int64_t)a.n_kv_heads * vhd;
+    const int s_lo = kbeg + z * L.kps, s_hi = s_lo + L.kps;
+    const int pos_new = a.pos0 + S.n - 1; /* PREP (one token per sequence): the new key */
 
-    for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x) {
-        int r = row0 + i / hd, d = i % hd;
-        float v = 0.0f;
-        if (r < rows_total) {
-            int t = r / G, h = kvh * G + r % G;
-            v = a.q[((int64_t)t * n_heads + h) * hd + d] * a.p.scale;
+    if (PREP) {
+        /* each warp preps its own q rows; warp 0 the step's k row, the others copy its v row */
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            const int row = row0 + warp * RPW + r;
+            float *qs = Qs + (warp * RPW + r) * hd;
+            if (row >= rows_total) {
+                for (int d = lane; d < hd; d += 32) qs[d] = 0.0f;
+                continue;
+            }
+            const int t = row / G, h = kvh * G + row % G;
+            att_prep_head(qs, a.q + ((int64_t)t * n_heads + h) * hd, hd, L.prep.q_norm, L.prep,
+                          (float)(a.pos0 + t), lane);
+            for (int d = lane; d < hd; d += 32) qs[d] *= a.p.scale;
         }
-        Qs[i] = v;
+        if (warp == 0)
+            att_prep_head(Kn, L.k_new + ((int64_t)S.t0 * a.n_kv_heads + kvh) * hd, hd,
+                          L.prep.k_norm, L.prep, (float)pos_new, lane);
+        else
+            for (int d = threadIdx.x - 32; d < vhd; d += blockDim.x - 32)
+                Vn[d] = L.v_new[((int64_t)S.t0 * a.n_kv_heads + kvh) * vhd + d];
+        __syncthreads();
+        const bool owner = blockIdx.x == 0 && pos_new >= s_lo && pos_new < s_hi;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            Kn[d] = att_round(Kn[d], a.kv_dtype);
+            if (owner)
+                att_store((void *)S.k, (int64_t)pos_new * kstride + kvh * hd + d, Kn[d],
+                          a.kv_dtype);
+        }
+        for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
+            Vn[d] = att_round(Vn[d], a.kv_dtype);
+            if (owner)
+                att_store((void *)S.v, (int64_t)pos_new * vstride + kvh * vhd + d, Vn[d],
+                          a.kv_dtype);
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x) {
+            int r = row0 + i / hd, d = i % hd;
+            float v = 0.0f;
+            if (r < rows_total) {
+                int t = r / G, h = kvh * G + r % G;
+                v = a.q[((int64_t)t * n_heads + h) * hd + d] * a.p.scale;
+            }
+            Qs[i] = v;
+        }
     }
 
     /* rows of this warp: their token, and visible keys [lo, hi) */
@@ -106,7 +202,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
     int last_row = min(row0 + ROWS, rows_total) - 1;
     int blk_lo = a.window > 0 ? max(0, a.pos0 + row0 / G - a.window + 1) : 0;
     int blk_hi = a.pos0 + last_row / G + 1;
-    int s_lo = kbeg + z * L.kps, s_hi = s_lo + L.kps;
     int k0 = max(blk_lo, s_lo), k1 = min(blk_hi, s_hi);
 
     float m[RPW], l[RPW], acc[RPW][DPL];
@@ -156,6 +251,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
                             ? kcu_load(a.v, (int64_t)(ks + j) * vstride + kvh * vhd + d, a.kv_dtype)
                             : 0.0f;
             }
+        }
+        if (PREP && pos_new >= ks && pos_new < ks + ATT_KT && pos_new < k1) {
+            /* the new key: this step's prepped row, not what the cache held before the store */
+            __syncthreads();
+            const int jn = pos_new - ks;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) Ks[jn * (hd + 1) + d] = Kn[d];
+            for (int d = threadIdx.x; d < vhd; d += blockDim.x) Vs[jn * vhd + d] = Vn[d];
         }
         __syncthreads();
         float s[RPW];
@@ -216,6 +318,47 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
             if (lane == 0) L.part_ml[2 * pi] = m[r], L.part_ml[2 * pi + 1] = l[r];
         }
     }
+    if (!PREP || L.splits == 1) return;
+    /* the last split of this row tile to arrive merges all of them (as k_attn_merge does) */
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = L.counters + ((int64_t)si * a.n_kv_heads + kvh) * gridDim.x + blockIdx.x;
+        last = atomicAdd(c, 1u) == (unsigned)L.splits - 1;
+        if (last) *c = 0; /* every split has arrived: ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int64_t per_split = (int64_t)a.n_kv_heads * L.rows_max;
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        if (!live[r]) continue;
+        const int row = row0 + warp * RPW + r;
+        const int64_t base = (int64_t)si * L.splits * per_split + (int64_t)kvh * L.rows_max + row;
+        float M = -INFINITY, den = 0.0f;
+        for (int zz = 0; zz < L.splits; zz++)
+            M = fmaxf(M, __ldcg(L.part_ml + 2 * (zz * per_split + base)));
+        float num[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) num[i] = 0.0f;
+        for (int zz = 0; zz < L.splits; zz++) {
+            const int64_t pz = zz * per_split + base;
+            const float mz = __ldcg(L.part_ml + 2 * pz);
+            if (mz == -INFINITY) continue;
+            const float e = __expf(mz - M);
+            den += __ldcg(L.part_ml + 2 * pz + 1) * e;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane + 32 * i < vhd) num[i] += __ldcg(L.part_o + pz * vhd + lane + 32 * i) * e;
+        }
+        const int t = row / G, h = kvh * G + row % G;
+        float *o = a.out + ((int64_t)t * n_heads + h) * vhd;
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            if (lane + 32 * i < vhd) o[lane + 32 * i] = den > 0.0f ? num[i] / den : 0.0f;
+    }
 }
 
 /* One block per (row, kv head, seq): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M). */
@@ -246,41 +389,47 @@ __global__ void k_attn_merge(const __grid_constant__ att_launch L, int splits) {
     }
 }
 
-template <int DPL, int RPW> static void launch(kcu_state *st, const att_launch &L, dim3 grid) {
+template <int DPL, int RPW, bool PREP>
+static void launch(kcu_state *st, const att_launch &L, dim3 grid) {
     int hd = L.a.head_dim, vhd = L.a.v_head_dim;
-    size_t smem = sizeof(float) *
-                  ((size_t)ATT_WARPS * RPW * hd + (size_t)ATT_KT * (hd + 1) + (size_t)ATT_KT * vhd);
+    size_t smem = sizeof(float) * ((size_t)ATT_WARPS * RPW * hd + (size_t)ATT_KT * (hd + 1) +
+                                   (size_t)ATT_KT * vhd + (PREP ? (size_t)hd + vhd : 0));
     static size_t raised = 48 * 1024;
     if (smem > raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn<DPL, RPW>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn<DPL, RPW, PREP>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = smem;
     }
-    KCU_LAUNCH(st, (k_attn<DPL, RPW>), grid, ATT_WARPS * 32, smem, L);
+    KCU_LAUNCH(st, (k_attn<DPL, RPW, PREP>), grid, ATT_WARPS * 32, smem, L);
     KCU_LAUNCHED(st);
 }
 
-template <int RPW> static void launch_dpl(kcu_state *st, const att_launch &L, dim3 grid) {
-    int d = L.a.head_dim > L.a.v_head_dim ? L.a.head_dim : L.a.v_head_dim;
-    (void)d;
+template <int RPW, bool PREP>
+static void launch_dpl(kcu_state *st, const att_launch &L, dim3 grid) {
     int vhd = L.a.v_head_dim;
     if (vhd <= 64)
-        launch<2, RPW>(st, L, grid);
+        launch<2, RPW, PREP>(st, L, grid);
     else if (vhd <= 128)
-        launch<4, RPW>(st, L, grid);
+        launch<4, RPW, PREP>(st, L, grid);
     else if (vhd <= 256)
-        launch<8, RPW>(st, L, grid);
+        launch<8, RPW, PREP>(st, L, grid);
     else
-        launch<16, RPW>(st, L, grid);
+        launch<16, RPW, PREP>(st, L, grid);
 }
 
-/* Launches one chunk of at most KCU_ATT_MAX_SEQ sequences. */
-static void attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_attn_seq *seqs,
-                            int n_seq) {
+/* Launches one chunk of at most KCU_ATT_MAX_SEQ sequences; with k_new (decode, one token per
+ * sequence) the PREP kernel, which also preps q / k and stores the step's rows. Returns false
+ * (nothing launched) when the PREP kernel cannot take the chunk. */
+static bool attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_attn_seq *seqs,
+                            int n_seq, const float *k_new = NULL, const float *v_new = NULL) {
     att_launch L;
     L.a = *a;
+    L.k_new = k_new, L.v_new = v_new;
+    if (a->p.prep) L.prep = *a->p.prep;
+    L.counters = st->attn_counters;
+    const bool prep = k_new != NULL;
     L.group = a->p.n_heads / a->n_kv_heads;
     L.n_seq = n_seq;
     int max_n = 0, keys = 0;
@@ -295,12 +444,19 @@ static void attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_att
         if (q->n > max_n) max_n = q->n;
         aligned = aligned && ((uintptr_t)q->k & 15) == 0 && ((uintptr_t)q->v & 15) == 0;
     }
-    if (max_n <= 0) return;
+    if (max_n <= 0) return true;
     if (a->p.positions && max_n == 1) keys = kcu_attn_keys_bucket(keys);
     L.rows_max = max_n * L.group;
     int rpw = L.rows_max <= 2 * ATT_WARPS ? 1 : 4;
     int rows_per_block = ATT_WARPS * rpw;
     int tiles = (L.rows_max + rows_per_block - 1) / rows_per_block;
+    if (prep) {
+        for (int i = 0; i < n_seq; i++)
+            if (seqs[i].n != 1) return false;
+        if ((int64_t)n_seq * a->n_kv_heads * tiles > KCU_ATT_COUNTERS || !a->p.prep ||
+            a->p.prep->rot_dim > a->head_dim)
+            return false;
+    }
     int blocks = tiles * a->n_kv_heads * n_seq, splits = 1;
     /* Few blocks (decode): split the keys so the GPU's SMs share them. Even a short context is
      * split down to one 32-key tile per block: a block walks its tiles one after another, and
@@ -320,19 +476,27 @@ static void attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_att
     if (splits > 1) {
         size_t n_part = (size_t)n_seq * splits * a->n_kv_heads * L.rows_max;
         float *scr = (float *)kcu_scratch(st, n_part * (a->v_head_dim + 2) * sizeof(float));
-        if (!scr) return;
+        if (!scr) return true; /* reported */
         L.part_o = scr;
         L.part_ml = scr + n_part * a->v_head_dim;
     }
     dim3 grid(tiles, a->n_kv_heads, n_seq * splits);
+    if (prep) {
+        if (rpw == 1)
+            launch_dpl<1, true>(st, L, grid);
+        else
+            launch_dpl<4, true>(st, L, grid);
+        return true; /* the last split of each tile merged */
+    }
     if (rpw == 1)
-        launch_dpl<1>(st, L, grid);
+        launch_dpl<1, false>(st, L, grid);
     else
-        launch_dpl<4>(st, L, grid);
+        launch_dpl<4, false>(st, L, grid);
     if (splits > 1) {
         KCU_LAUNCH(st, k_attn_merge, dim3(L.rows_max, a->n_kv_heads, n_seq), 128, 0, L, splits);
         KCU_LAUNCHED(st);
     }
+    return true;
 }
 
 static bool geometry_ok(kcu_state *st, const kcu_attn_args *a) {
@@ -358,4 +522,10 @@ void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_a
         int n_rest = kcu_attention_prefill_tc(st, common, seqs + i, c, rest); /* long prefills */
         if (n_rest) attention_chunk(st, common, rest, n_rest);
     }
+}
+
+bool kcu_attention_decode_prep(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
+                               int n_seq, const float *k_new, const float *v_new) {
+    if (n_seq <= 0 || n_seq > KCU_ATT_MAX_SEQ || !geometry_ok(st, common)) return false;
+    return attention_chunk(st, common, seqs, n_seq, k_new, v_new);
 }

@@ -38,6 +38,13 @@ static inline int kcu_attn_keys_bucket(int keys) {
 void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
                          int n_seq);
 
+/* Decode (every sequence one token, n_seq <= KCU_ATT_MAX_SEQ) with common->p.prep: one launch
+ * that preps q and the raw k rows (k_new [T, n_kv_heads*head_dim], v_new [T, n_kv_heads*
+ * v_head_dim], stacked like q), stores the step's k / v rows in each sequence's cache at its
+ * position and attends. False: not launched (the caller runs qk_norm_rope, store and attend). */
+bool kcu_attention_decode_prep(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
+                               int n_seq, const float *k_new, const float *v_new);
+
 /* attention_prefill_tc.cu: runs the sequences of seqs that the tensor-core prefill kernel serves
  * (f16/bf16 cache, head dim 64/80/96/128/256 = v head dim, enough tokens; KILN_CUDA_FA=0 or
  * kiln_cuda_set_fa_mode(0): none) and copies the others into rest; returns their count. */

@@ -335,6 +335,7 @@ static void cu_destroy(kiln_backend *be) {
         }
         if (st->cublas) cublasDestroy(st->cublas);
         if (st->cublas_workspace) cudaFree(st->cublas_workspace);
+        if (st->attn_counters) cudaFree(st->attn_counters);
         if (st->stream) cudaStreamDestroy(st->stream);
         free(st);
     }
@@ -477,14 +478,17 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
         return s;
     }
     cudaDeviceProp prop;
-    bool ok =
-        KCU_CHECK(st, cudaGetDevice(&st->device)) &&
-        KCU_CHECK(st, cudaGetDeviceProperties(&prop, st->device)) &&
-        KCU_CHECK(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking)) &&
-        KCU_CUBLAS(st, cublasCreate(&st->cublas)) &&
-        KCU_CUBLAS(st, cublasSetStream(st->cublas, st->stream)) &&
-        KCU_CHECK(st, cudaMalloc(&st->cublas_workspace, KCU_CUBLAS_WORKSPACE)) &&
-        KCU_CUBLAS(st, cublasSetWorkspace(st->cublas, st->cublas_workspace, KCU_CUBLAS_WORKSPACE));
+    bool ok = KCU_CHECK(st, cudaGetDevice(&st->device)) &&
+              KCU_CHECK(st, cudaGetDeviceProperties(&prop, st->device)) &&
+              KCU_CHECK(st, cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking)) &&
+              KCU_CUBLAS(st, cublasCreate(&st->cublas)) &&
+              KCU_CUBLAS(st, cublasSetStream(st->cublas, st->stream)) &&
+              KCU_CHECK(st, cudaMalloc(&st->cublas_workspace, KCU_CUBLAS_WORKSPACE)) &&
+              KCU_CUBLAS(
+                  st, cublasSetWorkspace(st->cublas, st->cublas_workspace, KCU_CUBLAS_WORKSPACE)) &&
+              KCU_CHECK(st, cudaMalloc(&st->attn_counters, KCU_ATT_COUNTERS * sizeof(unsigned))) &&
+              KCU_CHECK(st, cudaMemsetAsync(st->attn_counters, 0,
+                                            KCU_ATT_COUNTERS * sizeof(unsigned), st->stream));
     if (!ok) {
         kiln_status e = kiln_error(KILN_ERR_DEVICE, "cuda: %s", st->sticky_msg);
         cu_destroy(be);

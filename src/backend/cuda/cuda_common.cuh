@@ -20,6 +20,7 @@ extern "C" {
 #define KCU_STAGE_BYTES      (256 << 10)
 #define KCU_CUBLAS_WORKSPACE (32 << 20)
 #define KCU_GRAPH_SLOTS      8
+#define KCU_ATT_COUNTERS     65536 /* attention split arrival counters (attention.cu) */
 
 /* One line of the KILN_CUDA_PROFILE report. */
 typedef struct kcu_prof_entry {
@@ -36,6 +37,9 @@ typedef struct kcu_state {
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_workspace; /* given to cuBLAS so it never allocates (graph capture) */
+    /* [KCU_ATT_COUNTERS] zeroed: per (sequence, kv head, row tile) count of the decode attention
+     * splits done; the last to arrive merges them and sets its count back to 0 */
+    unsigned *attn_counters;
     void *scratch; /* growable device scratch (bf16 copies of x / W tiles, attention partials) */
     size_t scratch_bytes;
     /* pinned staging ring for small uploads (ids, positions): the host copy goes into a slot and

@@ -192,14 +192,82 @@ static void kv_attend(kiln_kv *base, int layer, const float *q, int n, float *ou
     kcu_attention(kcu_st(kv->be), &a);
 }
 
+static int g_attn_prep = -1;
+extern "C" void kiln_cuda_set_attn_prep(int on) {
+    g_attn_prep = on < 0 ? -1 : on != 0;
+}
+static bool attn_prep_on(void) {
+    if (g_attn_prep < 0) {
+        const char *e = getenv("KILN_CUDA_ATT_PREP");
+        g_attn_prep = !(e && strcmp(e, "0") == 0);
+    }
+    return g_attn_prep != 0;
+}
+
+/* Decode with p->prep: one PREP attention launch per KCU_ATT_MAX_SEQ sequences (q/k norm +
+ * RoPE, the store and the merge inside). False: nothing launched. */
+static bool store_attend_prep(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
+                              const float *k, const float *v, const float *q, float *out,
+                              const kiln_attn_params *p) {
+    const kcu_kv *kv0 = (const kcu_kv *)kvs[0];
+    const kiln_kv_layer_desc *d = &kvs[0]->layers[layer];
+    if (!attn_prep_on() || !d->is_attention || n_kv > KCU_ATT_MAX_SEQ || !p->positions)
+        return false;
+    kcu_attn_seq seqs[KCU_ATT_MAX_SEQ];
+    for (int i = 0; i < n_kv; i++) {
+        const kcu_kv *kv = (const kcu_kv *)kvs[i];
+        if (n[i] != 1 || kv->dtype != kv0->dtype || kv->base.len + 1 > kv->cap) return false;
+        seqs[i].k = kv->k[layer];
+        seqs[i].v = kv->v[layer];
+        seqs[i].pos0 = kv->base.len;
+        seqs[i].n = 1;
+        seqs[i].t0 = i;
+    }
+    kcu_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.out = out;
+    a.kv_dtype = kv0->dtype;
+    a.n_kv_heads = d->n_kv_heads;
+    a.head_dim = d->head_dim;
+    a.v_head_dim = d->v_head_dim;
+    a.window = d->window;
+    a.p = *p;
+    kcu_state *st = kcu_st(kv0->be);
+    kcu_prof_begin(st);
+    bool ok = kcu_attention_decode_prep(st, &a, seqs, n_kv, k, v);
+    kcu_prof_end(st, "attention (q/k prep + store inside)");
+    return ok;
+}
+
 /* The batch hook (kiln_kv_vtable.store_attend_batch): one store launch and one attention launch
- * per KCU_ATT_MAX_SEQ sequences, instead of three launches per sequence. */
+ * per KCU_ATT_MAX_SEQ sequences, instead of three launches per sequence; decode steps given
+ * p->prep take one launch in all (store_attend_prep), other steps with it run qk_norm_rope
+ * first. */
 static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
                                   const float *k, const float *v, const float *q, float *out,
                                   const kiln_attn_params *p, kiln_threadpool *pool) {
     if (n_kv <= 0) return;
     const kcu_kv *kv0 = (const kcu_kv *)kvs[0];
     const kiln_kv_layer_desc *d = &kvs[0]->layers[layer];
+    kiln_attn_params plain;
+    if (p->prep) {
+        if (store_attend_prep(kvs, n, n_kv, layer, k, v, q, out, p)) return;
+        int64_t T = 0;
+        for (int i = 0; i < n_kv; i++) T += n[i];
+        if (!p->positions) {
+            kcu_report(kcu_st(kv0->be), "kv store_attend", "q/k prep without positions", __FILE__,
+                       __LINE__);
+            return;
+        }
+        /* q and k are the forward's activations: the prep may overwrite them (kv_cache.h) */
+        kcu_qk_norm_rope(kv0->be, (float *)q, (float *)k, p->positions, T, p->n_heads,
+                         d->n_kv_heads, d->head_dim, p->prep->rot_dim, p->prep->inv_freq,
+                         p->prep->q_norm, p->prep->k_norm, p->prep->eps);
+        plain = *p;
+        plain.prep = NULL;
+        p = &plain;
+    }
     bool same = d->is_attention;
     for (int i = 1; same && i < n_kv; i++) same = ((const kcu_kv *)kvs[i])->dtype == kv0->dtype;
     if (!same) { /* not expected within one model: fall back to the per-sequence calls */
@@ -319,6 +387,7 @@ static const kiln_kv_vtable kcu_kv_vt = {
     .layer_state = kv_layer_state,
     .store_attend_batch = kv_store_attend_batch,
     .graph_key = kv_graph_key,
+    .prep_inside = true,
 };
 
 extern "C" kiln_status kcu_kv_new(kiln_backend *be, const kiln_kv_layer_desc *layers, int n_layers,
