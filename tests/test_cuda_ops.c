@@ -981,7 +981,7 @@ static void test_gdn_conv(void) {
             float *x = rand_f32(n * C, 1.0f), *ref = malloc((size_t)(n * C) * 4);
             float *dx = dev_copy(x, (size_t)(n * C) * 4), *dout = dev_poisoned(n * C);
             kiln_gdn_conv(ref, x, n, C, w, K, state);
-            be->gdn_conv(be, dout, dx, n, C, dw, K, dstate);
+            be->gdn_conv(be, dout, dx, 1, &(int){(int)n}, C, dw, K, &dstate);
             char what[96];
             snprintf(what, sizeof what, "gdn_conv C=%d K=%d step %zu n=%lld", C, K, s,
                      (long long)n);
@@ -1051,7 +1051,7 @@ static void test_gdn_delta(int simple) {
             float *dq = dev_copy(q, (size_t)qn * 4), *dk = dev_copy(k, (size_t)qn * 4),
                   *dv = dev_copy(v, (size_t)vn * 4), *dg = dev_copy(g, (size_t)gn * 4),
                   *dbeta = dev_copy(beta, (size_t)gn * 4), *dout = dev_poisoned(vn);
-            be->gdn_delta(be, d, n, dq, dk, dv, dg, dbeta, dS, dout);
+            be->gdn_delta(be, d, 1, &(int){(int)n}, dq, dk, dv, dg, dbeta, &dS, dout);
             char what[128];
             snprintf(what, sizeof what, "gdn_delta%s nk=%d nv=%d dk=%d dv=%d step %zu n=%lld",
                      simple ? " (simple)" : "", d->n_k_heads, d->n_v_heads, d->dk, d->dv, s,
@@ -1111,7 +1111,7 @@ static void test_gdn_delta_chunked(void) {
             float *dq = dev_copy(q, (size_t)qn * 4), *dk = dev_copy(k, (size_t)qn * 4),
                   *dv = dev_copy(v, (size_t)vn * 4), *dg = dev_copy(g, (size_t)gn * 4),
                   *dbeta = dev_copy(beta, (size_t)gn * 4), *dout = dev_poisoned(vn);
-            be->gdn_delta(be, d, n, dq, dk, dv, dg, dbeta, dS, dout);
+            be->gdn_delta(be, d, 1, &(int){(int)n}, dq, dk, dv, dg, dbeta, &dS, dout);
             char what[160];
             snprintf(what, sizeof what,
                      "gdn_delta chunked (min %d, seg %d) nk=%d nv=%d dk=%d dv=%d decay=%g n=%lld",
