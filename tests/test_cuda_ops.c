@@ -984,7 +984,7 @@ static void test_gdn_conv(void) {
             float *x = rand_f32(n * C, 1.0f), *ref = malloc((size_t)(n * C) * 4);
             float *dx = dev_copy(x, (size_t)(n * C) * 4), *dout = dev_poisoned(n * C);
             kiln_gdn_conv(ref, x, n, C, w, K, state);
-            be->gdn_conv(be, dout, dx, n, C, dw, K, dstate);
+            be->gdn_conv(be, dout, dx, 1, &(int){(int)n}, C, dw, K, &dstate);
             char what[96];
             snprintf(what, sizeof what, "gdn_conv C=%d K=%d step %zu n=%lld", C, K, s,
                      (long long)n);
@@ -1054,7 +1054,7 @@ static void test_gdn_delta(int simple) {
             float *dq = dev_copy(q, (size_t)qn * 4), *dk = dev_copy(k, (size_t)qn * 4),
                   *dv = dev_copy(v, (size_t)vn * 4), *dg = dev_copy(g, (size_t)gn * 4),
                   *dbeta = dev_copy(beta, (size_t)gn * 4), *dout = dev_poisoned(vn);
-            be->gdn_delta(be, d, n, dq, dk, dv, dg, dbeta, dS, dout);
+            be->gdn_delta(be, d, 1, &(int){(int)n}, dq, dk, dv, dg, dbeta, &dS, dout);
             char what[128];
             snprintf(what, sizeof what, "gdn_delta%s nk=%d nv=%d dk=%d dv=%d step %zu n=%lld",
                      simple ? " (simple)" : "", d->n_k_heads, d->n_v_heads, d->dk, d->dv, s,
@@ -1114,7 +1114,7 @@ static void test_gdn_delta_chunked(void) {
             float *dq = dev_copy(q, (size_t)qn * 4), *dk = dev_copy(k, (size_t)qn * 4),
                   *dv = dev_copy(v, (size_t)vn * 4), *dg = dev_copy(g, (size_t)gn * 4),
                   *dbeta = dev_copy(beta, (size_t)gn * 4), *dout = dev_poisoned(vn);
-            be->gdn_delta(be, d, n, dq, dk, dv, dg, dbeta, dS, dout);
+            be->gdn_delta(be, d, 1, &(int){(int)n}, dq, dk, dv, dg, dbeta, &dS, dout);
             char what[160];
             snprintf(what, sizeof what,
                      "gdn_delta chunked (min %d, seg %d) nk=%d nv=%d dk=%d dv=%d decay=%g n=%lld",
@@ -1132,6 +1132,129 @@ static void test_gdn_delta_chunked(void) {
         free(S), free(Sc);
     }
     kiln_cuda_set_gdn_chunk(-1, 0);
+}
+
+/* Token counts of the batch compositions: 1, 3, 64 (a decode step) and 70 sequences (67 or 68
+ * of them recurrent: two launches), with 0, 1, a few and (the last of 3, the 41st of 70) a
+ * prefill's 80 tokens, which take the chunked form at the threshold of 64 where dk allows. */
+static int batch_tokens(int n_seqs, int i) {
+    if (n_seqs == 1) return 1;
+    if (n_seqs == 3) return (int[]){5, 1, 80}[i];
+    if (n_seqs == 64) return 1;
+    if (i == 40) return 80;
+    return i == 3 || i == 13 ? 0 : i % 10 == 7 ? 1 + i % 5 : 1;
+}
+
+/* The batched conv and delta rule against the CPU references run sequence by sequence, for the
+ * compositions of batch_tokens, every sequence with its own random state, over two steps (states
+ * carried on the device): each sequence's outputs after every step and its final state. The conv
+ * at odd channel counts and kernel widths; the delta rule with the register (simple = 0) or the
+ * column-per-thread kernel at dk 16 / 32 / 128 and odd dk = 7 / dv = 33, GQA, and the Qwen3.5-4B
+ * heads (16k / 32v, 128) for the 64-sequence decode step. */
+static void test_gdn_batch(int simple) {
+    static const int batches[] = {1, 3, 64, 70};
+    static const int convs[][2] = {{37, 4}, {300, 4}, {129, 3}, {64, 1}};
+    static const kiln_gdn_dims dims[] = {
+        {2, 4, 16, 8}, {1, 3, 32, 40}, {1, 1, 7, 33}, {2, 2, 128, 128}, {16, 32, 128, 128}};
+    kiln_cuda_set_gdn_simple(simple);
+    kiln_cuda_set_gdn_chunk(64, 0);
+    for (int b = 0; b < 4; b++) {
+        const int ns = batches[b];
+        int n[70], t0[70], T = 0;
+        for (int i = 0; i < ns; i++) t0[i] = T, T += n[i] = batch_tokens(ns, i);
+        float *hs[70], *ds[70];
+        char what[160];
+        for (int c = 0; c < 4 && !simple; c++) { /* the conv has one kernel: checked once */
+            const int C = convs[c][0], K = convs[c][1], P = K - 1;
+            const int64_t sz = (int64_t)(P > 0 ? P : 1) * C;
+            float *w = rand_f32((int64_t)C * K, 0.5f), *dw = dev_copy(w, (size_t)C * K * 4);
+            for (int i = 0; i < ns; i++) {
+                hs[i] = rand_f32(sz, 1.0f);
+                ds[i] = dev_copy(hs[i], (size_t)sz * 4);
+            }
+            for (int step = 0; step < 2; step++) {
+                float *x = rand_f32((int64_t)T * C, 1.0f), *ref = malloc((size_t)T * C * 4 + 4);
+                float *dx = dev_copy(x, (size_t)T * C * 4), *dout = dev_poisoned((int64_t)T * C);
+                for (int i = 0; i < ns; i++)
+                    kiln_gdn_conv(ref + (int64_t)t0[i] * C, x + (int64_t)t0[i] * C, n[i], C, w, K,
+                                  hs[i]);
+                be->gdn_conv(be, dout, dx, ns, n, C, dw, K, ds);
+                for (int i = 0; i < ns; i++) {
+                    if (!n[i]) continue;
+                    snprintf(what, sizeof what, "batched gdn_conv %d seqs C=%d K=%d step %d seq %d",
+                             ns, C, K, step, i);
+                    compare(what, dout + (int64_t)t0[i] * C, ref + (int64_t)t0[i] * C,
+                            (int64_t)n[i] * C, 1e-5);
+                }
+                be->free(be, dx), be->free(be, dout);
+                free(x), free(ref);
+            }
+            for (int i = 0; i < ns && P > 0; i++) {
+                snprintf(what, sizeof what, "batched gdn_conv %d seqs C=%d K=%d state %d", ns, C, K,
+                         i);
+                compare(what, ds[i], hs[i], sz, 0.0);
+            }
+            for (int i = 0; i < ns; i++) be->free(be, ds[i]), free(hs[i]);
+            be->free(be, dw), free(w);
+        }
+        for (size_t c = 0; c < sizeof dims / sizeof *dims; c++) {
+            const kiln_gdn_dims *d = &dims[c];
+            if (d->n_v_heads == 32 && ns != 64) continue; /* the model shape: its decode step */
+            const int64_t KD = (int64_t)d->n_k_heads * d->dk, VD = (int64_t)d->n_v_heads * d->dv,
+                          NV = d->n_v_heads, sn = NV * d->dk * d->dv;
+            const bool chunkable = d->dk == 32 || d->dk == 64 || d->dk == 128 || d->dk == 256;
+            for (int i = 0; i < ns; i++) {
+                hs[i] = rand_f32(sn, 0.3f);
+                ds[i] = dev_copy(hs[i], (size_t)sn * 4);
+            }
+            for (int step = 0; step < 2; step++) {
+                float *q = rand_f32(T * KD, 1.0f), *k = rand_f32(T * KD, 1.0f);
+                float *v = rand_f32(T * VD, 1.0f), *g = rand_f32(T * NV, 1.0f);
+                float *beta = rand_f32(T * NV, 1.0f), *ref = malloc((size_t)(T * VD) * 4 + 4);
+                kiln_gdn_l2norm(q, (int64_t)T * d->n_k_heads, d->dk, 1e-6f);
+                kiln_gdn_l2norm(k, (int64_t)T * d->n_k_heads, d->dk, 1e-6f);
+                for (int64_t i = 0; i < T * NV; i++) {
+                    g[i] = -0.3f * fabsf(g[i]);
+                    beta[i] = 1.0f / (1.0f + expf(-beta[i]));
+                }
+                for (int i = 0; i < ns; i++)
+                    kiln_cpu_gdn_delta_ref(d, n[i], q + t0[i] * KD, k + t0[i] * KD, v + t0[i] * VD,
+                                           g + t0[i] * NV, beta + t0[i] * NV, hs[i],
+                                           ref + t0[i] * VD);
+                float *dq = dev_copy(q, (size_t)(T * KD) * 4),
+                      *dk = dev_copy(k, (size_t)(T * KD) * 4),
+                      *dv = dev_copy(v, (size_t)(T * VD) * 4),
+                      *dg = dev_copy(g, (size_t)(T * NV) * 4),
+                      *dbeta = dev_copy(beta, (size_t)(T * NV) * 4), *dout = dev_poisoned(T * VD);
+                be->gdn_delta(be, d, ns, n, dq, dk, dv, dg, dbeta, ds, dout);
+                for (int i = 0; i < ns; i++) {
+                    if (!n[i]) continue;
+                    const bool chunked = chunkable && n[i] >= 64;
+                    snprintf(what, sizeof what,
+                             "batched gdn_delta%s %d seqs nk=%d nv=%d dk=%d dv=%d step %d seq %d "
+                             "n=%d%s",
+                             simple ? " (simple)" : "", ns, d->n_k_heads, d->n_v_heads, d->dk,
+                             d->dv, step, i, n[i], chunked ? " (chunked)" : "");
+                    compare(what, dout + t0[i] * VD, ref + t0[i] * VD, n[i] * VD,
+                            chunked ? 1e-4 : 1e-5);
+                }
+                be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dg);
+                be->free(be, dbeta), be->free(be, dout);
+                free(q), free(k), free(v), free(g), free(beta), free(ref);
+            }
+            for (int i = 0; i < ns; i++) {
+                const bool chunked = chunkable && n[i] >= 64;
+                snprintf(what, sizeof what,
+                         "batched gdn_delta%s %d seqs nk=%d nv=%d dk=%d dv=%d state %d",
+                         simple ? " (simple)" : "", ns, d->n_k_heads, d->n_v_heads, d->dk, d->dv,
+                         i);
+                compare(what, ds[i], hs[i], sn, chunked ? 1e-4 : 1e-5);
+                be->free(be, ds[i]), free(hs[i]);
+            }
+        }
+    }
+    kiln_cuda_set_gdn_chunk(-1, 0);
+    kiln_cuda_set_gdn_simple(-1);
 }
 
 static void test_moe_rows(void) {
@@ -1723,6 +1846,8 @@ int main(void) {
     test_gdn_delta(1);
     kiln_cuda_set_gdn_simple(-1);
     test_gdn_delta_chunked();
+    test_gdn_batch(1);
+    test_gdn_batch(0);
     test_moe_rows();
     test_kv_state();
     test_sample();

@@ -2,10 +2,12 @@
  * the chunked prefill and the per-token recurrence give the same outputs and final state at
  * lengths around the chunk size (1, 63, 64, 65, 200) from a zero and a non-zero state; a prefill
  * split in two pieces equals one piece (conv state and recurrent state carried); the causal conv
- * matches its definition; and at model level, a qwen3_next prompt fed in two pieces and a gemma3
- * prompt decoded past its sliding window match transformers' logits. */
+ * matches its definition; the CPU backend's batched gdn_conv / gdn_delta equal the kernels run
+ * sequence by sequence (1, 3, 64, 70 sequences); and at model level, a qwen3_next prompt fed in
+ * two pieces and a gemma3 prompt decoded past its sliding window match transformers' logits. */
 #include "kiln.h"
 #include "backend/cpu/cpu_deltanet.h"
+#include "backend/cpu/cpu_ops.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -132,6 +134,105 @@ static void check_conv(void) {
     CHECK(memcmp(st1, x + (N - K + 1) * C, sizeof st1) == 0);
 }
 
+/* Token counts of the batch compositions the batched ops are checked on: 1, 3, 64 and 70
+ * sequences, with 0, 1, a few and (70) a prefill's worth of tokens. */
+static int batch_tokens(int n_seqs, int i) {
+    if (n_seqs == 1) return 3;
+    if (n_seqs == 3) return (int[]){1, 0, 5}[i];
+    if (n_seqs == 64) return 1;
+    if (i == 40) return 70;
+    return i == 3 || i == 13 ? 0 : i % 10 == 7 ? 1 + i % 5 : 1;
+}
+
+/* The CPU backend's batched gdn_conv and gdn_delta equal the single-sequence kernels run on each
+ * sequence's rows, bit for bit (decode steps: the recurrence, longer runs: the chunked form), for
+ * the batch compositions of batch_tokens, every sequence with its own non-zero state, over two
+ * steps (states carried); the delta rule also against the token-by-token reference. */
+static void check_batch_ops(void) {
+    kiln_backend *be = NULL;
+    CHECK_OK(kiln_backend_cpu_new(2, &be));
+    if (!be) return;
+    static const kiln_gdn_dims dims[] = {{2, 4, 16, 8}, {1, 3, 12, 20}};
+    static const int convs[][2] = {{37, 4}, {5, 2}, {9, 1}};
+    static const int batches[] = {1, 3, 64, 70};
+    for (int b = 0; b < 4; b++) {
+        const int ns = batches[b];
+        int n[70], T = 0;
+        for (int i = 0; i < ns; i++) T += n[i] = batch_tokens(ns, i);
+        float *st1[70], *st2[70];
+        for (int c = 0; c < 3; c++) { /* conv */
+            const int C = convs[c][0], K = convs[c][1], P = K - 1, sz = (P > 0 ? P : 1) * C;
+            float *w = malloc((size_t)C * K * 4), *x = malloc((size_t)T * C * 4);
+            float *o1 = malloc((size_t)T * C * 4), *o2 = malloc((size_t)T * C * 4);
+            for (int i = 0; i < C * K; i++) w[i] = frand();
+            for (int i = 0; i < ns; i++) {
+                st1[i] = malloc((size_t)sz * 4), st2[i] = malloc((size_t)sz * 4);
+                for (int j = 0; j < sz; j++) st1[i][j] = st2[i][j] = frand();
+            }
+            bool same = true;
+            for (int step = 0; step < 2; step++) {
+                for (int i = 0; i < T * C; i++) x[i] = frand();
+                be->gdn_conv(be, o1, x, ns, n, C, w, K, st1);
+                for (int i = 0, t = 0; i < ns; t += n[i], i++)
+                    if (n[i]) kiln_gdn_conv(o2 + t * C, x + t * C, n[i], C, w, K, st2[i]);
+                same = same && memcmp(o1, o2, (size_t)T * C * 4) == 0;
+                for (int i = 0; i < ns; i++) same = same && !memcmp(st1[i], st2[i], sz * 4u);
+            }
+            CHECK_MSG(same, "batched gdn_conv of %d sequences, C=%d K=%d", ns, C, K);
+            for (int i = 0; i < ns; i++) free(st1[i]), free(st2[i]);
+            free(w), free(x), free(o1), free(o2);
+        }
+        for (int dd = 0; dd < 2; dd++) { /* delta rule */
+            const kiln_gdn_dims *d = &dims[dd];
+            const int KD = d->n_k_heads * d->dk, VD = d->n_v_heads * d->dv, NV = d->n_v_heads,
+                      sn = NV * d->dk * d->dv;
+            float *q = malloc((size_t)T * KD * 4), *k = malloc((size_t)T * KD * 4),
+                  *v = malloc((size_t)T * VD * 4), *g = malloc((size_t)T * NV * 4),
+                  *bt = malloc((size_t)T * NV * 4), *o1 = malloc((size_t)T * VD * 4),
+                  *o2 = malloc((size_t)T * VD * 4), *o3 = malloc((size_t)T * VD * 4);
+            float *st3[70];
+            for (int i = 0; i < ns; i++) {
+                st1[i] = malloc((size_t)sn * 4), st2[i] = malloc((size_t)sn * 4);
+                st3[i] = malloc((size_t)sn * 4);
+                for (int j = 0; j < sn; j++) st1[i][j] = st2[i][j] = st3[i][j] = 0.3f * frand();
+            }
+            bool same = true;
+            double worst = 0;
+            for (int step = 0; step < 2; step++) {
+                for (int i = 0; i < T * KD; i++) q[i] = frand(), k[i] = frand();
+                for (int i = 0; i < T * VD; i++) v[i] = frand();
+                for (int i = 0; i < T * NV; i++)
+                    g[i] = -0.3f * (frand() + 1.0f), bt[i] = 0.5f * (frand() + 1.0f);
+                kiln_gdn_l2norm(q, (int64_t)T * d->n_k_heads, d->dk, 1e-6f);
+                kiln_gdn_l2norm(k, (int64_t)T * d->n_k_heads, d->dk, 1e-6f);
+                be->gdn_delta(be, d, ns, n, q, k, v, g, bt, st1, o1);
+                for (int i = 0, t = 0; i < ns; t += n[i], i++) {
+                    if (!n[i]) continue;
+                    const float *qi = q + t * KD, *ki = k + t * KD, *vi = v + t * VD,
+                                *gi = g + t * NV, *bi = bt + t * NV;
+                    if (n[i] == 1)
+                        kiln_gdn_recurrent(d, 1, qi, ki, vi, gi, bi, st2[i], o2 + t * VD, NULL);
+                    else
+                        kiln_gdn_chunked(d, n[i], 64, qi, ki, vi, gi, bi, st2[i], o2 + t * VD,
+                                         NULL);
+                    kiln_cpu_gdn_delta_ref(d, n[i], qi, ki, vi, gi, bi, st3[i], o3 + t * VD);
+                }
+                same = same && memcmp(o1, o2, (size_t)T * VD * 4) == 0;
+                for (int i = 0; i < ns; i++) same = same && !memcmp(st1[i], st2[i], sn * 4u);
+                for (int i = 0; i < T * VD; i++) worst = fmax(worst, fabs(o1[i] - o3[i]));
+                for (int i = 0; i < ns; i++)
+                    for (int j = 0; j < sn; j++) worst = fmax(worst, fabs(st1[i][j] - st3[i][j]));
+            }
+            CHECK_MSG(same, "batched gdn_delta of %d sequences, dk=%d dv=%d", ns, d->dk, d->dv);
+            CHECK_MSG(worst < 1e-4, "batched gdn_delta of %d sequences vs reference: %.2g", ns,
+                      worst);
+            for (int i = 0; i < ns; i++) free(st1[i]), free(st2[i]), free(st3[i]);
+            free(q), free(k), free(v), free(g), free(bt), free(o1), free(o2), free(o3);
+        }
+    }
+    kiln_backend_free(be);
+}
+
 /* Model level: prompt fed in pieces (prefill, then a second prefill on top of the state, then
  * single tokens) must give transformers' logits for every position. */
 static void check_model_pieces(const char *name) {
@@ -183,6 +284,7 @@ int main(void) {
         check_rule(lens[i], true);
     }
     check_conv();
+    check_batch_ops();
     check_model_pieces("qwen3_next");
     check_model_pieces("qwen3_5_text");
     check_model_pieces("gemma3_text"); /* sliding window 8: pieces straddle the window edge */

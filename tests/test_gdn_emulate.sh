@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test_gdn_emulate.sh — the chunked gated delta rule kernels (gdn_chunked.cu) run on the CPU by
-# tests/emu/gdn_emulate.cc (emulated threads, barriers and shared memory) against the CPU's chunked
-# kernel and token-by-token reference; needs no GPU. Skipped (77) without a C++20 g++. Env:
+# test_gdn_emulate.sh — the chunked gated delta rule kernels (gdn_chunked.cu) and the batched
+# conv / recurrent delta rule kernels (gdn_recurrent.cuh) run on the CPU by tests/emu/gdn_emulate.cc
+# (emulated threads, barriers, shared memory and shuffles) against the CPU's kernels and
+# token-by-token reference; needs no GPU. Skipped (77) without a C++20 g++. Env:
 # KILN_BUILD (where the objects and binary go; default /tmp).
 # kiln-test-labels: slow
 set -u

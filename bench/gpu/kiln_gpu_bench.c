@@ -395,15 +395,18 @@ static void bench_prefill_attention(const char *kind, int n) {
  * Qwen3.5-0.8B one (16 / 16), dk = dv = 128: one decode step and prefills of 512 and 4096 tokens,
  * by kernel: the recurrent ones (register-resident, column-per-thread) and the chunked WY form
  * (gdn_chunked.cu; prefill only). The chunked line gives its speed-up over the faster recurrent
- * kernel. */
-static double time_gdn(const kiln_gdn_dims *d, int64_t n, const float *q, const float *k,
-                       const float *v, const float *g, const float *beta, float *S, float *out) {
+ * kernel. Then decode steps of 8 and 64 sequences (one token and one state each) in one call. */
+static double time_gdn(const kiln_gdn_dims *d, int n_seqs, int n, const float *q, const float *k,
+                       const float *v, const float *g, const float *beta, float *const *S,
+                       float *out) {
+    int ns[64];
+    for (int i = 0; i < n_seqs; i++) ns[i] = n;
     const int iters = n == 1 ? 500 : n <= 512 ? 20 : 5;
-    for (int i = 0; i < 2; i++) be->gdn_delta(be, d, n, q, k, v, g, beta, S, out);
+    for (int i = 0; i < 2; i++) be->gdn_delta(be, d, n_seqs, ns, q, k, v, g, beta, S, out);
     be->synchronize(be);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    for (int i = 0; i < iters; i++) be->gdn_delta(be, d, n, q, k, v, g, beta, S, out);
+    for (int i = 0; i < iters; i++) be->gdn_delta(be, d, n_seqs, ns, q, k, v, g, beta, S, out);
     be->synchronize(be);
     clock_gettime(CLOCK_MONOTONIC, &b);
     return ((b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3) / iters;
@@ -427,6 +430,11 @@ static void bench_gdn_delta(void) {
     be->upload(be, v, h, (size_t)vn * 4), be->upload(be, S, h, (size_t)sn * 4);
     for (int64_t i = 0; i < gn; i++) h[i] = -0.1f;
     be->upload(be, g, h, (size_t)gn * 4), be->upload(be, beta, h, (size_t)gn * 4);
+    float *Sb[64]; /* the batched decode's states */
+    for (int i = 0; i < 64; i++) {
+        Sb[i] = be->alloc(be, (size_t)sn * 4);
+        be->upload(be, Sb[i], h, (size_t)sn * 4);
+    }
     for (int sh = 0; sh < 2; sh++) {
         const kiln_gdn_dims *d = &shapes[sh].d;
         const int64_t ns[3] = {1, 512, nmax};
@@ -435,7 +443,7 @@ static void bench_gdn_delta(void) {
             kiln_cuda_set_gdn_chunk(0, 0); /* the recurrent kernels */
             for (int simple = 0; simple < 2; simple++) {
                 kiln_cuda_set_gdn_simple(simple);
-                const double us = time_gdn(d, ns[c], q, k, v, g, beta, S, out);
+                const double us = time_gdn(d, 1, (int)ns[c], q, k, v, g, beta, &S, out);
                 if (us < best_rec) best_rec = us;
                 printf("gdn_delta %s n=%lld %s: %.1f us (%.3f us/token)\n", shapes[sh].name,
                        (long long)ns[c], simple ? "simple  " : "register", us, us / (double)ns[c]);
@@ -443,14 +451,23 @@ static void bench_gdn_delta(void) {
             kiln_cuda_set_gdn_simple(-1);
             if (ns[c] >= 64) {
                 kiln_cuda_set_gdn_chunk(1, 0);
-                const double us = time_gdn(d, ns[c], q, k, v, g, beta, S, out);
+                const double us = time_gdn(d, 1, (int)ns[c], q, k, v, g, beta, &S, out);
                 printf("gdn_delta %s n=%lld chunked : %.1f us (%.3f us/token), %.2fx the best "
                        "recurrent\n",
                        shapes[sh].name, (long long)ns[c], us, us / (double)ns[c], best_rec / us);
             }
             kiln_cuda_set_gdn_chunk(-1, 0);
         }
+        for (int nb = 8; nb <= 64; nb *= 8)
+            for (int simple = 0; simple < 2; simple++) {
+                kiln_cuda_set_gdn_simple(simple);
+                const double us = time_gdn(d, nb, 1, q, k, v, g, beta, Sb, out);
+                printf("gdn_delta %s decode of %d sequences %s: %.1f us (%.3f us/sequence)\n",
+                       shapes[sh].name, nb, simple ? "simple  " : "register", us, us / nb);
+            }
+        kiln_cuda_set_gdn_simple(-1);
     }
+    for (int i = 0; i < 64; i++) be->free(be, Sb[i]);
     be->free(be, q), be->free(be, k), be->free(be, v), be->free(be, g), be->free(be, beta);
     be->free(be, S), be->free(be, out);
     free(h);

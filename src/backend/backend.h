@@ -119,14 +119,21 @@ struct kiln_backend {
     void (*zero)(kiln_backend *be, float *x, int64_t n);
     void (*sigmoid_mul)(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
     void (*l2norm)(kiln_backend *be, float *x, int64_t rows, int dim, float eps);
-    /* Gated DeltaNet pieces (hybrid qwen3_next / qwen3_5 layers) */
-    void (*gdn_conv)(kiln_backend *be, float *out, const float *x, int64_t n, int channels,
-                     const float *w, int kernel, float *state);
+    /* Gated DeltaNet pieces (hybrid qwen3_next / qwen3_5 layers). gdn_conv and gdn_delta take a
+     * batch of n_seqs sequences whose tokens lie stacked in the activations: sequence i owns
+     * n_tokens[i] rows (0 allowed) after those of sequences 0..i-1, and carries its own state
+     * states[i] (backend memory; distinct sequences, distinct states). n_tokens and states are
+     * host arrays. Per sequence the result is that of the CPU kernels on its rows alone. */
+    /* causal conv + SiLU: out, x [T, channels]; w [channels, kernel]; states[i] [kernel-1, C] */
+    void (*gdn_conv)(kiln_backend *be, float *out, const float *x, int n_seqs, const int *n_tokens,
+                     int channels, const float *w, int kernel, float *const *states);
     void (*gdn_gates)(kiln_backend *be, float *g, float *beta, const float *a, const float *b,
                       int64_t n, int n_v_heads, const float *neg_a, const float *dt_bias);
-    void (*gdn_delta)(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
-                      const float *k, const float *v, const float *g, const float *beta,
-                      float *state, float *out);
+    /* gated delta rule: q, k [T, n_k, dk]; v, out [T, n_v, dv]; g, beta [T, n_v];
+     * states[i] [n_v, dk, dv] */
+    void (*gdn_delta)(kiln_backend *be, const kiln_gdn_dims *d, int n_seqs, const int *n_tokens,
+                      const float *q, const float *k, const float *v, const float *g,
+                      const float *beta, float *const *states, float *out);
     /* MoE row routing */
     void (*gather_rows)(kiln_backend *be, float *dst, const float *src, const int32_t *rows,
                         int64_t n, int64_t width);

@@ -372,9 +372,16 @@ typedef struct qn_acts {
     int32_t *tok, *pos; /* [T] each */
 } qn_acts;
 
+/* Host arrays of a forward pass for the batched DeltaNet ops: each entry's new tokens, and per
+ * layer the entries' conv states then their delta-rule states. */
+typedef struct qn_gdn_batch {
+    int *n_tokens;  /* [n_entries] */
+    float **states; /* [2 * n_entries] */
+} qn_gdn_batch;
+
 /* Gated DeltaNet mixer for T stacked tokens of all entries: h -> a->attn [T, nv*dv]. */
 static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_batch_entry *e,
-                         int n_entries, int64_t T, qn_acts *a) {
+                         int n_entries, int64_t T, qn_acts *a, const qn_gdn_batch *b) {
     kiln_backend *be = m->be;
     const kiln_gdn_dims *d = &s->gdn;
     const int nk = d->n_k_heads, nv = d->n_v_heads, dk = d->dk, dv = d->dv, r = nv / nk;
@@ -401,23 +408,22 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
     }
     /* g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) */
     be->gdn_gates(be, a->g, a->beta, a->a_in, a->b_in, T, nv, L->neg_a, L->dt_bias);
-    /* per sequence: the causal conv with its state ([K-1, C], then S [nv, dk, dv]) */
-    for (int i = 0, t0 = 0; i < n_entries; t0 += e[i].n_tokens, i++) {
-        float *conv_state = e[i].seq->kv->vt->layer_state(e[i].seq->kv, l);
-        be->gdn_conv(be, a->conv + t0 * C, a->mixed + t0 * C, e[i].n_tokens, (int)C, L->conv_w,
-                     s->conv_k, conv_state);
+    /* the causal conv, then the delta rule, each one call for the batch; every sequence carries
+     * its own state: [K-1, C] conv rows, then S [nv, dk, dv] */
+    float **conv_st = b->states, **S = b->states + n_entries;
+    for (int i = 0; i < n_entries; i++) {
+        conv_st[i] = e[i].seq->kv->vt->layer_state(e[i].seq->kv, l);
+        S[i] = conv_st[i] + (s->conv_k - 1) * C;
     }
+    be->gdn_conv(be, a->conv, a->mixed, n_entries, b->n_tokens, (int)C, L->conv_w, s->conv_k,
+                 conv_st);
     /* split q | k | v into contiguous [T, nk, dk], [T, nk, dk], [T, nv, dv]; L2-norm q and k */
     be->copy2d(be, a->qn, KD, a->conv, C, T, KD);
     be->copy2d(be, a->kn, KD, a->conv + KD, C, T, KD);
     be->copy2d(be, a->vn, VD, a->conv + 2 * KD, C, T, VD);
     be->l2norm(be, a->qn, T * nk, dk, 1e-6f);
     be->l2norm(be, a->kn, T * nk, dk, 1e-6f);
-    for (int i = 0, t0 = 0; i < n_entries; t0 += e[i].n_tokens, i++) {
-        float *S = e[i].seq->kv->vt->layer_state(e[i].seq->kv, l) + (s->conv_k - 1) * C;
-        be->gdn_delta(be, d, e[i].n_tokens, a->qn + t0 * KD, a->kn + t0 * KD, a->vn + t0 * VD,
-                      a->g + (int64_t)t0 * nv, a->beta + (int64_t)t0 * nv, S, a->attn + t0 * VD);
-    }
+    be->gdn_delta(be, d, n_entries, b->n_tokens, a->qn, a->kn, a->vn, a->g, a->beta, S, a->attn);
     /* gated RMSNorm per value head: norm(o) * w * silu(z) */
     be->rmsnorm(be, a->attn, a->attn, L->gnorm, T * nv, dv, s->eps, false);
     be->silu_mul(be, a->attn, a->z, a->attn, T * VD);
@@ -519,6 +525,14 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
     }
     kiln_kv **kvs = bkv.kvs; /* NULL unless the caches take one batched call */
     int *kv_n = bkv.n;
+    qn_gdn_batch gb = {malloc((size_t)n_entries * sizeof *gb.n_tokens),
+                       malloc((size_t)(2 * n_entries) * sizeof *gb.states)};
+    if (!gb.n_tokens || !gb.states) {
+        free(gb.n_tokens), free(gb.states);
+        kiln_batch_kv_free(&bkv);
+        return kiln_error(KILN_ERR_OOM, "out of memory (batch of %d)", n_entries);
+    }
+    for (int i = 0; i < n_entries; i++) gb.n_tokens[i] = e[i].n_tokens;
 
     be->embed(be, a.x, a.tok, T, &s->embed);
     kiln_status st = KILN_OK;
@@ -526,7 +540,7 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
         qn_layer *L = &s->layers[l];
         be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, s->norm_plus_one);
         if (L->linear) {
-            linear_mixer(m, s, L, l, e, n_entries, T, &a);
+            linear_mixer(m, s, L, l, e, n_entries, T, &a, &gb);
             be->matmul(be, a.h, a.attn, T, &L->out_proj);
         } else {
             attention_mixer(m, s, L, l, e, n_entries, T, &a, kvs, kv_n);
@@ -546,6 +560,7 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
         }
     }
     kiln_batch_kv_free(&bkv);
+    free(gb.n_tokens), free(gb.states);
     if (st != KILN_OK) return st;
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
     const kiln_logits_head head = {.hidden = H,

@@ -188,22 +188,36 @@ static void cpu_sample(kiln_backend *be, int32_t *ids, float *logits, int64_t vo
 static void cpu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps) {
     kiln_gdn_l2norm(x, rows, dim, eps);
 }
-static void cpu_gdn_conv(kiln_backend *be, float *out, const float *x, int64_t n, int channels,
-                         const float *w, int kernel, float *state) {
-    kiln_gdn_conv(out, x, n, channels, w, kernel, state);
+/* the batched DeltaNet ops run the single-sequence kernels sequence by sequence */
+static void cpu_gdn_conv(kiln_backend *be, float *out, const float *x, int n_seqs,
+                         const int *n_tokens, int channels, const float *w, int kernel,
+                         float *const *states) {
+    for (int i = 0; i < n_seqs; i++) {
+        if (n_tokens[i] > 0) kiln_gdn_conv(out, x, n_tokens[i], channels, w, kernel, states[i]);
+        out += (int64_t)n_tokens[i] * channels;
+        x += (int64_t)n_tokens[i] * channels;
+    }
 }
 static void cpu_gdn_gates(kiln_backend *be, float *g, float *beta, const float *a, const float *b,
                           int64_t n, int nv, const float *neg_a, const float *dt_bias) {
     kiln_cpu_gdn_gates(g, beta, a, b, n, nv, neg_a, dt_bias);
 }
-/* decode steps run the recurrence, prefill the chunked WY form (chunks of 64) */
-static void cpu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
-                          const float *k, const float *v, const float *g, const float *beta,
-                          float *state, float *out) {
-    if (n == 1)
-        kiln_gdn_recurrent(d, n, q, k, v, g, beta, state, out, be->pool);
-    else
-        kiln_gdn_chunked(d, n, 64, q, k, v, g, beta, state, out, be->pool);
+/* per sequence: decode steps run the recurrence, prefill the chunked WY form (chunks of 64) */
+static void cpu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int n_seqs, const int *n_tokens,
+                          const float *q, const float *k, const float *v, const float *g,
+                          const float *beta, float *const *states, float *out) {
+    const int64_t KD = (int64_t)d->n_k_heads * d->dk, VD = (int64_t)d->n_v_heads * d->dv;
+    int64_t o = 0; /* first row of sequence i */
+    for (int i = 0; i < n_seqs; o += n_tokens[i], i++) {
+        const int n = n_tokens[i];
+        if (n <= 0) continue;
+        if (n == 1)
+            kiln_gdn_recurrent(d, n, q + o * KD, k + o * KD, v + o * VD, g + o * d->n_v_heads,
+                               beta + o * d->n_v_heads, states[i], out + o * VD, be->pool);
+        else
+            kiln_gdn_chunked(d, n, 64, q + o * KD, k + o * KD, v + o * VD, g + o * d->n_v_heads,
+                             beta + o * d->n_v_heads, states[i], out + o * VD, be->pool);
+    }
 }
 static void cpu_gather_rows(kiln_backend *be, float *dst, const float *src, const int32_t *rows,
                             int64_t n, int64_t width) {

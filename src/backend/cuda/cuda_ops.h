@@ -43,15 +43,15 @@ void kcu_copy3d(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, co
 void kcu_zero(kiln_backend *be, float *x, int64_t n);
 void kcu_sigmoid_mul(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
 void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps);
-void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int64_t n, int channels,
-                  const float *w, int kernel, float *state);
+void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int n_seqs, const int *n_tokens,
+                  int channels, const float *w, int kernel, float *const *states);
 void kcu_gdn_gates(kiln_backend *be, float *g, float *beta, const float *a, const float *b,
                    int64_t n, int n_v_heads, const float *neg_a, const float *dt_bias);
-void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
-                   const float *k, const float *v, const float *g, const float *beta, float *state,
-                   float *out);
-/* The chunked form (gdn_chunked.cu) when it applies to this call (enough tokens, dk 32/64/128/256,
- * dv <= 256); false: nothing was launched, the caller runs the recurrence. */
+void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int n_seqs, const int *n_tokens,
+                   const float *q, const float *k, const float *v, const float *g,
+                   const float *beta, float *const *states, float *out);
+/* The chunked form (gdn_chunked.cu) for one sequence of n tokens when it applies (enough tokens,
+ * dk 32/64/128/256, dv <= 256); false: nothing was launched, the caller runs the recurrence. */
 bool kcu_gdn_delta_chunked(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
                            const float *k, const float *v, const float *g, const float *beta,
                            float *state, float *out);

@@ -393,12 +393,16 @@ extern "C" void kiln_cuda_set_gdn_chunk(int min_tokens, int max_seg_chunks) {
     gdn_chunk_seg = max_seg_chunks > 0 ? max_seg_chunks : 0;
 }
 
+/* the environment is read once: batched calls ask for every sequence of every layer */
 static int gdn_chunk_threshold(void) {
     if (gdn_chunk_min >= 0) return gdn_chunk_min;
-    const char *e = getenv("KILN_CUDA_GDN_CHUNK");
-    if (!e || !*e) return 64;
-    const int v = atoi(e);
-    return v < 0 ? 64 : v;
+    static int env_min = -1;
+    if (env_min < 0) {
+        const char *e = getenv("KILN_CUDA_GDN_CHUNK");
+        const int v = e && *e ? atoi(e) : 64;
+        env_min = v < 0 ? 64 : v;
+    }
+    return env_min;
 }
 
 template <int DK>

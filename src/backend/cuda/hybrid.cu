@@ -1,10 +1,13 @@
 /* hybrid.cu — the ops of the hybrid Qwen families (Gated DeltaNet layers, gated attention, sparse
  * MoE): strided block copy, zero fill, sigmoid gate, row L2 norm, the causal depthwise conv with
  * its carried state, the decay/beta gates, the gated delta rule, and the MoE row gather / weighted
- * scatter-add. Semantics are those of the CPU references (cpu_ops.h, cpu_deltanet.h). The delta
- * rule here walks tokens one by one (decode, short calls); prefill calls go to gdn_chunked.cu. */
+ * scatter-add. Semantics are those of the CPU references (cpu_ops.h, cpu_deltanet.h). The conv
+ * and the delta rule take a batch of sequences, one launch per op for up to GDN_MAX_SEQ of them
+ * (kernels in gdn_recurrent.cuh); the delta rule walks tokens one by one (decode, short calls),
+ * and sequences with a prefill's worth of tokens go to gdn_chunked.cu. */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gdn_recurrent.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -81,53 +84,34 @@ extern "C" void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, fl
     KCU_LAUNCHED(st);
 }
 
-/* out[t, c] for every (t, c): the window of K inputs ending at t, rows before 0 from the state
- * [K-1, C] (oldest first); the state is updated afterwards by k_gdn_conv_state. */
-__global__ void k_gdn_conv_out(float *out, const float *x, int64_t n, int C, const float *w, int K,
-                               const float *state) {
-    KCU_PDL_ENTER();
-    const int P = K - 1;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * C;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / C;
-        const int c = (int)(i % C);
-        float acc = 0.0f;
-        for (int j = 0; j < K; j++) {
-            int64_t src = t - P + j;
-            float xv = src >= 0 ? x[src * C + c] : state[(P + src) * C + c];
-            acc += w[(int64_t)c * K + j] * xv;
-        }
-        out[i] = acc / (1.0f + expf(-acc));
-    }
-}
-
-/* new state = the last K-1 rows of (state ++ x); each thread owns one channel, and for n < K-1
- * reads row i + n before it writes row i (ascending i), so no row is overwritten before use */
-__global__ void k_gdn_conv_state(const float *x, int64_t n, int C, int P, float *state) {
-    KCU_PDL_ENTER();
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    if (n >= P) {
-        for (int i = 0; i < P; i++) state[(int64_t)i * C + c] = x[(n - P + i) * C + c];
-    } else {
-        for (int i = 0; i < P; i++)
-            state[(int64_t)i * C + c] =
-                i < P - n ? state[(i + n) * C + c] : x[(i - (P - n)) * C + c];
-    }
-}
-
-extern "C" void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int64_t n, int channels,
-                             const float *w, int kernel, float *state) {
+/* One launch of each conv kernel (gdn_recurrent.cuh) per GDN_MAX_SEQ sequences: the outputs of
+ * every row, then each sequence's state roll (after the outputs have read the old state). */
+extern "C" void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int n_seqs,
+                             const int *n_tokens, int channels, const float *w, int kernel,
+                             float *const *states) {
     kcu_state *st = kcu_st(be);
-    if (n <= 0 || channels <= 0 || kernel <= 0) return;
-    KCU_LAUNCH(st, k_gdn_conv_out, kcu_blocks(n * channels, 256, 65536), 256, 0, out, x, n,
-               channels, w, kernel, state);
-    KCU_LAUNCHED(st);
-    if (kernel > 1) {
-        KCU_LAUNCH(st, k_gdn_conv_state, (unsigned)((channels + 255) / 256), 256, 0, x, n, channels,
-                   kernel - 1, state);
+    if (n_seqs <= 0 || channels <= 0 || kernel <= 0) return;
+    gdn_conv_launch L;
+    memset(&L, 0, sizeof L);
+    L.out = out;
+    L.x = x;
+    L.w = w;
+    L.C = channels;
+    L.K = kernel;
+    auto all = [](int, int64_t) { return true; };
+    gdn_for_groups(L.s, n_seqs, n_tokens, states, all, [&](int count) {
+        L.n_seq = count;
+        L.t_begin = L.s[0].t0;
+        L.t_end = L.s[count - 1].t0 + L.s[count - 1].n;
+        KCU_LAUNCH(st, k_gdn_conv_out, kcu_blocks((L.t_end - L.t_begin) * channels, 256, 65536),
+                   256, 0, L);
         KCU_LAUNCHED(st);
-    }
+        if (kernel > 1) {
+            KCU_LAUNCH(st, k_gdn_conv_state,
+                       dim3((unsigned)((channels + 255) / 256), (unsigned)count), 256, 0, L);
+            KCU_LAUNCHED(st);
+        }
+    });
 }
 
 __global__ void k_gdn_gates(float *g, float *beta, const float *a, const float *b, int64_t n,
@@ -153,104 +137,6 @@ extern "C" void kcu_gdn_gates(kiln_backend *be, float *g, float *beta, const flo
     KCU_LAUNCHED(st);
 }
 
-#define GDN_THREADS 32
-
-/* Gated delta rule: block (h, column tile) of one warp; thread c owns column c of the head's
- * state S [dk, dv] (so no thread touches another's column) and walks the n tokens in order.
- * q_t / k_t of the head's key head are staged in shared memory ([2, dk] floats). */
-__global__ void k_gdn_delta(int64_t n, int nk, int nv, int dk, int dv, const float *q,
-                            const float *k, const float *v, const float *g, const float *beta,
-                            float *S, float *out) {
-    KCU_PDL_ENTER();
-    extern __shared__ float qk[]; /* [2, dk] */
-    float *sq = qk, *sk = qk + dk;
-    const int h = blockIdx.x, r = nv / nk, kh = h / r;
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    float *Sh = S + (int64_t)h * dk * dv;
-    const float scale = 1.0f / sqrtf((float)dk);
-    for (int64_t t = 0; t < n; t++) {
-        __syncthreads(); /* the previous token's reads of sq / sk are done */
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            sq[i] = q[(t * nk + kh) * dk + i];
-            sk[i] = k[(t * nk + kh) * dk + i];
-        }
-        __syncthreads();
-        if (c >= dv) continue;
-        const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
-        float kS = 0.0f;
-        for (int i = 0; i < dk; i++) kS += sk[i] * Sh[(int64_t)i * dv + c];
-        const float delta = bt * (v[(t * nv + h) * dv + c] - decay * kS);
-        float o = 0.0f;
-        for (int i = 0; i < dk; i++) {
-            float s = decay * Sh[(int64_t)i * dv + c] + sk[i] * delta;
-            Sh[(int64_t)i * dv + c] = s;
-            o += sq[i] * s;
-        }
-        out[(t * nv + h) * dv + c] = o * scale;
-    }
-}
-
-/* Register-resident form for dk = 4 * R (R <= 32): a block of 128 threads covers 32 value
- * columns; the 4 lanes 4c'..4c'+3 of a warp share column c and hold rows j*R .. j*R+R-1 of it
- * (j = lane & 3) in registers for all n tokens, so S is read and written once per call. The two
- * dot products over dk are per-lane partial sums added across the 4 lanes by shuffles; every lane
- * runs the shuffles (columns past dv compute on zeros and store nothing). */
-template <int R>
-__global__ void __launch_bounds__(128)
-    k_gdn_delta_reg(int64_t n, int nk, int nv, int dk, int dv, const float *q, const float *k,
-                    const float *v, const float *g, const float *beta, float *S, float *out) {
-    KCU_PDL_ENTER();
-    extern __shared__ float qk[]; /* [2, dk] */
-    float *sq = qk, *sk = qk + dk;
-    const int h = blockIdx.x, r = nv / nk, kh = h / r;
-    const int j = threadIdx.x & 3, c = blockIdx.y * 32 + (threadIdx.x >> 2);
-    const bool live = c < dv;
-    float *Sh = S + (int64_t)h * dk * dv;
-    float s[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) s[i] = live ? Sh[(int64_t)(j * R + i) * dv + c] : 0.0f;
-    const float scale = 1.0f / sqrtf((float)dk);
-    for (int64_t t = 0; t < n; t++) {
-        __syncthreads(); /* the previous token's reads of sq / sk are done */
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            sq[i] = q[(t * nk + kh) * dk + i];
-            sk[i] = k[(t * nk + kh) * dk + i];
-        }
-        __syncthreads();
-        const float decay = expf(g[t * nv + h]), bt = beta[t * nv + h];
-        const float *kk = sk + j * R, *qq = sq + j * R;
-        float kS = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; i++) kS += kk[i] * s[i];
-        kS += __shfl_xor_sync(0xffffffffu, kS, 1);
-        kS += __shfl_xor_sync(0xffffffffu, kS, 2);
-        const float vc = live ? v[(t * nv + h) * dv + c] : 0.0f;
-        const float delta = bt * (vc - decay * kS);
-        float o = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            s[i] = decay * s[i] + kk[i] * delta;
-            o += qq[i] * s[i];
-        }
-        o += __shfl_xor_sync(0xffffffffu, o, 1);
-        o += __shfl_xor_sync(0xffffffffu, o, 2);
-        if (live && j == 0) out[(t * nv + h) * dv + c] = o * scale;
-    }
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < R; i++) Sh[(int64_t)(j * R + i) * dv + c] = s[i];
-    }
-}
-
-template <int R>
-static void launch_delta_reg(kcu_state *st, const kiln_gdn_dims *d, int64_t n, const float *q,
-                             const float *k, const float *v, const float *g, const float *beta,
-                             float *state, float *out) {
-    dim3 grid((unsigned)d->n_v_heads, (unsigned)((d->dv + 31) / 32));
-    KCU_LAUNCH(st, (k_gdn_delta_reg<R>), grid, 128, (size_t)2 * d->dk * sizeof(float), n,
-               d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
-}
-
 /* The column-per-thread kernel is the default: it is the one that passed on the H200. The
  * register-resident kernel (KILN_CUDA_GDN=2) has test_cuda_ops cases against the CPU reference
  * but has not run on a GPU yet, so it stays opt-in until it has. */
@@ -260,35 +146,53 @@ extern "C" void kiln_cuda_set_gdn_simple(int on) {
     gdn_force_simple = on;
 }
 
-extern "C" void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int64_t n, const float *q,
-                              const float *k, const float *v, const float *g, const float *beta,
-                              float *state, float *out) {
+/* Sequences with enough tokens for the chunked form (gdn_chunked.cu, one sequence per call)
+ * take it; the others run the recurrence, one launch per GDN_MAX_SEQ of them (grid.z =
+ * sequence). */
+extern "C" void kcu_gdn_delta(kiln_backend *be, const kiln_gdn_dims *d, int n_seqs,
+                              const int *n_tokens, const float *q, const float *k, const float *v,
+                              const float *g, const float *beta, float *const *states, float *out) {
     kcu_state *st = kcu_st(be);
-    if (n <= 0) return;
+    int64_t total = 0;
+    for (int i = 0; i < n_seqs; i++) total += n_tokens[i] > 0 ? n_tokens[i] : 0;
+    if (total <= 0) return;
     if (d->n_k_heads <= 0 || d->n_v_heads % d->n_k_heads || d->dk <= 0 || d->dv <= 0 ||
         d->dk > 4096) {
         kcu_report(st, "gdn_delta", "bad head geometry", __FILE__, __LINE__);
         return;
     }
-    /* prefill: the chunked WY form (gdn_chunked.cu) parallelises over the tokens of a chunk */
-    if (kcu_gdn_delta_chunked(be, d, n, q, k, v, g, beta, state, out)) return;
     if (gdn_force_simple < 0) {
         const char *e = getenv("KILN_CUDA_GDN");
         gdn_force_simple = !(e && strcmp(e, "2") == 0);
     }
+    const int nv = d->n_v_heads;
+    const int64_t KD = (int64_t)d->n_k_heads * d->dk, VD = (int64_t)nv * d->dv;
     const int R = d->dk % 4 == 0 ? d->dk / 4 : 0;
-    if (!gdn_force_simple && (R == 4 || R == 8 || R == 16 || R == 32)) {
-        if (R == 4) launch_delta_reg<4>(st, d, n, q, k, v, g, beta, state, out);
-        if (R == 8) launch_delta_reg<8>(st, d, n, q, k, v, g, beta, state, out);
-        if (R == 16) launch_delta_reg<16>(st, d, n, q, k, v, g, beta, state, out);
-        if (R == 32) launch_delta_reg<32>(st, d, n, q, k, v, g, beta, state, out);
+    const bool reg = !gdn_force_simple && (R == 4 || R == 8 || R == 16 || R == 32);
+    const size_t smem = (size_t)2 * d->dk * sizeof(float);
+    gdn_delta_launch L;
+    memset(&L, 0, sizeof L);
+    L.q = q, L.k = k, L.v = v, L.g = g, L.beta = beta, L.out = out;
+    L.nk = d->n_k_heads, L.nv = nv, L.dk = d->dk, L.dv = d->dv;
+    /* false: the chunked form took sequence i */
+    auto recurrent = [&](int i, int64_t t0) {
+        return !kcu_gdn_delta_chunked(be, d, n_tokens[i], q + t0 * KD, k + t0 * KD, v + t0 * VD,
+                                      g + t0 * nv, beta + t0 * nv, states[i], out + t0 * VD);
+    };
+    gdn_for_groups(L.s, n_seqs, n_tokens, states, recurrent, [&](int count) {
+        if (reg) {
+            const dim3 grid((unsigned)nv, (unsigned)((d->dv + 31) / 32), (unsigned)count);
+            if (R == 4) KCU_LAUNCH(st, k_gdn_delta_reg<4>, grid, GDN_REG_THREADS, smem, L);
+            if (R == 8) KCU_LAUNCH(st, k_gdn_delta_reg<8>, grid, GDN_REG_THREADS, smem, L);
+            if (R == 16) KCU_LAUNCH(st, k_gdn_delta_reg<16>, grid, GDN_REG_THREADS, smem, L);
+            if (R == 32) KCU_LAUNCH(st, k_gdn_delta_reg<32>, grid, GDN_REG_THREADS, smem, L);
+        } else {
+            const dim3 grid((unsigned)nv, (unsigned)((d->dv + GDN_THREADS - 1) / GDN_THREADS),
+                            (unsigned)count);
+            KCU_LAUNCH(st, k_gdn_delta, grid, GDN_THREADS, smem, L);
+        }
         KCU_LAUNCHED(st);
-        return;
-    }
-    dim3 grid((unsigned)d->n_v_heads, (unsigned)((d->dv + GDN_THREADS - 1) / GDN_THREADS));
-    KCU_LAUNCH(st, k_gdn_delta, grid, GDN_THREADS, (size_t)2 * d->dk * sizeof(float), n,
-               d->n_k_heads, d->n_v_heads, d->dk, d->dv, q, k, v, g, beta, state, out);
-    KCU_LAUNCHED(st);
+    });
 }
 
 __global__ void k_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t n,
