@@ -59,8 +59,11 @@ bool kcu_fused_enabled(void);
 /* The dp4a ones of qgemv.cu (quantized weights at n <= 8: fused norm / add / GLU, q/k/v in one
  * launch, digits made in the blocks) are opt-in, KILN_CUDA_QFUSED=1 (and not KILN_CUDA_FUSED=0):
  * their op test (test_qgemv_fused) failed on the H200 on 2026-12-03 (first at a 96-column
- * q4g32 matmul_add), although the fixture parity tests passed with them on. Tests switch them
- * with kiln_cuda_set_qfused. */
+ * q4g32 matmul_add), although the fixture parity tests passed with them on. The cause was the
+ * test's (a matmul_add matrix of 77 columns at group 32, refused by upload_matrix, then used:
+ * an illegal address in the composition's generic GEMV); the kernels pass the CPU emulation
+ * (tests/emu/qgemv_emulate.cc) and stay opt-in until the fixed test passes on a GPU. Tests switch
+ * them with kiln_cuda_set_qfused. */
 bool kcu_qfused_enabled(void);
 
 /* x and w->data 16-byte aligned and rows that keep 16-byte alignment (matmul.cu). */

@@ -30,10 +30,15 @@
  *
  * With programmatic dependent launch (cuda_common.cuh) pass 2's blocks start while pass 1
  * runs, issue their first weight loads, and wait (griddepcontrol.wait) only before reading x's
- * digits. Error: |x_j - E*X_j| <= 2^-23 * max|x| of its block, ~1e-7 relative in the result. */
+ * digits. Error: |x_j - E*X_j| <= 2^-23 * max|x| of its block, ~1e-7 relative in the result.
+ *
+ * tests/emu/qgemv_emulate.cc compiles this file on the CPU (QG_HOST_EMU: its own device helpers,
+ * launches on emulated threads) and checks every variant against the CPU reference ops. */
+#ifndef QG_HOST_EMU
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -52,12 +57,18 @@ enum {
     QG_INL = 8, /* x's digits made by each block in shared memory (n = 1), no pass 1 */
 };
 
+#ifndef QG_HOST_EMU
 /* acc + sum over the 4 bytes of a (unsigned) * b (signed) */
 __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(acc));
     return d;
 }
+/* A block's shared arrays, as macros so that the emulator gives every emulated block fresh,
+ * poisoned ones: a static one, and the dynamic one (16-byte aligned). */
+#define QG_SHARED(type, name, dims) __shared__ type name dims
+#define QG_DYN_SHARED(name)         extern __shared__ uint4 name[]
+#endif
 
 /* The value of x a lane digitizes: x[t][g*32 + lane], times the norm weight when norm_w is set
  * (plus_one: 1 + w). ssq (non-NULL): lane 0 writes the 32 columns' sum of squares of x there. */
@@ -226,8 +237,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
     kcu_pdl_trigger();
 
     /* x's digits: pass 1's in global memory, or this block's in shared memory */
-    extern __shared__ uint4 qg_smem[];
-    __shared__ float nscale[NT]; /* QG_NORM: rsqrt(mean x^2 + eps) per token */
+    QG_DYN_SHARED(qg_smem);
+    QG_SHARED(float, nscale, [NT]); /* QG_NORM: rsqrt(mean x^2 + eps) per token */
     const uint4 *dig = A.dig;
     const float *E = A.E, *sx16 = A.sx16, *ssq = A.ssq;
     if constexpr (INL) {
@@ -324,7 +335,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
         qg_load_chunks<B, RR, U, R>(q, sc, bc, wr, g0, sp, bp, A.sdt, A.group_log2, c0, step, nch);
     }
 
-    __shared__ float part[QG_WARPS][RR][NT];
+    QG_SHARED(float, part, [QG_WARPS][RR][NT]);
 #pragma unroll
     for (int r = 0; r < RR; r++)
 #pragma unroll
@@ -402,6 +413,10 @@ struct qg_call {
 
 template <int B, int NT, int RR, int F>
 static void qg_launch(kcu_state *st, bool pdl, const qg_args &A, unsigned blocks, size_t smem) {
+#ifdef QG_HOST_EMU /* the emulator's launch runs the blocks on emulated threads */
+    (void)pdl;
+    KCU_LAUNCH(st, (k_qgemv_dp4a<B, NT, RR, F>), blocks, QG_WARPS * 32, smem, A);
+#else
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(QG_WARPS * 32);
@@ -419,6 +434,7 @@ static void qg_launch(kcu_state *st, bool pdl, const qg_args &A, unsigned blocks
         e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F>, A);
     }
     KCU_CHECK(st, e);
+#endif
 }
 
 /* The instantiations: plain GEMV at every R (the bench's and tests' knob), the fusions at the
