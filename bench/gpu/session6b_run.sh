@@ -33,13 +33,23 @@ for t in test_cuda_ops test_parity_cuda test_parity_cuda_kv test_parity_cuda_hyb
     run_test $t >/tmp/$t.out &
     P+=($!)
 done
+run_test test_cuda_ops KILN_TEST_QFUSED=1 >/tmp/qf.out &
+P+=($!)
 wait "${P[@]}"
-cat /tmp/test_cuda_ops.out /tmp/test_parity_cuda.out /tmp/test_parity_cuda_kv.out /tmp/test_parity_cuda_hybrid.out
-KILN_TEST_VERBOSE=1 grep -c "attention prep" /tmp/test_cuda_ops.log
+cat /tmp/test_cuda_ops.out /tmp/qf.out /tmp/test_parity_cuda.out /tmp/test_parity_cuda_kv.out /tmp/test_parity_cuda_hybrid.out
+P=()
+run_test test_parity_cuda KILN_CUDA_QFUSED=1 >/tmp/pq.out &
+P+=($!)
+run_test test_parity_cuda_gemma >/tmp/pg.out &
+P+=($!)
+run_test test_kv_cuda >/tmp/kc.out &
+P+=($!)
+wait "${P[@]}"
+cat /tmp/pq.out /tmp/pg.out /tmp/kc.out
 wait $MODELS
 [ -f $M/qwen3-0.6b-q4/config.json ] || $B/kiln convert --model $M/qwen3-0.6b --out $M/qwen3-0.6b-q4 --bits 4 --group 64 --quiet >/dev/null 2>&1
 stamp "A/B decode: prep kernel off / on (medians of interleaved rounds)"
-AB_LINES=${AB_LINES:-"qwen3-0.6b bf16 1|qwen3-0.6b q4 1|qwen3-0.6b bf16 64|llama-3-8b bf16 1|llama-3-8b bf16 64|qwen3-0.6b bf16 8"}
+AB_LINES=${AB_LINES:-"qwen3-0.6b bf16 1|qwen3-0.6b bf16 64|llama-3-8b bf16 1|llama-3-8b bf16 64"}
 IFS='|' read -r -a ABS <<<"$AB_LINES"
 for line in "${ABS[@]}"; do
     left 40 || { stamp "out of time before A/B $line"; break; }
@@ -47,6 +57,19 @@ for line in "${ABS[@]}"; do
     SHAPES=$s FORMATS=$f BATCHES=$b ROUNDS=${ROUNDS:-3} GEN=${GEN:-64} VARIANTS="KILN_CUDA_ATT_PREP=0;default" \
         bash bench/gpu/ab_decode.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-160
 done
+if left 60; then
+    stamp "A/B quantized decode fusions (KILN_CUDA_QFUSED=1), Qwen3-0.6B q4 batch 1"
+    SHAPES="qwen3-0.6b" FORMATS=q4 BATCHES=1 ROUNDS=3 GEN=64 VARIANTS="default;KILN_CUDA_QFUSED=1" \
+        bash bench/gpu/ab_decode.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-160
+fi
+if left 60; then
+    stamp "Qwen3.5-4B shape (bf16) decode, batched DeltaNet ops"
+    python3 bench/make_family_model.py --help >/dev/null 2>&1
+    KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape qwen3.5-4b --out $M/qwen3.5-4b >/dev/null 2>&1
+    for b in 1 8 64; do
+        echo "qwen3.5-4b b$b: $($B/kiln bench --device cuda --model $M/qwen3.5-4b --prompt 128 --gen 32 --batch $b --runs 2 --json --quiet 2>/dev/null | tail -1 | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('decode %.1f tok/s' % d['decode_tok_s'])" 2>&1 | tail -1)"
+    done
+fi
 if left 60; then
     stamp "A/B bf16 GEMV variant (row-streaming, KILN_CUDA_GEMV_DENSE=2), batch 1"
     SHAPES="qwen3-0.6b llama-3-8b" FORMATS=bf16 BATCHES=1 ROUNDS=2 GEN=64 VARIANTS="KILN_CUDA_GEMV_DENSE=2;default" \
