@@ -1492,7 +1492,7 @@ static void test_attention_prep_case(const char *kind, int n_seq, int n_kv, int 
                               .positions = dpos,
                               .prep = &prep_dev};
         CHECK(kvs[0]->vt->prep_inside);
-        if (prep_off) kiln_cuda_set_attn_prep(0);
+        kiln_cuda_set_attn_prep(prep_off ? 0 : 1);
         kvs[0]->vt->store_attend_batch(kvs, ones, n_seq, 0, dk, dv, dq, dout, &p, NULL);
         kiln_cuda_set_attn_prep(-1);
         CHECK_OK(be->synchronize(be));

@@ -91,8 +91,8 @@ void kiln_cuda_set_qgemv_inline(int mode);
  * see kcu_qfused_enabled in gemv.cuh). */
 void kiln_cuda_set_qfused(int on);
 /* Decode attention with the q/k norm + RoPE and the KV store inside (attention.cu's PREP kernel,
- * the contiguous device cache): 1 on (default), 0 off (qk_norm_rope, store, attention and merge
- * launched apart), < 0 back to env KILN_CUDA_ATT_PREP. */
+ * the contiguous device cache): 1 always, 0 never (qk_norm_rope, store, attention and merge
+ * launched apart), 2 for steps of >= 32 sequences (default), < 0 back to env KILN_CUDA_ATT_PREP. */
 void kiln_cuda_set_attn_prep(int on);
 /* bf16 GEMV kernel (n <= 8): 1 = 4 warps split the columns of 4 rows (default), 2 = row-streaming
  * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE
