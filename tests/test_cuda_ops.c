@@ -1410,9 +1410,9 @@ static void test_attention(void) {
  * (kiln_attn_params.prep: attention.cu's PREP kernel, one launch for q/k RMSNorm + RoPE, the KV
  * store and attention with its split merge), for n_seq sequences with cached prefixes of
  * different lengths, against the CPU: kiln_cpu_qk_norm_rope, the K/V rows rounded to the cache
- * kind, kiln_attention_contiguous. Several steps in a row, so later steps read the rows that the
- * kernel stored; the last step runs with the prep kernel off (qk_norm_rope, store, attention
- * launched apart), reading every stored row from the cache. n_seq > 64 takes the composition. */
+ * kind, kiln_attention_contiguous. Three steps in a row, each reading the rows the ones before
+ * stored: the PREP kernel, then the q/k prep + store kernel (kv_cache.cu) before attention, then
+ * qk_norm_rope, store and attention launched apart. n_seq > 64 takes the composition. */
 static void test_attention_prep_case(const char *kind, int n_seq, int n_kv, int group, int hd,
                                      int vhd, int rot, int window, float softcap, bool norms,
                                      int max_pre) {
@@ -1464,7 +1464,6 @@ static void test_attention_prep_case(const char *kind, int n_seq, int n_kv, int 
     }
     const double tol = strcmp(kind, "f32") ? 1e-3 : 1e-4;
     for (int step = 0; step < STEPS; step++) {
-        const bool prep_off = step == STEPS - 1;
         float *q = rand_f32(n_seq * qw, 1.0f), *k = rand_f32(n_seq * kw, 1.0f),
               *v = rand_f32(n_seq * vw, 1.0f);
         float *dq = dev_copy(q, sizeof(float) * (size_t)(n_seq * qw)),
@@ -1492,17 +1491,22 @@ static void test_attention_prep_case(const char *kind, int n_seq, int n_kv, int 
                               .positions = dpos,
                               .prep = &prep_dev};
         CHECK(kvs[0]->vt->prep_inside);
-        kiln_cuda_set_attn_prep(prep_off ? 0 : 1);
+        /* step 0: the PREP kernel; 1: q/k prep + store kernel, then attention; 2: apart */
+        kiln_cuda_set_attn_prep(step == 0 ? 1 : 0);
+        kiln_cuda_set_qk_store(step == 1 ? 1 : 0);
         kvs[0]->vt->store_attend_batch(kvs, ones, n_seq, 0, dk, dv, dq, dout, &p, NULL);
         kiln_cuda_set_attn_prep(-1);
+        kiln_cuda_set_qk_store(-1);
         CHECK_OK(be->synchronize(be));
         for (int i = 0; i < n_seq; i++) kvs[i]->vt->commit(kvs[i], 1), len[i]++;
         char what[192];
         snprintf(what, sizeof what,
-                 "attention prep%s %s seqs=%d kv=%d g=%d hd=%d/%d rot=%d win=%d cap=%g norms=%d "
-                 "step %d",
-                 prep_off ? " off" : "", kind, n_seq, n_kv, group, hd, vhd, rot, window, softcap,
-                 norms, step);
+                 "attention prep (%s) %s seqs=%d kv=%d g=%d hd=%d/%d rot=%d win=%d cap=%g "
+                 "norms=%d step %d",
+                 step == 0   ? "one kernel"
+                 : step == 1 ? "prep+store kernel"
+                             : "apart",
+                 kind, n_seq, n_kv, group, hd, vhd, rot, window, softcap, norms, step);
         double err = compare(what, dout, ref, n_seq * ow, tol);
         if (getenv("KILN_TEST_VERBOSE")) printf("  %-90s err %.2e\n", what, err);
         be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dout);

@@ -3,6 +3,7 @@
  * semantics of its CPU reference (kiln_cpu_add_rmsnorm, kiln_cpu_qk_norm_rope). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/norm_rope.cuh"
 
 /* One block per row: x += h, then y = rmsnorm(x) * (w | 1+w). Each thread rereads only the
  * elements it wrote itself. */
@@ -44,36 +45,13 @@ __global__ void k_qk_norm_rope(float *q, float *k, const int32_t *pos, int n_hea
                                const float *k_norm, float eps) {
     KCU_PDL_ENTER();
     extern __shared__ float sh[]; /* [head_dim] then [33] for the reduction */
-    float *part = sh + head_dim;
     const int64_t t = blockIdx.x;
     const int hh = blockIdx.y;
     const bool is_q = hh < n_heads;
     float *xh =
         is_q ? q + (t * n_heads + hh) * head_dim : k + (t * n_kv_heads + (hh - n_heads)) * head_dim;
-    const float *nw = is_q ? q_norm : k_norm;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float v = xh[i];
-        sh[i] = v;
-        ss += v * v;
-    }
-    if (nw) {
-        float inv = rsqrtf(kcu_block_sum(ss, part) / (float)head_dim + eps);
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) sh[i] = sh[i] * inv * nw[i];
-    }
-    __syncthreads();
-    const float p = (float)pos[t];
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float v = sh[i];
-        if (i < 2 * half) {
-            int j = i < half ? i : i - half;
-            double s, c;
-            sincos((double)(p * inv_freq[j]), &s, &c);
-            v = i < half ? sh[i] * (float)c - sh[i + half] * (float)s
-                         : sh[i] * (float)c + sh[i - half] * (float)s;
-        }
-        xh[i] = v;
-    }
+    kcu_norm_rope_head(xh, is_q ? q_norm : k_norm, (float)pos[t], head_dim, half, inv_freq, eps,
+                       sh);
 }
 
 extern "C" void kcu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos,

@@ -6,6 +6,7 @@
  * attention.cu's kernel on the buffers in place. */
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/norm_rope.cuh"
 #include "util/hash.h"
 
 #include <stdlib.h>
@@ -61,6 +62,43 @@ __global__ void k_kv_store(const __grid_constant__ kv_store_launch L) {
         else
             kv_put(S.vd, row * L.vw + i - nk, vs[i - nk], L.dt);
     }
+}
+
+/* A decode step's q/k prep and K/V store in one launch: grid (sequence = token, head) over the q
+ * heads (RMSNorm + RoPE in place), the k heads (the same, then the row stored at the token's
+ * position) and the v heads (the row stored). As qk_norm_rope followed by k_kv_store. */
+struct qk_store_launch {
+    float *q, *k;
+    const float *v;
+    const int32_t *pos; /* [T] device positions (= cache rows) */
+    const float *inv_freq, *q_norm, *k_norm;
+    float eps;
+    int n_heads, n_kv_heads, head_dim, v_head_dim, half, dt;
+    void *kd[KCU_ATT_MAX_SEQ], *vd[KCU_ATT_MAX_SEQ];
+};
+
+__global__ void k_qk_norm_rope_store(const __grid_constant__ qk_store_launch L) {
+    KCU_PDL_ENTER();
+    extern __shared__ float sh[]; /* [head_dim + 33] */
+    const int t = blockIdx.x, hh = blockIdx.y;
+    const int64_t row = L.pos[t];
+    if (hh < L.n_heads + L.n_kv_heads) {
+        const bool is_q = hh < L.n_heads;
+        float *xh = is_q ? L.q + ((int64_t)t * L.n_heads + hh) * L.head_dim
+                         : L.k + ((int64_t)t * L.n_kv_heads + (hh - L.n_heads)) * L.head_dim;
+        kcu_norm_rope_head(xh, is_q ? L.q_norm : L.k_norm, (float)row, L.head_dim, L.half,
+                           L.inv_freq, L.eps, sh);
+        if (is_q) return;
+        const int64_t base = (row * L.n_kv_heads + (hh - L.n_heads)) * L.head_dim;
+        for (int i = threadIdx.x; i < L.head_dim; i += blockDim.x)
+            kv_put(L.kd[t], base + i, xh[i], L.dt); /* this thread's own write above */
+        return;
+    }
+    const int h = hh - L.n_heads - L.n_kv_heads;
+    const float *src = L.v + ((int64_t)t * L.n_kv_heads + h) * L.v_head_dim;
+    const int64_t base = (row * L.n_kv_heads + h) * L.v_head_dim;
+    for (int i = threadIdx.x; i < L.v_head_dim; i += blockDim.x)
+        kv_put(L.vd[t], base + i, src[i], L.dt);
 }
 
 static void kv_free(kiln_kv *base) {
@@ -192,6 +230,56 @@ static void kv_attend(kiln_kv *base, int layer, const float *q, int n, float *ou
     kcu_attention(kcu_st(kv->be), &a);
 }
 
+/* The q/k prep + K/V store kernel for decode steps the PREP kernel does not take (on unless
+ * KILN_CUDA_QK_STORE=0; kiln_cuda_set_qk_store, < 0 back to the environment). */
+static int g_qk_store = -1;
+extern "C" void kiln_cuda_set_qk_store(int on) {
+    g_qk_store = on < 0 ? -1 : on != 0;
+}
+static bool qk_store_on(void) {
+    if (g_qk_store < 0) {
+        const char *e = getenv("KILN_CUDA_QK_STORE");
+        g_qk_store = !(e && strcmp(e, "0") == 0);
+    }
+    return g_qk_store != 0;
+}
+
+/* Decode with p->prep as k_qk_norm_rope_store (one launch) instead of qk_norm_rope + store; the
+ * caller then attends. False: not launched. */
+static bool qk_prep_store(kiln_kv *const *kvs, const int *n, int n_kv, int layer, const float *k,
+                          const float *v, const float *q, const kiln_attn_params *p) {
+    const kcu_kv *kv0 = (const kcu_kv *)kvs[0];
+    const kiln_kv_layer_desc *d = &kvs[0]->layers[layer];
+    if (!qk_store_on() || !d->is_attention || n_kv > KCU_ATT_MAX_SEQ || !p->positions ||
+        d->head_dim > 1024 || p->prep->rot_dim > d->head_dim)
+        return false;
+    qk_store_launch L;
+    for (int i = 0; i < n_kv; i++) {
+        const kcu_kv *kv = (const kcu_kv *)kvs[i];
+        if (n[i] != 1 || kv->dtype != kv0->dtype || kv->base.len + 1 > kv->cap) return false;
+        L.kd[i] = kv->k[layer];
+        L.vd[i] = kv->v[layer];
+    }
+    L.q = (float *)q, L.k = (float *)k, L.v = v; /* the forward's activations (kv_cache.h) */
+    L.pos = p->positions;
+    L.inv_freq = p->prep->inv_freq, L.q_norm = p->prep->q_norm, L.k_norm = p->prep->k_norm;
+    L.eps = p->prep->eps;
+    L.n_heads = p->n_heads, L.n_kv_heads = d->n_kv_heads;
+    L.head_dim = d->head_dim, L.v_head_dim = d->v_head_dim;
+    L.half = p->prep->rot_dim / 2;
+    L.dt = kv0->dtype;
+    kcu_state *st = kcu_st(kv0->be);
+    const int hd = d->head_dim;
+    int threads = hd >= 256 ? 256 : hd > 64 ? 128 : 64;
+    size_t smem = sizeof(float) * ((size_t)hd + 33);
+    kcu_prof_begin(st);
+    KCU_LAUNCH(st, k_qk_norm_rope_store,
+               dim3((unsigned)n_kv, (unsigned)(p->n_heads + 2 * d->n_kv_heads)), threads, smem, L);
+    KCU_LAUNCHED(st);
+    kcu_prof_end(st, "qk_norm_rope + kv store");
+    return true;
+}
+
 /* When the PREP kernel runs: 0 never, 1 always, 2 (default) for steps of at least 32 sequences.
  * Measured on the H200 (bf16, context 128-192, medians of 3): batch 64 1.01x the four launches
  * (Llama-3-8B 6617 -> 6685 tok/s, Qwen3-0.6B 14,567 -> 14,669), batch 1 slower (8B 222 -> 205,
@@ -255,8 +343,12 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
     const kcu_kv *kv0 = (const kcu_kv *)kvs[0];
     const kiln_kv_layer_desc *d = &kvs[0]->layers[layer];
     kiln_attn_params plain;
+    bool stored = false; /* the K/V rows already went in with the q/k prep */
     if (p->prep) {
         if (store_attend_prep(kvs, n, n_kv, layer, k, v, q, out, p)) return;
+        stored = qk_prep_store(kvs, n, n_kv, layer, k, v, q, p);
+    }
+    if (p->prep && !stored) {
         int64_t T = 0;
         for (int i = 0; i < n_kv; i++) T += n[i];
         if (!p->positions) {
@@ -268,6 +360,8 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
         kcu_qk_norm_rope(kv0->be, (float *)q, (float *)k, p->positions, T, p->n_heads,
                          d->n_kv_heads, d->head_dim, p->prep->rot_dim, p->prep->inv_freq,
                          p->prep->q_norm, p->prep->k_norm, p->prep->eps);
+    }
+    if (p->prep) {
         plain = *p;
         plain.prep = NULL;
         p = &plain;
@@ -313,7 +407,7 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
         }
         kcu_state *st = kcu_st(kv0->be);
         kcu_prof_begin(st);
-        store_chunk(ch, n + i0, t0, c, layer, k, v, p->positions);
+        if (!stored) store_chunk(ch, n + i0, t0, c, layer, k, v, p->positions);
         kcu_prof_end(st, "kv store");
         kcu_prof_begin(st);
         kcu_attention_batch(st, &a, seqs, c);
