@@ -1811,6 +1811,22 @@ static void test_sample(void) {
         }
 }
 
+/* KILN_TEST_ONLY=name[,name]: only the groups whose call contains one of the names (a short GPU
+ * check of one kernel); unset: every group */
+static bool selected(const char *call) {
+    const char *only = getenv("KILN_TEST_ONLY");
+    if (!only || !*only) return true;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", only);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (strstr(call, t)) return true;
+    return false;
+}
+#define RUN(call)                                                                                  \
+    do {                                                                                           \
+        if (selected(#call)) call;                                                                 \
+    } while (0)
+
 int main(void) {
     char why[200];
     if (kiln_cuda_device_count(why, sizeof why) == 0) return test_skip(why);
@@ -1819,23 +1835,23 @@ int main(void) {
         fprintf(stderr, "kiln_backend_cuda_new: %s\n", kiln_last_error());
         return 1;
     }
-    test_elementwise();
-    test_scale_softcap();
-    test_rmsnorm();
-    test_rope();
-    test_add_rmsnorm();
-    test_qk_norm_rope();
-    test_matmul_multi();
-    test_matmul_fused();
-    test_embed();
-    test_matmul();
+    RUN(test_elementwise());
+    RUN(test_scale_softcap());
+    RUN(test_rmsnorm());
+    RUN(test_rope());
+    RUN(test_add_rmsnorm());
+    RUN(test_qk_norm_rope());
+    RUN(test_matmul_multi());
+    RUN(test_matmul_fused());
+    RUN(test_embed());
+    RUN(test_matmul());
     /* again on the paths the tensor-core GEMM replaced by default (KILN_CUDA_TC_GEMM=0) */
     kiln_cuda_set_tc_gemm(0, -1, 0, 0);
-    test_matmul_multi();
-    test_matmul_fused();
-    test_matmul();
+    RUN(test_matmul_multi());
+    RUN(test_matmul_fused());
+    RUN(test_matmul());
     kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
-    test_qgemv_dp4a();
+    RUN(test_qgemv_dp4a());
     /* the quantized decode fusions are opt-in (KILN_CUDA_QFUSED=1): their checks failed on the
      * H200 on 2026-12-03 (first: a 96-column q4g32 matmul_add left rows unwritten) and every check
      * after them in this process failed too, so they run only with KILN_TEST_QFUSED=1. The cause
@@ -1844,28 +1860,28 @@ int main(void) {
     const char *qf = getenv("KILN_TEST_QFUSED");
     if (qf && strcmp(qf, "1") == 0) {
         kiln_cuda_set_qfused(1);
-        test_qgemv_fused();
+        RUN(test_qgemv_fused());
         kiln_cuda_set_qfused(-1);
     }
-    test_gemv_bf16_rows();
-    test_tc_gemm();
-    test_tc_fused();
-    test_attention();
-    test_attention_prep();
-    test_attention_tc();
-    test_copy_zero_gate();
-    test_l2norm();
-    test_gdn_conv();
-    test_gdn_gates();
-    test_gdn_delta(0);
-    test_gdn_delta(1);
+    RUN(test_gemv_bf16_rows());
+    RUN(test_tc_gemm());
+    RUN(test_tc_fused());
+    RUN(test_attention());
+    RUN(test_attention_prep());
+    RUN(test_attention_tc());
+    RUN(test_copy_zero_gate());
+    RUN(test_l2norm());
+    RUN(test_gdn_conv());
+    RUN(test_gdn_gates());
+    RUN(test_gdn_delta(0));
+    RUN(test_gdn_delta(1));
     kiln_cuda_set_gdn_simple(-1);
-    test_gdn_delta_chunked();
-    test_gdn_batch(1);
-    test_gdn_batch(0);
-    test_moe_rows();
-    test_kv_state();
-    test_sample();
+    RUN(test_gdn_delta_chunked());
+    RUN(test_gdn_batch(1));
+    RUN(test_gdn_batch(0));
+    RUN(test_moe_rows());
+    RUN(test_kv_state());
+    RUN(test_sample());
     CHECK_OK(be->synchronize(be));
     kiln_backend_free(be);
     return test_finish();
