@@ -6,9 +6,8 @@
 # kiln-test-labels: slow
 set -u
 cd "$(dirname "$0")/.."
-command -v g++ >/dev/null || { echo "g++ is not installed"; exit 77; }
-echo 'int main() { return 0; }' | g++ -std=c++20 -x c++ - -o /dev/null 2>/dev/null ||
-    { echo "g++ has no C++20"; exit 77; }
+source tests/emu/emu_common.sh
+emu_require_cxx20
 out="${KILN_BUILD:-/tmp}/fa_emulate"
 # a compile failure here is a failure of the kernel source, not a reason to skip
 g++ -std=c++20 -O2 -pthread -Isrc -DFA_HOST_EMU -Wall -Wextra -Werror -Wno-unknown-pragmas \

@@ -4,30 +4,15 @@
 # (quantized decode fusions, tensor-core GEMM for n > 1, decode graphs above 8 sequences, chunked
 # gated delta rule) on random-weight Qwen3-0.6B, each stage only while time remains (LIMIT s).
 # Summaries to stdout, logs in /tmp (few files come back from the device).
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-B=/tmp/b
-M=/dev/shm/kiln_models
 LIMIT=${LIMIT:-570}
-export KILN_SHARED=$PWD/.gpu-data/shared
-export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-stamp() { echo "== [t=${SECONDS}s] $*"; }
-left() { [ $SECONDS -lt $((LIMIT - $1)) ]; }
-KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
-stamp "built"
+source "$(dirname "$0")/common.sh"
+build_kiln
 (
-    python3 bench/make_random_model.py --shape qwen3-0.6b --out $M/qwen3-0.6b >/dev/null
+    make_model qwen3-0.6b
     for b in 4 8; do $B/kiln convert --model $M/qwen3-0.6b --out $M/qwen3-0.6b-q$b --bits $b --group 64 --quiet >/dev/null 2>&1; done
 ) &
 MODELS=$!
 # tests: three at a time (they share the GPU; results, not timings)
-run_test() { # name [env...]
-    local t=$1
-    shift
-    env "$@" timeout 200 "$B/$t" >"/tmp/$t$*.log" 2>&1
-    echo "$t $* rc=$? | $(grep -E "checks, " "/tmp/$t$*.log" | tail -1)"
-    grep -E "CHECK failed|flip" "/tmp/$t$*.log" | head -8 | cut -c1-300
-}
 stamp "tests"
 P=()
 run_test test_cuda_ops >/tmp/t1.out &

@@ -5,18 +5,12 @@
 # (bench/peer_llamacpp_cuda.sh, models and bench stages) while time remains (LIMIT seconds).
 # A second call with KILN_PEER_ONLY=1 skips the diagnostics (the builds are reused when the machine
 # is still warm). Logs stay in /tmp; summaries go to stdout.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-B=/tmp/b
-M=/dev/shm/kiln_models
 LIMIT=${LIMIT:-570}
-export KILN_SHARED=$PWD/.gpu-data/shared
-stamp() { echo "== [t=${SECONDS}s] $*"; }
+source "$(dirname "$0")/common.sh"
 [ -x "$B/kiln" ] || KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
 stamp "kiln built"
 (KILN_PEER_STAGES=build bash bench/peer_llamacpp_cuda.sh >/tmp/peer_build.log 2>&1; echo "rc=$?" >>/tmp/peer_build.log) &
 BUILD_PID=$!
-mk() { [ -f "$M/$1/model.safetensors" ] || python3 bench/make_random_model.py --shape "$1" --out "$M/$1" >/dev/null; }
 if [ "${KILN_PEER_ONLY:-0}" != 1 ]; then
     stamp "plain-float paged rows"
     KILN_TEST_PLAIN_PAGED=1 timeout 120 $B/test_kv_cuda >/tmp/plain.log 2>&1
@@ -24,7 +18,7 @@ if [ "${KILN_PEER_ONLY:-0}" != 1 ]; then
     stamp "paged parity"
     timeout 150 $B/test_parity_cuda_kv >/tmp/pkv.log 2>&1
     grep -E "CHECK failed|flip|checks, |margin|step" /tmp/pkv.log | head -14 | cut -c1-300
-    mk qwen3-0.6b
+    make_model qwen3-0.6b
     for b in 1 64; do
         stamp "profile 0.6B bf16 batch $b"
         KILN_CUDA_PROFILE=1 $B/kiln bench --device cuda --model $M/qwen3-0.6b --prompt 128 --gen 16 \

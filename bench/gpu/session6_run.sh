@@ -4,20 +4,11 @@
 # failures, per-op profiles of decode-only steps (Qwen3-0.6B bf16 batch 1 and 64, q4 batch 1),
 # decode graphs above 8 sequences A/B, then the issue's Qwen3.5-4B shape end to end (bf16).
 # Each stage only while time remains (LIMIT s). Summaries to stdout, logs in /tmp.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-B=/tmp/b
-M=/dev/shm/kiln_models
 LIMIT=${LIMIT:-570}
-export KILN_SHARED=$PWD/.gpu-data/shared
-export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-stamp() { echo "== [t=${SECONDS}s] $*"; }
-left() { [ $SECONDS -lt $((LIMIT - $1)) ]; }
-mkdir -p $M
-(python3 bench/make_random_model.py --shape qwen3-0.6b --out $M/qwen3-0.6b >/dev/null 2>&1) &
+source "$(dirname "$0")/common.sh"
+(make_model qwen3-0.6b) &
 MODELS=$!
-KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
-stamp "built"
+build_kiln
 (wait $MODELS 2>/dev/null; $B/kiln convert --model $M/qwen3-0.6b --out $M/qwen3-0.6b-q4 --bits 4 --group 64 --quiet >/dev/null 2>&1) &
 CONV=$!
 timeout 200 $B/test_cuda_ops >/tmp/ops.log 2>&1 &

@@ -3,31 +3,16 @@
 # attention with q/k prep + store + merge inside, graphs up to 64 sequences), then interleaved
 # A/B of the prep kernel (KILN_CUDA_ATT_PREP=0 = the four launches it replaces) on Qwen3-0.6B
 # bf16 / q4 and Llama-3-8B bf16, batch 1 and 64. Each stage only while time remains (LIMIT s).
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-B=/tmp/b
-M=/dev/shm/kiln_models
 LIMIT=${LIMIT:-570}
-export KILN_SHARED=$PWD/.gpu-data/shared
-export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-stamp() { echo "== [t=${SECONDS}s] $*"; }
-left() { [ $SECONDS -lt $((LIMIT - $1)) ]; }
-mkdir -p $M
+source "$(dirname "$0")/common.sh"
 (
     for s in qwen3-0.6b llama-3-8b; do
-        [ -f $M/$s/model.safetensors ] || python3 bench/make_random_model.py --shape $s --out $M/$s >/dev/null 2>&1
+        make_model $s
     done
 ) &
 MODELS=$!
-KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
-stamp "built"
-run_test() { # name [env...]
-    local t=$1
-    shift
-    env "$@" timeout 220 "$B/$t" >"/tmp/$t$*.log" 2>&1
-    echo "$t $* rc=$? | $(grep -E "checks, " "/tmp/$t$*.log" | tail -1)"
-    grep -E "CHECK failed|flip" "/tmp/$t$*.log" | head -6 | cut -c1-300
-}
+build_kiln
+TEST_TIMEOUT=220
 P=()
 for t in test_cuda_ops test_parity_cuda test_parity_cuda_kv test_parity_cuda_hybrid; do
     run_test $t >/tmp/$t.out &

@@ -3,31 +3,15 @@
 # forced in test_cuda_ops and, in a second run, in test_parity_cuda), then the new defaults
 # measured: bf16 tensor-core GEMM for small matrices up to 64 tokens (A/B against
 # KILN_CUDA_TC_DENSE_SMALL=0), the prep kernel only at 32+ sequences. LIMIT s in all.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-B=/tmp/b
-M=/dev/shm/kiln_models
 LIMIT=${LIMIT:-400}
-export KILN_SHARED=$PWD/.gpu-data/shared
-export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-stamp() { echo "== [t=${SECONDS}s] $*"; }
-left() { [ $SECONDS -lt $((LIMIT - $1)) ]; }
-mkdir -p $M
+source "$(dirname "$0")/common.sh"
 (
     for s in qwen3-0.6b llama-3-8b; do
-        [ -f $M/$s/model.safetensors ] || python3 bench/make_random_model.py --shape $s --out $M/$s >/dev/null 2>&1
+        make_model $s
     done
 ) &
 MODELS=$!
-KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
-stamp "built"
-run_test() { # name [env...]
-    local t=$1
-    shift
-    env "$@" timeout 200 "$B/$t" >"/tmp/$t$*.log" 2>&1
-    echo "$t $* rc=$? | $(grep -E "checks, " "/tmp/$t$*.log" | tail -1)"
-    grep -E "CHECK failed|flip" "/tmp/$t$*.log" | head -6 | cut -c1-300
-}
+build_kiln
 P=()
 run_test test_cuda_ops >/tmp/a.out &
 P+=($!)

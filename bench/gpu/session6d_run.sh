@@ -2,24 +2,15 @@
 # session6d_run.sh — the sixth session's short last GPU call: build, test_cuda_ops and
 # test_parity_cuda (the q/k prep + K/V store kernel before the decode attention), then its A/B
 # against the separate launches (KILN_CUDA_QK_STORE=0) at batch 1, Llama-3-8B and Qwen3-0.6B bf16.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-B=/tmp/b
-M=/dev/shm/kiln_models
 LIMIT=${LIMIT:-290}
-export KILN_SHARED=$PWD/.gpu-data/shared
-export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-stamp() { echo "== [t=${SECONDS}s] $*"; }
-left() { [ $SECONDS -lt $((LIMIT - $1)) ]; }
-mkdir -p $M
+source "$(dirname "$0")/common.sh"
 (
     for s in ${AB_SHAPES:-llama-3-8b qwen3-0.6b}; do
-        [ -f $M/$s/model.safetensors ] || python3 bench/make_random_model.py --shape $s --out $M/$s >/dev/null 2>&1
+        make_model $s
     done
 ) &
 MODELS=$!
-KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
-stamp "built"
+build_kiln
 (KILN_TEST_ONLY=attention_prep,qk_norm_rope timeout 150 $B/test_cuda_ops >/tmp/ops.log 2>&1; echo "test_cuda_ops rc=$? | $(grep -E "checks, " /tmp/ops.log | tail -1)"; grep -E "CHECK failed" /tmp/ops.log | head -6 | cut -c1-300) >/tmp/a.out &
 A=$!
 (KILN_CUDA_QK_STORE=1 timeout 150 $B/test_parity_cuda >/tmp/par.log 2>&1; echo "test_parity_cuda rc=$? | $(grep -E "checks, " /tmp/par.log | tail -1)"; grep -E "CHECK failed" /tmp/par.log | head -6 | cut -c1-300) >/tmp/b.out &

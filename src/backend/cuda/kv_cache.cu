@@ -297,6 +297,22 @@ static bool attn_prep_on(int n_seq) {
     return g_attn_prep == 1 || (g_attn_prep == 2 && n_seq >= 32);
 }
 
+/* The geometry of a batched attention launch on layer d of caches like kv0 (stacked q / out). */
+static kcu_attn_args attn_args(const kcu_kv *kv0, const kiln_kv_layer_desc *d, const float *q,
+                               float *out, const kiln_attn_params *p) {
+    kcu_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.out = out;
+    a.kv_dtype = kv0->dtype;
+    a.n_kv_heads = d->n_kv_heads;
+    a.head_dim = d->head_dim;
+    a.v_head_dim = d->v_head_dim;
+    a.window = d->window;
+    a.p = *p;
+    return a;
+}
+
 /* Decode with p->prep: one PREP attention launch per KCU_ATT_MAX_SEQ sequences (q/k norm +
  * RoPE, the store and the merge inside). False: nothing launched. */
 static bool store_attend_prep(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
@@ -316,16 +332,7 @@ static bool store_attend_prep(kiln_kv *const *kvs, const int *n, int n_kv, int l
         seqs[i].n = 1;
         seqs[i].t0 = i;
     }
-    kcu_attn_args a;
-    memset(&a, 0, sizeof a);
-    a.q = q;
-    a.out = out;
-    a.kv_dtype = kv0->dtype;
-    a.n_kv_heads = d->n_kv_heads;
-    a.head_dim = d->head_dim;
-    a.v_head_dim = d->v_head_dim;
-    a.window = d->window;
-    a.p = *p;
+    kcu_attn_args a = attn_args(kv0, d, q, out, p);
     kcu_state *st = kcu_st(kv0->be);
     kcu_prof_begin(st);
     bool ok = kcu_attention_decode_prep(st, &a, seqs, n_kv, k, v);
@@ -383,16 +390,7 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
     kcu_kv *ch[KCU_ATT_MAX_SEQ];
     int t0[KCU_ATT_MAX_SEQ];
     kcu_attn_seq seqs[KCU_ATT_MAX_SEQ];
-    kcu_attn_args a;
-    memset(&a, 0, sizeof a);
-    a.q = q;
-    a.out = out;
-    a.kv_dtype = kv0->dtype;
-    a.n_kv_heads = d->n_kv_heads;
-    a.head_dim = d->head_dim;
-    a.v_head_dim = d->v_head_dim;
-    a.window = d->window;
-    a.p = *p;
+    kcu_attn_args a = attn_args(kv0, d, q, out, p);
     int t = 0;
     for (int i0 = 0; i0 < n_kv; i0 += KCU_ATT_MAX_SEQ) {
         int c = n_kv - i0 < KCU_ATT_MAX_SEQ ? n_kv - i0 : KCU_ATT_MAX_SEQ;
