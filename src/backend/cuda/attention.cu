@@ -74,14 +74,6 @@ __device__ __forceinline__ float att_round(float x, int dt) {
     if (dt == KILN_DT_BF16) return __bfloat162float(__float2bfloat16_rn(x));
     return x;
 }
-__device__ __forceinline__ void att_store(void *dst, int64_t i, float x, int dt) {
-    if (dt == KILN_DT_F32)
-        ((float *)dst)[i] = x;
-    else if (dt == KILN_DT_F16)
-        ((__half *)dst)[i] = __float2half_rn(x);
-    else
-        ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
-}
 
 /* One warp: dst [hd] = RoPE(RMSNorm(src) * nw) at position p, as k_qk_norm_rope (fused.cu) does
  * it: norm with the weight when nw is given, then rotate-half of the first rot_dim dims, the
@@ -166,14 +158,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             Kn[d] = att_round(Kn[d], a.kv_dtype);
             if (owner)
-                att_store((void *)S.k, (int64_t)pos_new * kstride + kvh * hd + d, Kn[d],
-                          a.kv_dtype);
+                kcu_kv_put((void *)S.k, (int64_t)pos_new * kstride + kvh * hd + d, Kn[d],
+                           a.kv_dtype);
         }
         for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
             Vn[d] = att_round(Vn[d], a.kv_dtype);
             if (owner)
-                att_store((void *)S.v, (int64_t)pos_new * vstride + kvh * vhd + d, Vn[d],
-                          a.kv_dtype);
+                kcu_kv_put((void *)S.v, (int64_t)pos_new * vstride + kvh * vhd + d, Vn[d],
+                           a.kv_dtype);
         }
     } else {
         for (int i = threadIdx.x; i < ROWS * hd; i += blockDim.x) {

@@ -4,6 +4,16 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
+/* Element i of a KV buffer of dtype dt (F32, F16 or BF16) set to x, rounded to nearest even. */
+__device__ __forceinline__ void kcu_kv_put(void *dst, int64_t i, float x, int dt) {
+    if (dt == KILN_DT_F32)
+        ((float *)dst)[i] = x;
+    else if (dt == KILN_DT_F16)
+        ((__half *)dst)[i] = __float2half_rn(x);
+    else
+        ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
+}
+
 typedef struct kcu_attn_args {
     const float *q; /* [n, n_heads*head_dim], queries at positions pos0..pos0+n-1 */
     float *out;     /* [n, n_heads*v_head_dim] */

@@ -40,15 +40,6 @@ struct kv_store_launch {
     kv_store_seq s[KCU_ATT_MAX_SEQ];
 };
 
-__device__ __forceinline__ void kv_put(void *dst, int64_t i, float x, int dt) {
-    if (dt == KILN_DT_F32)
-        ((float *)dst)[i] = x;
-    else if (dt == KILN_DT_F16)
-        ((__half *)dst)[i] = __float2half_rn(x);
-    else
-        ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
-}
-
 __global__ void k_kv_store(const __grid_constant__ kv_store_launch L) {
     KCU_PDL_ENTER();
     const kv_store_seq &S = L.s[blockIdx.y];
@@ -58,9 +49,9 @@ __global__ void k_kv_store(const __grid_constant__ kv_store_launch L) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nk + nv;
          i += (int64_t)gridDim.x * blockDim.x) {
         if (i < nk)
-            kv_put(S.kd, row * L.kw + i, ks[i], L.dt);
+            kcu_kv_put(S.kd, row * L.kw + i, ks[i], L.dt);
         else
-            kv_put(S.vd, row * L.vw + i - nk, vs[i - nk], L.dt);
+            kcu_kv_put(S.vd, row * L.vw + i - nk, vs[i - nk], L.dt);
     }
 }
 
@@ -91,14 +82,14 @@ __global__ void k_qk_norm_rope_store(const __grid_constant__ qk_store_launch L) 
         if (is_q) return;
         const int64_t base = (row * L.n_kv_heads + (hh - L.n_heads)) * L.head_dim;
         for (int i = threadIdx.x; i < L.head_dim; i += blockDim.x)
-            kv_put(L.kd[t], base + i, xh[i], L.dt); /* this thread's own write above */
+            kcu_kv_put(L.kd[t], base + i, xh[i], L.dt); /* this thread's own write above */
         return;
     }
     const int h = hh - L.n_heads - L.n_kv_heads;
     const float *src = L.v + ((int64_t)t * L.n_kv_heads + h) * L.v_head_dim;
     const int64_t base = (row * L.n_kv_heads + h) * L.v_head_dim;
     for (int i = threadIdx.x; i < L.v_head_dim; i += blockDim.x)
-        kv_put(L.vd[t], base + i, src[i], L.dt);
+        kcu_kv_put(L.vd[t], base + i, src[i], L.dt);
 }
 
 static void kv_free(kiln_kv *base) {
