@@ -94,9 +94,9 @@ void kiln_cuda_set_qfused(int on);
  * the contiguous device cache): 1 always, 0 never (qk_norm_rope, store, attention and merge
  * launched apart), 2 for steps of >= 32 sequences (default), < 0 back to env KILN_CUDA_ATT_PREP. */
 void kiln_cuda_set_attn_prep(int on);
-/* Decode steps with the q/k prep that the PREP kernel does not take: 1 q/k norm + RoPE and the
- * K/V store as one launch (kv_cache.cu) before the attention, 0 (default, until it has run on a
- * GPU) qk_norm_rope and the store apart; < 0 back to env KILN_CUDA_QK_STORE. */
+/* Decode steps with the q/k prep that the PREP kernel does not take: 1 (default) q/k norm + RoPE
+ * and the K/V store as one launch (kv_cache.cu) before the attention, 0 qk_norm_rope and the
+ * store apart; < 0 back to env KILN_CUDA_QK_STORE. */
 void kiln_cuda_set_qk_store(int on);
 /* bf16 GEMV kernel (n <= 8): 1 = 4 warps split the columns of 4 rows (default), 2 = row-streaming
  * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE

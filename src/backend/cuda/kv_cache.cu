@@ -221,9 +221,9 @@ static void kv_attend(kiln_kv *base, int layer, const float *q, int n, float *ou
     kcu_attention(kcu_st(kv->be), &a);
 }
 
-/* The q/k prep + K/V store kernel for decode steps the PREP kernel does not take: opt-in
- * (KILN_CUDA_QK_STORE=1; kiln_cuda_set_qk_store, < 0 back to the environment) until it has run on
- * a GPU (written after the sixth session's last GPU call). */
+/* The q/k prep + K/V store kernel for decode steps the PREP kernel does not take: on unless
+ * KILN_CUDA_QK_STORE=0 (kiln_cuda_set_qk_store, < 0 back to the environment). H200: Qwen3-0.6B bf16
+ * batch 1 842 -> 864 tok/s against the separate launches. */
 static int g_qk_store = -1;
 extern "C" void kiln_cuda_set_qk_store(int on) {
     g_qk_store = on < 0 ? -1 : on != 0;
@@ -231,7 +231,7 @@ extern "C" void kiln_cuda_set_qk_store(int on) {
 static bool qk_store_on(void) {
     if (g_qk_store < 0) {
         const char *e = getenv("KILN_CUDA_QK_STORE");
-        g_qk_store = e && strcmp(e, "1") == 0;
+        g_qk_store = !(e && strcmp(e, "0") == 0);
     }
     return g_qk_store != 0;
 }
