@@ -165,8 +165,7 @@ int cli_model_opts_parse(cli_model_opts *o, int argc, char **argv, int *i) {
         return 1;
     }
     if (strcmp(a, "--fast-math") == 0) {
-        if (kiln_set_cpu_matmul_mode("fast") != KILN_OK)
-            return cli_error("%s", kiln_last_error()), -1;
+        if (kiln_set_matmul_mode("fast") != KILN_OK) return cli_error("%s", kiln_last_error()), -1;
         return 1;
     }
     if (strcmp(a, "--quiet") == 0) {
@@ -187,6 +186,8 @@ void cli_model_opts_help(FILE *f) {
            "                     turbo:k4v4:rotk:kg64 (q4's bytes, better quality)\n"
            "  --kv-block N       paged KV cache with N-token blocks\n"
            "  --kv-budget BYTES  paged KV pool size\n"
+           "  --fast-math        bf16/int8 activations in the matmuls (CPU and CUDA), as\n"
+           "                     llama.cpp and bf16 transformers compute; default: exact\n"
            "  --verbose          log what happens (loading, timings)\n"
            "  --quiet            no progress output\n");
 }

@@ -69,6 +69,10 @@ void kiln_load_options_default(kiln_load_options *opts);
  * match the reference to ~1e-6) or "fast" (int8 / bf16 activations on VNNI / AVX512-BF16 CPUs,
  * ~1e-2 relative per matmul, like llama.cpp's quantized dot products). */
 kiln_status kiln_set_cpu_matmul_mode(const char *mode);
+/* The same switch for every backend of the process: the CPU as above, and CUDA's GEMMs ("exact":
+ * x as a bf16 hi + lo pair, quantized/f16 weights as a pair too; "fast": one bf16 product, like
+ * llama.cpp, vLLM and transformers in bf16). CLI: --fast-math. */
+kiln_status kiln_set_matmul_mode(const char *mode);
 kiln_status kiln_kv_options_parse(const char *text, kiln_kv_options *out);
 
 kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln_model **out);

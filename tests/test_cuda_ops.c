@@ -224,6 +224,44 @@ static void test_matmul(void) {
     }
 }
 
+/* Quantized (and f16) weights on the dequantize + cuBLAS path (taken from n >= 2 here): exact mode
+ * (W and x each a bf16 hi + lo pair, three products) within 4e-5 of the CPU's f32 product, fast
+ * mode (one bf16 product) within 1e-2; every bit width, group and scale dtype, x blocks of
+ * very different magnitude. The tensor-core GEMM must not have run. */
+static void test_dequant_gemm(void) {
+    static const int bits[] = {2, 3, 4, 5, 6, 8};
+    static const int groups[] = {32, 64, 128};
+    static const int64_t ns[] = {9, 33, 130};
+    const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    kiln_cuda_set_dequant_min_n(2, 2);
+    const long long tc_before = kiln_cuda_tc_gemm_launches();
+    for (int fast = 0; fast < 2; fast++) {
+        kiln_cuda_set_gemm_split(!fast);
+        g_matmul_tol = fast ? 1e-2 : 4e-5;
+        for (size_t b = 0; b < 6; b++)
+            for (size_t g = 0; g < 3; g++) {
+                int64_t rows = g == 0 ? 131 : 96, cols = g == 2 ? 1152 : 1024 + 64 * (int64_t)g;
+                test_matrix m;
+                char label[64];
+                make_quant(&m, bits[b], groups[g], sdts[(b + g) % 3], rows, cols, g == 1);
+                snprintf(label, sizeof label, "%s q%dg%d/%s", fast ? "fast" : "exact", bits[b],
+                         groups[g], kiln_dtype_name(sdts[(b + g) % 3]));
+                for (size_t i = 0; i < 3; i++) check_matmul_x(&m, ns[i], label, 0, i == 1);
+                free_matrix(&m);
+            }
+        test_matrix m;
+        make_dense(&m, KILN_DT_F16, 77, 4160, true);
+        check_matmul_x(&m, 40, fast ? "fast f16" : "exact f16", 0, true);
+        free_matrix(&m);
+    }
+    CHECK_MSG(kiln_cuda_tc_gemm_launches() == tc_before,
+              "the tensor-core GEMM ran %lld times on the dequantize path",
+              kiln_cuda_tc_gemm_launches() - tc_before);
+    g_matmul_tol = 0;
+    kiln_cuda_set_gemm_split(1);
+    kiln_cuda_set_dequant_min_n(-1, -1);
+}
+
 /* The dp4a GEMV for 4- and 8-bit codes (KILN_CUDA_QGEMV=3), forced, at 1, 2 and 4 rows per warp,
  * every column split (0 = by shape, 1..8 warps per row) and with programmatic dependent launch on
  * and off: row counts that leave the last tile and block partly empty, one group per row,
@@ -1851,6 +1889,7 @@ int main(void) {
     RUN(test_matmul_fused());
     RUN(test_matmul());
     kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+    RUN(test_dequant_gemm());
     RUN(test_qgemv_dp4a());
     /* the quantized decode fusions are opt-in (KILN_CUDA_QFUSED=1): their checks failed on the
      * H200 on 2026-12-03 (first: a 96-column q4g32 matmul_add left rows unwritten) and every check

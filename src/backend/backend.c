@@ -3,6 +3,12 @@
 
 #include "util/status.h"
 
+#include <string.h>
+
+#ifdef KILN_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
+
 kiln_status kiln_backend_new(kiln_device device, int n_threads, kiln_backend **out) {
     *out = NULL;
     switch (device) {
@@ -18,6 +24,15 @@ kiln_status kiln_backend_new(kiln_device device, int n_threads, kiln_backend **o
 #endif
     }
     return kiln_error(KILN_ERR_INVALID_ARG, "unknown device %d", (int)device);
+}
+
+kiln_status kiln_set_matmul_mode(const char *mode) {
+    kiln_status st = kiln_set_cpu_matmul_mode(mode);
+    if (st != KILN_OK) return st;
+#ifdef KILN_HAVE_CUDA
+    kiln_cuda_set_gemm_split(strcmp(mode, "fast") != 0);
+#endif
+    return KILN_OK;
 }
 
 void kiln_backend_matmul_norm_composed(kiln_backend *be, int count, float *const *ys,

@@ -113,6 +113,10 @@ long long kiln_cuda_tc_gemm_launches(void);
 /* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through
  * two GEMMs (1, x kept to ~2^-17). Default: env KILN_CUDA_GEMM=split|bf16. */
 void kiln_cuda_set_gemm_split(int on);
+/* Quantized weights at n >= these many tokens are dequantized slice by slice to bf16 (a hi + lo
+ * pair in exact mode) for cuBLAS instead of taking the tensor-core GEMM; < 0 = env
+ * KILN_CUDA_DEQUANT_MIN_N / KILN_CUDA_DEQUANT_MIN_N_FAST (defaults 128 / 32). */
+void kiln_cuda_set_dequant_min_n(int exact, int fast);
 /* Decode-step graphs of backends created from now on: -1 = env KILN_CUDA_GRAPH (default on),
  * 0 = off (every op launched), 1 = on. For tests comparing the two paths. */
 void kiln_cuda_set_graph_mode(int mode);

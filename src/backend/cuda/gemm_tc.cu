@@ -34,6 +34,7 @@
 #ifndef TC_HOST_EMU
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm_tc.cuh"
+#include "backend/cuda/quant.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -774,8 +775,9 @@ static long long tc_dense_small(void) {
 bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     const int mode = tc_mode();
     if (mode == 0 || n < 1 || !tc_format_ok(w)) return false;
-    if (mode == 2) return true; /* forced (tests, bench) */
-    if (kiln_matrix_is_quantized(w)) return n >= tc_quant_min();
+    if (mode == 2) return true;      /* forced (tests, bench) */
+    if (kiln_matrix_is_quantized(w)) /* from kcu_quant_cublas_min_n: dequantize + cuBLAS */
+        return n >= tc_quant_min() && n < kcu_quant_cublas_min_n();
     if (n >= 2 && n <= tc_dense_max()) return true;
     return n >= 2 && n <= 64 && (long long)w->rows * w->cols <= tc_dense_small();
 }

@@ -6,9 +6,10 @@
  * weight load across the n tokens. Quantized rows are dequantized in registers with the group
  * identity  sum_j (s*q_j + b) x_j = s * sum_j q_j x_j + b * sum_j x_j. All accumulation in f32.
  *
- * Large n (prefill): cuBLAS. bf16 weights go straight to cublasGemmEx against a bf16 copy of x;
- * f32 weights use cublasSgemm; f16 and quantized weights are first expanded to a bf16 scratch
- * slice of rows, then the same GemmEx. Anything the fast paths can't take (odd widths, unaligned
+ * Large n (prefill): cuBLAS. bf16 weights go straight to cublasGemmEx against x as a bf16 hi + lo
+ * pair (exact mode) or one bf16 copy (fast mode); f32 weights use cublasSgemm; f16 and quantized
+ * weights are first expanded to a bf16 scratch slice of rows (a hi + lo pair in exact mode), then
+ * the same GemmEx. Anything the fast paths can't take (odd widths, unaligned
  * views) falls back to a plain per-element kernel. */
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm_tc.cuh"
@@ -488,8 +489,11 @@ __global__ void k_sum_halves(float *y, const float *y2, int64_t half) {
 static int g_gemm_split = -1;
 static bool kcu_gemm_split(void) {
     if (g_gemm_split < 0) {
-        const char *e = getenv("KILN_CUDA_GEMM");
-        g_gemm_split = e && *e ? strcmp(e, "split") == 0 : KCU_GEMM_SPLIT_DEFAULT;
+        /* KILN_CUDA_GEMM=split|bf16, else KILN_MATMUL=fast|exact (the CPU's switch too) */
+        const char *e = getenv("KILN_CUDA_GEMM"), *m = getenv("KILN_MATMUL");
+        g_gemm_split = e && *e   ? strcmp(e, "split") == 0
+                       : m && *m ? strcmp(m, "fast") != 0
+                                 : KCU_GEMM_SPLIT_DEFAULT;
     }
     return g_gemm_split == 1;
 }
@@ -497,22 +501,95 @@ extern "C" void kiln_cuda_set_gemm_split(int on) {
     g_gemm_split = on ? 1 : 0;
 }
 
-/* Rows [r0, r0+nr) of w as bf16 [nr, cols]. */
-__global__ void k_dequant_bf16(__nv_bfloat16 *dst, kiln_matrix w, int64_t r0, int64_t nr) {
+/* Rows [r0, r0+nr) of w as bf16 [nr, cols] (hi); with lo, also the remainder w - hi as bf16, so
+ * hi + lo carries w to ~2^-17 relative (exact mode). Any format, one element per thread. */
+__global__ void k_dequant_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *lo, kiln_matrix w, int64_t r0,
+                               int64_t nr) {
     KCU_PDL_ENTER();
     int64_t total = nr * w.cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(kcu_matrix_at(w, r0 + i / w.cols, i % w.cols));
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = kcu_matrix_at(w, r0 + i / w.cols, i % w.cols);
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        if (lo) lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
 }
 
-/* Rows [r0, r0+nr) of w as f32 [nr, cols] (quantized GEMM in precise mode: SGEMM). */
-__global__ void k_dequant_f32(float *dst, kiln_matrix w, int64_t r0, int64_t nr) {
+/* The same for 2/4/8-bit codes, one 32-bit word (32/BITS values, all in one group) per thread and
+ * one 4..32-byte store per output: w = s * q + b with q = bits [j*BITS, (j+1)*BITS) of the word. */
+template <int BITS>
+__global__ void k_dequant_words_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *lo, kiln_matrix w,
+                                     int64_t r0, int64_t nr) {
     KCU_PDL_ENTER();
-    int64_t total = nr * w.cols;
+    constexpr int V = 32 / BITS; /* values per word: 16, 8, 4 */
+    const int64_t wpr = w.cols / V, gpr = w.cols / w.group_size;
+    const int64_t total = nr * wpr;
+    const uint32_t *codes = (const uint32_t *)w.data + r0 * wpr;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = kcu_matrix_at(w, r0 + i / w.cols, i % w.cols);
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / wpr, c0 = (i - r * wpr) * V;
+        const int64_t g = (r0 + r) * gpr + c0 / w.group_size;
+        const float s = kcu_load(w.scales, g, w.scale_dtype);
+        const float b = kcu_load(w.biases, g, w.scale_dtype);
+        const uint32_t q = codes[i];
+        __align__(16) __nv_bfloat16 h[V], l[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const float v = s * kcu_code_f((q >> (j * BITS)) & ((1u << BITS) - 1)) + b;
+            h[j] = __float2bfloat16_rn(v);
+            l[j] = __float2bfloat16_rn(v - __bfloat162float(h[j]));
+        }
+        __nv_bfloat16 *dh = hi + i * V, *dl = lo ? lo + i * V : NULL;
+#pragma unroll
+        for (int k = 0; k < V / 8 + (V < 8); k++) { /* 16-byte pieces (8 B for BITS = 8) */
+            if (V >= 8) {
+                ((uint4 *)dh)[k] = ((const uint4 *)h)[k];
+                if (dl) ((uint4 *)dl)[k] = ((const uint4 *)l)[k];
+            } else {
+                ((uint2 *)dh)[k] = ((const uint2 *)h)[k];
+                if (dl) ((uint2 *)dl)[k] = ((const uint2 *)l)[k];
+            }
+        }
+    }
+}
+
+/* Rows [r0, r0+nr) of w as bf16 hi (+ lo) in dst, by the fastest kernel that takes the format. */
+static void dequant_rows_bf16(kcu_state *st, __nv_bfloat16 *hi, __nv_bfloat16 *lo,
+                              const kiln_matrix *w, int64_t r0, int64_t nr) {
+    const int bits = kiln_matrix_is_quantized(w) ? w->bits : 0;
+    if (bits == 2 || bits == 4 || bits == 8) {
+        const int64_t words = nr * w->cols * bits / 32;
+        const unsigned blocks = kcu_blocks(words, 256, 16384);
+        if (bits == 2)
+            KCU_LAUNCH(st, k_dequant_words_bf16<2>, blocks, 256, 0, hi, lo, *w, r0, nr);
+        else if (bits == 4)
+            KCU_LAUNCH(st, k_dequant_words_bf16<4>, blocks, 256, 0, hi, lo, *w, r0, nr);
+        else
+            KCU_LAUNCH(st, k_dequant_words_bf16<8>, blocks, 256, 0, hi, lo, *w, r0, nr);
+    } else {
+        KCU_LAUNCH(st, k_dequant_bf16, kcu_blocks(nr * w->cols, 256, 16384), 256, 0, hi, lo, *w, r0,
+                   nr);
+    }
+    KCU_LAUNCHED(st);
+}
+
+/* Quantized weights at n >= this many tokens leave the tensor-core GEMM for the cuBLAS path below
+ * (W dequantized slice by slice): exact mode from 128 tokens (three bf16 products), fast mode
+ * from 32 (one). Env KILN_CUDA_DEQUANT_MIN_N / KILN_CUDA_DEQUANT_MIN_N_FAST;
+ * kiln_cuda_set_dequant_min_n for tests. */
+static int g_deq_min_exact = -1, g_deq_min_fast = -1;
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+extern "C" void kiln_cuda_set_dequant_min_n(int exact, int fast) {
+    g_deq_min_exact = exact < 0 ? env_int("KILN_CUDA_DEQUANT_MIN_N", 128) : exact;
+    g_deq_min_fast = fast < 0 ? env_int("KILN_CUDA_DEQUANT_MIN_N_FAST", 32) : fast;
+}
+int kcu_quant_cublas_min_n(void) {
+    if (g_deq_min_exact < 0) kiln_cuda_set_dequant_min_n(-1, -1);
+    return kcu_gemm_split() ? g_deq_min_exact : g_deq_min_fast;
 }
 
 __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t rows) {
@@ -612,44 +689,31 @@ bool kcu_gemv_ok(const kiln_matrix *w, const float *x) {
 static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     const float one = 1.0f, zero = 0.0f;
     int64_t rows = w->rows, cols = w->cols;
-    if (kiln_matrix_is_quantized(w) && kcu_gemm_split()) {
-        /* precise mode: dequantize slices of W to f32 and SGEMM (affine-quantized values are not
-         * bf16-representable; a bf16 copy costs ~5e-3 relative error in the logits) */
-        int64_t slice = ((int64_t)32 << 20) / cols; /* 128 MiB of f32 */
-        if (slice > rows) slice = rows;
-        if (slice > 256) slice &= ~(int64_t)255;
-        if (slice < 1) slice = 1;
-        float *wf = (float *)kcu_scratch(st, (size_t)(slice * cols) * sizeof(float));
-        if (!wf) return;
-        for (int64_t r0 = 0; r0 < rows; r0 += slice) {
-            int64_t nr = rows - r0 < slice ? rows - r0 : slice;
-            KCU_LAUNCH(st, k_dequant_f32, kcu_blocks(nr * cols, 256, 16384), 256, 0, wf, *w, r0,
-                       nr);
-            KCU_LAUNCHED(st);
-            KCU_CUBLAS(st,
-                       cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)cols,
-                                   &one, wf, (int)cols, x, (int)cols, &zero, y + r0, (int)rows));
-        }
-    } else if (w->dtype == KILN_DT_F32) {
+    if (w->dtype == KILN_DT_F32) {
         KCU_CUBLAS(st, cublasSgemm(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
                                    (int)cols, &one, (const float *)w->data, (int)cols, x, (int)cols,
                                    &zero, y, (int)rows));
     } else {
-        /* scratch: x as bf16 [n, cols] (split: hi rows then lo rows, one [2n, cols] operand, so
-         * W is read once for both), the split's [2n, rows] f32 result, then (unless W is bf16) a
-         * slice of W rows as bf16 */
+        /* Exact mode (split): x as a bf16 hi + lo pair, stacked [hi; lo] as one [2n, cols]
+         * operand so W is read once for both; W not bf16 (f16, quantized) is expanded slice by
+         * slice to a bf16 hi + lo pair too, and y = W_hi [x_hi; x_lo] + W_lo x_hi (three products;
+         * W_lo x_lo ~2^-18 is left out). Fast mode: x and W each one bf16 operand, one product.
+         * Scratch: x as bf16 [nx, cols], the split's [2n, rows] f32 result, then the W slices. */
         const bool split = kcu_gemm_split();
+        const bool wpair = split && w->dtype != KILN_DT_BF16;
         const int64_t nx = split ? 2 * n : n;
         size_t xb = ((size_t)(nx * cols) * 2 + 255) & ~(size_t)255;
         size_t yb = split ? ((size_t)(nx * rows) * 4 + 255) & ~(size_t)255 : 0;
         int64_t slice = w->dtype == KILN_DT_BF16 ? 0 : rows;
-        const int64_t max_slice_elems = (int64_t)64 << 20; /* 128 MiB of bf16 */
+        const int64_t max_slice_elems = (int64_t)(wpair ? 32 : 64) << 20; /* 128 MiB of bf16 */
         if (slice * cols > max_slice_elems) slice = max_slice_elems / cols;
         if (slice > 256) slice &= ~(int64_t)255;
         if (slice < 1 && w->dtype != KILN_DT_BF16) slice = 1;
-        char *scr = (char *)kcu_scratch(st, xb + yb + (size_t)(slice * cols) * 2);
+        const size_t wb = ((size_t)(slice * cols) * 2 + 255) & ~(size_t)255;
+        char *scr = (char *)kcu_scratch(st, xb + yb + wb * (wpair ? 2 : 1));
         if (!scr) return;
         __nv_bfloat16 *xh = (__nv_bfloat16 *)scr, *wh = (__nv_bfloat16 *)(scr + xb + yb);
+        __nv_bfloat16 *wl = wpair ? (__nv_bfloat16 *)(scr + xb + yb + wb) : NULL;
         float *yout = split ? (float *)(scr + xb) : y; /* [nx, rows] */
         if (split)
             KCU_LAUNCH(st, k_to_bf16_split, kcu_blocks(n * cols, 256, 8192), 256, 0, xh,
@@ -665,12 +729,16 @@ static void gemm_cublas(kcu_state *st, float *y, const float *x, int64_t n, cons
         } else {
             for (int64_t r0 = 0; r0 < rows; r0 += slice) {
                 int64_t nr = rows - r0 < slice ? rows - r0 : slice;
-                KCU_LAUNCH(st, k_dequant_bf16, kcu_blocks(nr * cols, 256, 16384), 256, 0, wh, *w,
-                           r0, nr);
-                KCU_LAUNCHED(st);
+                dequant_rows_bf16(st, wh, wl, w, r0, nr);
                 KCU_CUBLAS(st, cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)nx,
                                             (int)cols, &one, wh, CUDA_R_16BF, (int)cols, xh,
                                             CUDA_R_16BF, (int)cols, &zero, yout + r0, CUDA_R_32F,
+                                            (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                if (wpair) /* W_lo x_hi added into the hi half of the result */
+                    KCU_CUBLAS(st,
+                               cublasGemmEx(st->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n,
+                                            (int)cols, &one, wl, CUDA_R_16BF, (int)cols, xh,
+                                            CUDA_R_16BF, (int)cols, &one, yout + r0, CUDA_R_32F,
                                             (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             }
         }

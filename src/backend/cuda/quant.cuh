@@ -29,6 +29,10 @@ __device__ __forceinline__ float kcu_code_f(uint32_t c) {
     return __uint_as_float(0x4B000000u | c) - 8388608.0f;
 }
 
+/* Fewest tokens at which quantized weights take matmul.cu's dequantize + cuBLAS path instead of
+ * the tensor-core GEMM (depends on the exact / fast mode). */
+int kcu_quant_cublas_min_n(void);
+
 /* The dp4a GEMV of qgemv.cu (4/8-bit codes, n <= 8): whether it takes w, and the call (false when
  * it does not apply). */
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n);
