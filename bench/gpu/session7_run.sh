@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # session7_run.sh — the seventh session's first GPU call: build; the dequantize + cuBLAS GEMM
-# (test_cuda_ops' dequant and matmul groups; test_parity_cuda as shipped and with the exact
+# (test_cuda_ops' dequant and matmul groups; test_kv_cuda with the plain-float paged kinds after
+# the 16-bit record stores; test_parity_cuda as shipped and with the exact
 # three-product path forced from 9 tokens); then prefill 512 and batch-64 decode under exact /
 # fast (--fast-math) matmuls and f32 / f16 KV caches, interleaved (ab_bench.sh). LIMIT s in all.
 LIMIT=${LIMIT:-560}
@@ -29,8 +30,10 @@ run_test test_parity_cuda >/tmp/b.out &
 P+=($!)
 run_test test_parity_cuda KILN_CUDA_DEQUANT_MIN_N=9 >/tmp/c.out &
 P+=($!)
+run_test test_kv_cuda KILN_TEST_PLAIN_PAGED=1 >/tmp/d.out &
+P+=($!)
 wait "${P[@]}"
-cat /tmp/a.out /tmp/b.out /tmp/c.out
+cat /tmp/a.out /tmp/b.out /tmp/c.out /tmp/d.out
 stamp "tests done"
 wait $MODELS
 AB() { left 45 && bash bench/gpu/ab_bench.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-230; }

@@ -49,10 +49,19 @@ __device__ __forceinline__ uint8_t *kcu_paged_rec(const kcu_paged_layer &L, cons
            (is_v ? L.v_offset + slot * L.v.rec : slot * L.k.rec);
 }
 
+/* 16-bit fields of a record: one 16-bit access where the field is at an even address (plain
+ * f16/bf16 rows, scales), two byte accesses otherwise (a group of an odd byte count). (All were
+ * byte stores until 2026-12-03; on the H200 the plain f16/bf16 paged records then held only
+ * their high bytes.) */
 __device__ __forceinline__ uint16_t kcu_rd16(const uint8_t *p) {
+    if (((uintptr_t)p & 1) == 0) return *(const uint16_t *)p;
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 __device__ __forceinline__ void kcu_wr16(uint8_t *p, uint16_t v) {
+    if (((uintptr_t)p & 1) == 0) {
+        *(uint16_t *)p = v;
+        return;
+    }
     p[0] = (uint8_t)(v & 0xff);
     p[1] = (uint8_t)(v >> 8);
 }
