@@ -34,12 +34,16 @@ static const struct {
     bool hybrid;
 } fixtures[] = {
     {"llama", false}, {"qwen3", false}, {"llama-mlx-q4g32", false}, {"qwen3_next", true}};
+/* block > 0: explicit blocks (--kv-block), which put the plain kinds in the device pool too;
+ * without, they stay in the contiguous device caches */
 static const struct {
     const char *kind;
     double tol;
+    int block;
 } kinds[] = {
-    {"bf16", 2e-3},       {"q8", 5e-3},         {"q4", 2e-2},
-    {"turbo:k8v4", 2e-2}, {"turbo:k8v3", 3e-2}, {"turbo:k4v4:rotk", 3e-2},
+    {"bf16", 2e-3, 0},       {"q8", 5e-3, 0},         {"q4", 2e-2, 0},
+    {"turbo:k8v4", 2e-2, 0}, {"turbo:k8v3", 3e-2, 0}, {"turbo:k4v4:rotk", 3e-2, 0},
+    {"f32", 1e-3, 16},       {"bf16", 2e-3, 16},      {"f16", 2e-3, 16},
 };
 
 static kiln_model *load(const char *dir, kiln_device dev, const char *kind, int block) {
@@ -100,10 +104,12 @@ static double max_abs_diff(const float *a, const float *b, int n) {
  * code steps where a value sits near a rounding boundary, so the device may differ from the CPU by
  * up to that noise (bound: max(tol, 1.5 x noise)), and a greedy flip is a near-tie when the CPU's
  * top-2 gap is below 2e-3 of its range or below the codec's own largest logit shift. */
-static void kind_parity(const char *name, const char *dir, const char *kind, double tol,
+static void kind_parity(const char *name, const char *dir, const char *kind, double tol, int block,
                         const int32_t *prompt, int n) {
-    kiln_model *cpu = load(dir, KILN_DEVICE_CPU, kind, 0);
-    kiln_model *gpu = load(dir, KILN_DEVICE_CUDA, kind, 0);
+    char label[80]; /* the kind as given on the command line */
+    snprintf(label, sizeof label, block > 0 ? "%s --kv-block %d" : "%s", kind, block);
+    kiln_model *cpu = load(dir, KILN_DEVICE_CPU, kind, block);
+    kiln_model *gpu = load(dir, KILN_DEVICE_CUDA, kind, block);
     kiln_model *exact = load(dir, KILN_DEVICE_CPU, "f32", 0);
     if (!cpu || !gpu || !exact) {
         kiln_model_free(cpu);
@@ -130,7 +136,7 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
     CHECK_MSG(err <= bound,
               "%s --kv %s: prompt logits cuda vs cpu rel err %.3g (bound %.2g: tol %.1g, codec "
               "noise %.3g)",
-              name, kind, err, bound, tol, noise);
+              name, label, err, bound, tol, noise);
     /* greedy through the cache, each side feeding its own picks (the exact model the CPU's) */
     enum { STEPS = 24 };
     int32_t tc = argmax(lc + (size_t)(n - 1) * V, V), tg = argmax(lg + (size_t)(n - 1) * V, V);
@@ -150,7 +156,7 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
                 CHECK_MSG(false,
                           "%s --kv %s: greedy step %d: cpu %d, cuda %d (gap %.3g, codec "
                           "shift %.3g)",
-                          name, kind, s, tc, tg, (double)(last_c[b] - second), shift);
+                          name, label, s, tc, tg, (double)(last_c[b] - second), shift);
             break;
         }
         same++;
@@ -167,7 +173,7 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
         CHECK_MSG(d <= b,
                   "%s --kv %s: decode step %d logits rel err %.3g (bound %.2g: tol %.1g, codec "
                   "noise %.3g)",
-                  name, kind, s, d, b, tol, dn);
+                  name, label, s, d, b, tol, dn);
         shift = max_abs_diff(lc, lx, V);
         tc = argmax(lc, V);
         tg = argmax(lg, V);
@@ -176,7 +182,7 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
     fprintf(stderr,
             "%-16s --kv %-18s prompt err %.2g, worst %.2g (codec noise up to %.2g), greedy %d/%d "
             "same%s\n",
-            name, kind, err, worst, worst_noise, same, STEPS,
+            name, label, err, worst, worst_noise, same, STEPS,
             near_tie >= 0 ? " (then a near-tie)" : "");
     free(lc), free(lg), free(lx);
     kiln_seq_free(sc);
@@ -318,7 +324,7 @@ int main(void) {
             continue;
         }
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
-            kind_parity(name, dir, kinds[k].kind, kinds[k].tol, prompt, n);
+            kind_parity(name, dir, kinds[k].kind, kinds[k].tol, kinds[k].block, prompt, n);
         prefix_check(name, dir, "q8", prompt, n, fixtures[f].hybrid);
         prefix_check(name, dir, "turbo:k8v4", prompt, n, fixtures[f].hybrid);
         free(prompt);

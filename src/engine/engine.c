@@ -197,10 +197,13 @@ const kiln_model_info *kiln_model_get_info(const kiln_model *m) {
 static bool plain_kind(const char *kind) {
     return !kind[0] || !strcmp(kind, "f32") || !strcmp(kind, "f16") || !strcmp(kind, "bf16");
 }
-/* Device paged blocks of plain floats: their GPU test (test_kv_cuda) found the stored rows wrong
- * (2026-12-03), so they are refused rather than used; quantized / TurboQuant blocks passed. */
-static bool device_paged_refused(const kiln_kv_options *o) {
-    return plain_kind(o->kind) && (o->block_tokens > 0 || o->budget_bytes > 0);
+/* On a device with paged kernels: explicit blocks (--kv-block / --kv-budget) of any kind, and the
+ * quantized / TurboQuant kinds, live in the device pool; plain kinds without blocks stay in the
+ * contiguous caches (tensor-core prefill). (Plain-float blocks were refused until 2026-12-03,
+ * when their records lost the low byte of each 16-bit value; fixed, test_kv_cuda covers them.) */
+static bool device_paged(const kiln_kv_options *o) {
+    return o->block_tokens > 0 || o->budget_bytes > 0 ||
+           (kiln_kv_wants_paged(o) && !plain_kind(o->kind));
 }
 
 kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
@@ -210,20 +213,12 @@ kiln_status kiln_seq_new(kiln_model *m, kiln_seq **out) {
     if (!s) return kiln_error(KILN_ERR_OOM, "out of memory");
     s->model = m;
     /* paged caches share one pool per model: in host memory on the CPU, in the backend's memory
-     * where it offers paged kernels (CUDA: every kind but the default f32) */
+     * where it offers paged kernels (device_paged) */
     kiln_status st;
     if (m->be->device == KILN_DEVICE_CPU)
         st = kiln_kv_cpu_new_shared(&m->kv_shared, m->dir, m->kv_layers, m->n_kv_layers,
                                     &m->kv_opts, m->max_tokens, &s->kv);
-    else if (device_paged_refused(&m->kv_opts))
-        st = kiln_error(KILN_ERR_UNSUPPORTED,
-                        "--kv %s with --kv-block/--kv-budget on --device %s: paged device blocks "
-                        "of plain floats are off (they failed their GPU test); use --kv %s "
-                        "without blocks (contiguous) or a paged q8 / q4 / turbo cache",
-                        m->kv_opts.kind[0] ? m->kv_opts.kind : "f32", m->be->name,
-                        m->kv_opts.kind[0] ? m->kv_opts.kind : "f32");
-    else if (m->be->kv_paged_ops && kiln_kv_wants_paged(&m->kv_opts) &&
-             !plain_kind(m->kv_opts.kind))
+    else if (m->be->kv_paged_ops && device_paged(&m->kv_opts))
         st = kiln_kv_backend_new_shared(&m->kv_shared, m->be, m->dir, m->kv_layers, m->n_kv_layers,
                                         &m->kv_opts, m->max_tokens, &s->kv);
     else /* the backend's contiguous caches (CUDA: f32 / f16 / bf16; tensor-core prefill) */
