@@ -275,29 +275,39 @@ static void test_qgemv_dp4a(void) {
     const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
     int k = 0;
     kiln_cuda_set_qgemv_variant(3, 0);
-    kiln_cuda_set_tc_gemm(0, -1, 0, 0); /* n = 2..8 would take the tensor-core GEMM */
-    for (int b = 0; b < 2; b++)
-        for (int g = 0; g < 3; g++) {
-            const int64_t G = groups[g];
-            const int64_t shapes[][2] = {
-                {7, G}, {13, 3 * G}, {259, 4224}, {61, 14336}, {1024, 4096}};
-            for (int s = 0; s < 5; s++) {
-                test_matrix m;
-                kiln_dtype sdt = sdts[(b + g + s) % 3];
-                make_quant(&m, bits[b], (int)G, sdt, shapes[s][0], shapes[s][1], s % 2 == 1);
-                for (int64_t n = 1; n <= 8; n++) {
-                    if (s == 4 && n != 1 && n != 4) continue; /* large: keep the CPU side short */
-                    int split = splits[k % 5], rpw = rows_per_warp[(k / 5) % 4], pdl = k % 2;
-                    char label[96];
-                    snprintf(label, sizeof label, "dp4a q%dg%d/%s R=%d KS=%d pdl=%d", bits[b],
-                             (int)G, kiln_dtype_name(sdt), rpw, split, pdl);
-                    kiln_cuda_set_qgemv_dp4a(rpw, split, pdl);
-                    check_matmul_x(&m, n, label, 0, k % 3 == 0);
-                    k++;
+    /* exact mode (x in three int8 digits, 1e-5), then fast mode (--fast-math: one digit, ~1e-2 as
+     * llama.cpp's Q8_1; tolerance 5e-2) on the shapes up to 259 rows */
+    for (int fast = 0; fast < 2; fast++) {
+        kiln_cuda_set_gemm_split(!fast);
+        g_matmul_tol = fast ? 5e-2 : 0;
+        kiln_cuda_set_tc_gemm(0, -1, 0, 0); /* n = 2..8 would take the tensor-core GEMM */
+        for (int b = 0; b < 2; b++)
+            for (int g = 0; g < 3; g++) {
+                const int64_t G = groups[g];
+                const int64_t shapes[][2] = {
+                    {7, G}, {13, 3 * G}, {259, 4224}, {61, 14336}, {1024, 4096}};
+                for (int s = 0; s < (fast ? 3 : 5); s++) {
+                    test_matrix m;
+                    kiln_dtype sdt = sdts[(b + g + s) % 3];
+                    make_quant(&m, bits[b], (int)G, sdt, shapes[s][0], shapes[s][1], s % 2 == 1);
+                    for (int64_t n = 1; n <= 8; n++) {
+                        if (s == 4 && n != 1 && n != 4)
+                            continue; /* large: keep the CPU side short */
+                        int split = splits[k % 5], rpw = rows_per_warp[(k / 5) % 4], pdl = k % 2;
+                        char label[96];
+                        snprintf(label, sizeof label, "%sdp4a q%dg%d/%s R=%d KS=%d pdl=%d",
+                                 fast ? "fast " : "", bits[b], (int)G, kiln_dtype_name(sdt), rpw,
+                                 split, pdl);
+                        kiln_cuda_set_qgemv_dp4a(rpw, split, pdl);
+                        check_matmul_x(&m, n, label, 0, k % 3 == 0);
+                        k++;
+                    }
+                    free_matrix(&m);
                 }
-                free_matrix(&m);
             }
-        }
+    }
+    g_matmul_tol = 0;
+    kiln_cuda_set_gemm_split(1);
     kiln_cuda_set_qgemv_variant(-1, 0);
     kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
     kiln_cuda_set_tc_gemm(-1, -1, 0, 0);

@@ -500,6 +500,9 @@ static bool kcu_gemm_split(void) {
 extern "C" void kiln_cuda_set_gemm_split(int on) {
     g_gemm_split = on ? 1 : 0;
 }
+bool kcu_fast_math(void) {
+    return !kcu_gemm_split();
+}
 
 /* Rows [r0, r0+nr) of w as bf16 [nr, cols] (hi); with lo, also the remainder w - hi as bf16, so
  * hi + lo carries w to ~2^-17 relative (exact mode). Any format, one element per thread. */

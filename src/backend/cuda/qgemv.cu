@@ -31,6 +31,8 @@
  * With programmatic dependent launch (cuda_common.cuh) pass 2's blocks start while pass 1
  * runs, issue their first weight loads, and wait (griddepcontrol.wait) only before reading x's
  * digits. Error: |x_j - E*X_j| <= 2^-23 * max|x| of its block, ~1e-7 relative in the result.
+ * Fast mode (kcu_fast_math: --fast-math) keeps one digit, X_j = rint(127 x_j / max|x|) with
+ * E = max|x| / 127 (llama.cpp's Q8_1 steps, ~1e-3 relative): a third of the dp4a and digit loads.
  *
  * tests/emu/qgemv_emulate.cc compiles this file on the CPU (QG_HOST_EMU: its own device helpers,
  * launches on emulated threads) and checks every variant against the CPU reference ops. */
@@ -88,10 +90,27 @@ __device__ __forceinline__ float qx_value(const float *x, const float *norm_w, i
  * E[t*ng + g], the three digits at dig (layout of k_qx_digits), sx16[t*n16 + 2g + h]. dig, E and
  * sx16 are global (pass 1) or shared memory (QG_INL). */
 __device__ __forceinline__ void qx_digit_block(int8_t *dig, float *E, float *sx16, float v, int t,
-                                               int g, int ng, int perm4, int lane) {
+                                               int g, int ng, int perm4, int lane, int nd) {
     float m = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    /* 4-bit: an 8-column run is stored as its even columns, then its odd ones */
+    const int pos = perm4 ? (lane & ~7) | ((lane & 1) << 2) | ((lane & 7) >> 1) : lane;
+    /* 16-column unit u = 2g + lane/16, stored at U(u) = u (8-bit) or (u & 1) * ng + u / 2 (4-bit,
+     * where a lane reads units 2c and 2c+1 of its chunk c: consecutive lanes, consecutive 16 B) */
+    const int h = lane >> 4, unit = perm4 ? h * ng + g : 2 * g + h, n16 = 2 * ng;
+    int8_t *o = dig + ((int64_t)t * 3 * n16 + unit) * 16 + (pos & 15);
+    float s = v; /* sums of lanes 0..15 and 16..31 */
+#pragma unroll
+    for (int k = 1; k < 16; k <<= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
+    if ((lane & 15) == 0) sx16[(int64_t)t * n16 + 2 * g + h] = s;
+    if (nd == 1) { /* fast mode: one digit, X = rint(127 x / max|x|) (llama.cpp's Q8_1 steps) */
+        const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+        const int X = __float2int_rn(v * inv);
+        o[0] = (int8_t)(X > 127 ? 127 : X < -127 ? -127 : X);
+        if (lane == 0) E[(int64_t)t * ng + g] = m > 0.0f ? m / 127.0f : 0.0f;
+        return;
+    }
     /* m < 2^e from m's exponent bits, clamped so 2^(22-e) and 2^(e-22) are normal floats (m == 0
      * or tiny: e = -104, every X is 0 or tiny); powers of two built from bits scale exactly */
     int e = ((__float_as_int(m) >> 23) & 0xff) - 126;
@@ -101,20 +120,10 @@ __device__ __forceinline__ void qx_digit_block(int8_t *dig, float *E, float *sx1
     const int r1 = (X - d0) / 256;
     const int d1 = ((r1 & 0xff) ^ 0x80) - 0x80;
     const int d2 = (r1 - d1) / 256; /* |d2| <= 64 */
-    /* 4-bit: an 8-column run is stored as its even columns, then its odd ones */
-    const int pos = perm4 ? (lane & ~7) | ((lane & 1) << 2) | ((lane & 7) >> 1) : lane;
-    /* 16-column unit u = 2g + lane/16, stored at U(u) = u (8-bit) or (u & 1) * ng + u / 2 (4-bit,
-     * where a lane reads units 2c and 2c+1 of its chunk c: consecutive lanes, consecutive 16 B) */
-    const int h = lane >> 4, unit = perm4 ? h * ng + g : 2 * g + h, n16 = 2 * ng;
-    int8_t *o = dig + ((int64_t)t * 3 * n16 + unit) * 16 + (pos & 15);
     o[0] = (int8_t)d0;
     o[(int64_t)n16 * 16] = (int8_t)d1;
     o[(int64_t)n16 * 32] = (int8_t)d2;
-    float s = v; /* sums of lanes 0..15 and 16..31 */
-#pragma unroll
-    for (int k = 1; k < 16; k <<= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
     if (lane == 0) E[(int64_t)t * ng + g] = __int_as_float((127 + e - 22) << 23);
-    if ((lane & 15) == 0) sx16[(int64_t)t * n16 + 2 * g + h] = s;
 }
 
 /* Pass 1. x [n, cols] (cols % 32 == 0). Writes dig [n, 3 digits, cols/16 units, 16 bytes] (digit p
@@ -123,14 +132,14 @@ __device__ __forceinline__ void qx_digit_block(int8_t *dig, float *E, float *sx1
  * 1 + norm_w); ssq (optional): [n, cols/32] sums of squares of x. */
 __global__ void __launch_bounds__(256)
     k_qx_digits(int8_t *dig, float *E, float *sx16, const float *x, int n, int cols, int perm4,
-                const float *norm_w, int plus_one, float *ssq) {
+                const float *norm_w, int plus_one, float *ssq, int nd) {
     KCU_PDL_ENTER();
     const int lane = threadIdx.x & 31, ng = cols >> 5;
     const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; /* t * ng + g */
     if (gw >= (int64_t)n * ng) return;                                        /* whole warps */
     const int t = (int)(gw / ng), g = (int)(gw % ng);
     const float v = qx_value(x, norm_w, plus_one, ssq ? ssq + gw : NULL, t, g, cols, lane);
-    qx_digit_block(dig, E, sx16, v, t, g, ng, perm4, lane);
+    qx_digit_block(dig, E, sx16, v, t, g, ng, perm4, lane, nd);
 }
 
 /* Issues the loads of a lane's next QG_INFLIGHT/RR chunks c0 + u*step of its RR rows (codes, and
@@ -179,6 +188,7 @@ struct qg_args {
     const float *x, *norm_w;
     float eps;
     int plus_one, act;
+    int nd; /* digits of x: 3 (exact, 24-bit fixed point) or 1 (fast mode: int8, as Q8_1) */
 };
 
 /* Pass 2. A warp owns a tile of RR rows (QG_GLU: RR/2 rows of the gate and the same rows of up; a
@@ -247,7 +257,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
         for (int g = warp; g < ng; g += QG_WARPS) {
             const float v = qx_value(A.x, NORM ? A.norm_w : NULL, A.plus_one, NORM ? sss + g : NULL,
                                      0, g, cols, lane);
-            qx_digit_block(sd, sE, ssx, v, 0, g, ng, B == 4, lane);
+            qx_digit_block(sd, sE, ssx, v, 0, g, ng, B == 4, lane, A.nd);
         }
         __syncthreads();
         dig = qg_smem, E = sE, sx16 = ssx, ssq = sss;
@@ -287,9 +297,12 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
                 if (t >= n) break;
                 int D[RR][3];
 #pragma unroll
-                for (int p = 0; p < 3; p++) {
+                for (int p = 0; p < 3; p++)
 #pragma unroll
                     for (int r = 0; r < RR; r++) D[r][p] = 0;
+#pragma unroll
+                for (int p = 0; p < 3; p++) {
+                    if (p > 0 && A.nd == 1) break; /* fast mode: digit 0 only */
 #pragma unroll
                     for (int k = 0; k < NW / 4; k++) {
                         /* digit p of the 16 columns k of this chunk (4-bit: unit 2c+k, stored at
@@ -539,6 +552,7 @@ static bool qg_plan(kcu_state *st, const qg_call &c, qg_args &A, unsigned *block
     A.eps = c.eps;
     A.plus_one = c.plus_one ? 1 : 0;
     A.act = c.act;
+    A.nd = kcu_fast_math() ? 1 : 3;
     /* columns split between KS warps only when row tiles alone leave SMs short of warps */
     const int split = c.flags ? 0 : qg_env(&g_qg_split, "KILN_CUDA_QGEMV_KS", 0);
     int ks_log2 = 0;
@@ -577,7 +591,7 @@ static bool qg_pass1(kcu_state *st, const qg_call &c, qg_args &A) {
     const bool norm = (c.flags & QG_NORM) != 0;
     KCU_LAUNCH(st, k_qx_digits, (unsigned)((warps + 7) / 8), 256, 0, dig, E, sx16, c.x, (int)c.n,
                cols, c.ws[0]->bits == 4 ? 1 : 0, norm ? c.norm_w : (const float *)NULL,
-               c.plus_one ? 1 : 0, norm ? ssq : (float *)NULL);
+               c.plus_one ? 1 : 0, norm ? ssq : (float *)NULL, A.nd);
     KCU_LAUNCHED(st);
     A.dig = (const uint4 *)dig;
     A.E = E;

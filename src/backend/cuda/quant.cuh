@@ -32,6 +32,9 @@ __device__ __forceinline__ float kcu_code_f(uint32_t c) {
 /* Fewest tokens at which quantized weights take matmul.cu's dequantize + cuBLAS path instead of
  * the tensor-core GEMM (depends on the exact / fast mode). */
 int kcu_quant_cublas_min_n(void);
+/* Fast matmul mode (kiln_set_matmul_mode("fast"), --fast-math): one bf16 product in the GEMMs,
+ * one int8 digit of x in the dp4a GEMV. */
+bool kcu_fast_math(void);
 
 /* The dp4a GEMV of qgemv.cu (4/8-bit codes, n <= 8): whether it takes w, and the call (false when
  * it does not apply). */
