@@ -9,6 +9,7 @@ source "$(dirname "$0")/common.sh"
     for s in qwen3-0.6b llama-3-8b; do
         make_model $s
     done
+    while [ ! -x $B/kiln ]; do sleep 2; done # (the first run converted before the build: none)
     $B/kiln convert --model $M/qwen3-0.6b --out $M/qwen3-0.6b-q4 --bits 4 --group 64 --quiet >/dev/null 2>&1 &
     $B/kiln convert --model $M/qwen3-0.6b --out $M/qwen3-0.6b-q8 --bits 8 --group 64 --quiet >/dev/null 2>&1 &
     $B/kiln convert --model $M/llama-3-8b --out $M/llama-3-8b-q4 --bits 4 --group 64 --quiet >/dev/null 2>&1 &
