@@ -1444,13 +1444,22 @@ static void test_attention(void) {
     kiln_cuda_set_fa_mode(0); /* the CUDA-core kernel, exact to 1e-5 (the tensor-core one below) */
     const int short_steps[] = {37, 1, 1, 1, 3, 1};
     const int long_steps[] = {1200, 1, 2, 700, 1};
-    test_attention_case("f32", 2, 4, 64, 64, 0, 0.0f, short_steps, 6);
-    test_attention_case("f32", 8, 4, 128, 128, 0, 0.0f, long_steps, 5);
-    test_attention_case("f32", 1, 8, 256, 256, 8, 50.0f, short_steps, 6);
-    test_attention_case("f32", 3, 1, 96, 96, 300, 0.0f, long_steps, 5);
-    test_attention_case("f16", 2, 2, 128, 64, 0, 0.0f, long_steps, 5);
-    test_attention_case("bf16", 1, 5, 80, 80, 0, 30.0f, short_steps, 6);
-    test_attention_case("f32", 1, 4, 512, 512, 0, 0.0f, short_steps, 6);
+    /* decode steps (n = 1) on the short kernel (k_attn_decode_short) where the keys allow it
+     * (default), on it for every context (1 << 30), and on the split kernel (0) */
+    static const int short_modes[] = {-1, 1 << 30, 0};
+    for (int mode = 0; mode < 3; mode++) {
+        kiln_cuda_set_attn_short(short_modes[mode]);
+        test_attention_case("f32", 2, 4, 64, 64, 0, 0.0f, short_steps, 6);
+        test_attention_case("f32", 8, 4, 128, 128, 0, 0.0f, long_steps, 5);
+        test_attention_case("f32", 1, 8, 256, 256, 8, 50.0f, short_steps, 6);
+        test_attention_case("f32", 3, 1, 96, 96, 300, 0.0f, long_steps, 5);
+        test_attention_case("f16", 2, 2, 128, 64, 0, 0.0f, long_steps, 5);
+        test_attention_case("bf16", 1, 5, 80, 80, 0, 30.0f, short_steps, 6);
+        test_attention_case("f32", 1, 4, 512, 512, 0, 0.0f, short_steps, 6);
+        test_attention_case("bf16", 4, 8, 128, 128, 0, 0.0f, short_steps, 6);
+        test_attention_case("f16", 2, 2, 256, 128, 40, 0.0f, long_steps, 5);
+    }
+    kiln_cuda_set_attn_short(-1);
     kiln_cuda_set_fa_mode(-1);
 }
 

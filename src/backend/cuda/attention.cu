@@ -16,6 +16,10 @@
  * cache. The last split of each row tile to finish (an arrival counter per tile) merges the
  * splits, so the step needs one launch where it took four. */
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_decode.cuh"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define ATT_WARPS 4
 #define ATT_KT    32
@@ -411,6 +415,65 @@ static void launch_dpl(kcu_state *st, const att_launch &L, dim3 grid) {
         launch<16, RPW, PREP>(st, L, grid);
 }
 
+static_assert(ATTS_MAX_SEQ >= KCU_ATT_MAX_SEQ, "a chunk's sequences fit the short kernel's");
+
+/* Most keys (bucketed) for the short decode kernel; 0 = never. Env KILN_CUDA_ATT_SHORT (default
+ * 512), kiln_cuda_set_attn_short for tests. */
+static int g_att_short = -1;
+extern "C" void kiln_cuda_set_attn_short(int max_keys) {
+    g_att_short = max_keys;
+}
+static int att_short_max(void) {
+    if (g_att_short < 0) {
+        const char *e = getenv("KILN_CUDA_ATT_SHORT");
+        return e && *e ? atoi(e) : 512;
+    }
+    return g_att_short;
+}
+
+template <int GM, int CH> static void launch_short(kcu_state *st, const atts_args &A, dim3 grid) {
+    const size_t smem = atts_smem_bytes(A.group, A.vhd);
+    static size_t raised = 48 * 1024;
+    if (smem > raised) {
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn_decode_short<GM, CH>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)smem)))
+            return;
+        raised = smem;
+    }
+    KCU_LAUNCH(st, (k_attn_decode_short<GM, CH>), grid, ATTS_WARPS * 32, smem, A);
+    KCU_LAUNCHED(st);
+}
+
+/* The short decode kernel (attention_decode.cuh) for L when it applies (every sequence one token,
+ * keys <= the limit, and atts_applies): true when launched. */
+static bool attention_short(kcu_state *st, const att_launch &L, int max_n, int keys, bool aligned,
+                            int n_seq) {
+    const kcu_attn_args &a = L.a;
+    if (max_n != 1 || keys > att_short_max() || !aligned ||
+        !atts_applies(L.group, a.head_dim, a.v_head_dim))
+        return false;
+    atts_args A;
+    memset(&A, 0, sizeof A);
+    A.q = a.q, A.out = a.out, A.positions = a.p.positions;
+    A.n_heads = a.p.n_heads, A.n_kv_heads = a.n_kv_heads, A.group = L.group;
+    A.hd = a.head_dim, A.vhd = a.v_head_dim, A.window = a.window, A.kv_dtype = a.kv_dtype;
+    A.scale = a.p.scale, A.softcap = a.p.softcap;
+    for (int i = 0; i < n_seq; i++)
+        A.s[i].k = L.s[i].k, A.s[i].v = L.s[i].v, A.s[i].pos0 = L.s[i].pos0, A.s[i].t0 = L.s[i].t0;
+    const dim3 grid((unsigned)a.n_kv_heads, (unsigned)n_seq);
+    const bool two = a.head_dim > 128 || a.v_head_dim > 128;
+    if (L.group == 1)
+        two ? launch_short<1, 2>(st, A, grid) : launch_short<1, 1>(st, A, grid);
+    else if (L.group == 2)
+        two ? launch_short<2, 2>(st, A, grid) : launch_short<2, 1>(st, A, grid);
+    else if (L.group <= 4)
+        launch_short<4, 1>(st, A, grid);
+    else
+        launch_short<8, 1>(st, A, grid);
+    return true;
+}
+
 /* Launches one chunk of at most KCU_ATT_MAX_SEQ sequences; with k_new (decode, one token per
  * sequence) the PREP kernel, which also preps q / k and stores the step's rows. Returns false
  * (nothing launched) when the PREP kernel cannot take the chunk. */
@@ -439,6 +502,7 @@ static bool attention_chunk(kcu_state *st, const kcu_attn_args *a, const kcu_att
     if (max_n <= 0) return true;
     if (a->p.positions && max_n == 1) keys = kcu_attn_keys_bucket(keys);
     L.rows_max = max_n * L.group;
+    if (!prep && attention_short(st, L, max_n, keys, aligned, n_seq)) return true;
     int rpw = L.rows_max <= 2 * ATT_WARPS ? 1 : 4;
     int rows_per_block = ATT_WARPS * rpw;
     int tiles = (L.rows_max + rows_per_block - 1) / rows_per_block;

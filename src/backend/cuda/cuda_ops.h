@@ -98,6 +98,10 @@ void kiln_cuda_set_attn_prep(int on);
  * and the K/V store as one launch (kv_cache.cu) before the attention, 0 qk_norm_rope and the
  * store apart; < 0 back to env KILN_CUDA_QK_STORE. */
 void kiln_cuda_set_qk_store(int on);
+/* Decode attention with one block per (KV head, sequence) and the keys split among its warps
+ * (attention.cu, k_attn_decode_short) up to max_keys keys (bucketed); 0 = never (the split kernel
+ * and its merge), < 0 = env KILN_CUDA_ATT_SHORT (default 512). */
+void kiln_cuda_set_attn_short(int max_keys);
 /* bf16 GEMV kernel (n <= 8): 1 = 4 warps split the columns of 4 rows (default), 2 = row-streaming
  * kernel with split warps per row (1, 2, 4, 8; 0 = by shape). Default: env KILN_CUDA_GEMV_DENSE
  * and KILN_CUDA_GEMV_DENSE_KS; variant < 0 goes back to the environment. */

@@ -1,0 +1,250 @@
+/* attention_emulate.cc — runs the short decode attention kernel (src/backend/cuda/
+ * attention_decode.cuh, k_attn_decode_short) on the CPU: the kernel source is compiled as C++ with
+ * ATTS_HOST_EMU, every CUDA thread of a block is a std::thread, __syncthreads is a block barrier,
+ * a warp shuffle goes through an exchange buffer between two barriers of that warp's 32 threads
+ * (warps run different numbers of key turns, so a block-wide barrier would not do), dynamic
+ * shared memory is a buffer of exactly atts_smem_bytes (NaN-poisoned, followed by a guard zone
+ * checked after each block), every K/V load is checked for its alignment and the outputs start as
+ * NaN.
+ *
+ * Cases: GQA groups 1..8, head dims 64 / 80 / 96 / 128 / 256 (v head dim different from k's in
+ * some), f32 / f16 / bf16 caches, sliding windows, logit softcaps, several sequences per launch at
+ * different positions (0, short, several turns of the 16 warps), positions from the arguments or
+ * from a "device" array. Reference: softmax attention in double over the same rounded K/V, by
+ * relative L2 error <= 1e-5 (what test_cuda_ops asks of the GPU). A development check for
+ * machines without a GPU (it does not see the hardware's scheduling, fast exp or FMA contraction);
+ * run by tests/test_attention_emulate.sh (CTest). */
+#include "cuda_shim.h"
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "backend/backend.h"
+#include "util/half.h"
+}
+
+#define ATTS_HOST_EMU   1
+#define KCU_PDL_ENTER() /* nothing to wait for on the CPU */
+static float *emu_smem;
+static std::barrier<> *emu_bar;            /* the running block's __syncthreads */
+static std::barrier<> *emu_warp_bar[16];   /* each warp's shuffles */
+static float *emu_xchg;                    /* [threads] shuffle exchange */
+static std::atomic<int> emu_misaligned{0}; /* loads off their natural boundary */
+#define ATTS_SMEM(name) float *name = emu_smem
+static void __syncthreads() {
+    emu_bar->arrive_and_wait();
+}
+static float __shfl_xor_sync(unsigned, float v, int mask) {
+    emu_xchg[threadIdx.x] = v;
+    emu_warp_bar[t_warp]->arrive_and_wait();
+    const float r = emu_xchg[threadIdx.x ^ (unsigned)mask];
+    emu_warp_bar[t_warp]->arrive_and_wait();
+    return r;
+}
+template <typename T> static T __ldg(const T *p) {
+    if (((uintptr_t)p % sizeof(T)) != 0) emu_misaligned++; /* a fault on the device */
+    T r;
+    memcpy(&r, (const void *)p, sizeof r);
+    return r;
+}
+static float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#define __expf(x) expf(x) /* (glibc declares an __expf but does not export it) */
+static float kcu_f16(uint16_t h) {
+    return kiln_f16_to_f32(h);
+}
+static float kcu_tanh(float x) {
+    return tanhf(x);
+}
+using std::max;
+
+#include "backend/cuda/attention_decode.cuh"
+
+static int failures = 0, cases = 0;
+enum { GUARD = 1024 };
+
+/* Runs k_attn_decode_short<GM, CH>(A) over grid: one std::thread per CUDA thread walks the blocks
+ * in order; thread 0 poisons and checks the shared memory between two barriers around each block.
+ */
+template <int GM, int CH> static void emu_launch(const atts_args &A, emu_dim3 grid) {
+    const int threads = ATTS_WARPS * 32;
+    const int64_t smem_floats = (int64_t)(atts_smem_bytes(A.group, A.vhd) / sizeof(float));
+    std::vector<float> sm((size_t)smem_floats + GUARD + 4), xchg((size_t)threads);
+    float *base = (float *)(((uintptr_t)sm.data() + 15) & ~(uintptr_t)15);
+    blockDim = {(unsigned)threads, 1, 1};
+    gridDim = grid;
+    emu_smem = base;
+    emu_xchg = xchg.data();
+    std::barrier<> bar(threads);
+    emu_bar = &bar;
+    std::vector<std::unique_ptr<std::barrier<>>> wb;
+    for (int w = 0; w < ATTS_WARPS; w++) {
+        wb.push_back(std::make_unique<std::barrier<>>(32));
+        emu_warp_bar[w] = wb.back().get();
+    }
+    std::vector<std::thread> th;
+    for (int t = 0; t < threads; t++)
+        th.emplace_back([&, t] {
+            threadIdx = {(unsigned)t, 0, 0};
+            t_warp = t >> 5, t_lane = t & 31;
+            for (unsigned y = 0; y < grid.y; y++)
+                for (unsigned x = 0; x < grid.x; x++) {
+                    if (t == 0) {
+                        for (int64_t i = 0; i < smem_floats; i++) base[i] = NAN;
+                        for (int i = 0; i < GUARD; i++) base[smem_floats + i] = 1234.5f;
+                    }
+                    bar.arrive_and_wait();
+                    blockIdx = {x, y, 0};
+                    k_attn_decode_short<GM, CH>(A);
+                    bar.arrive_and_wait();
+                    if (t != 0) continue;
+                    for (int i = 0; i < GUARD; i++)
+                        if (base[smem_floats + i] != 1234.5f) {
+                            printf("FAIL block (%u, %u) wrote past its shared memory\n", x, y);
+                            failures++;
+                            break;
+                        }
+                }
+        });
+    for (auto &t : th) t.join();
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float rnd() { /* uniform in [-1, 1) */
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+static uint16_t to_bits(float x, int dt) {
+    return dt == KILN_DT_BF16 ? kiln_f32_to_bf16(x) : kiln_f32_to_f16(x);
+}
+static float from_bits(uint16_t h, int dt) {
+    return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+}
+
+/* One launch: n_seq sequences at positions pos[], geometry (n_kv, G, hd, vhd), cache dtype dt. */
+static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float softcap,
+                     const std::vector<int> &pos, bool device_positions) {
+    const int n_seq = (int)pos.size(), H = n_kv * G;
+    if (!atts_applies(G, hd, vhd)) { /* a case the launcher would not give the kernel */
+        printf("FAIL kv=%d g=%d hd=%d/%d: not a geometry atts_applies takes\n", n_kv, G, hd, vhd);
+        failures++, cases++;
+        return;
+    }
+    const int esz = dt == KILN_DT_F32 ? 4 : 2;
+    atts_args A;
+    memset(&A, 0, sizeof A);
+    std::vector<float> q((size_t)n_seq * H * hd), out((size_t)n_seq * H * vhd, NAN);
+    for (auto &x : q) x = rnd() * 2.0f;
+    std::vector<std::vector<float>> Kf(n_seq), Vf(n_seq);   /* rounded values, for the ref */
+    std::vector<std::vector<uint8_t>> Kb(n_seq), Vb(n_seq); /* cache bytes */
+    std::vector<int32_t> dpos(n_seq);
+    for (int s = 0; s < n_seq; s++) {
+        const int keys = pos[s] + 1;
+        Kf[s].resize((size_t)keys * n_kv * hd), Vf[s].resize((size_t)keys * n_kv * vhd);
+        Kb[s].resize(Kf[s].size() * esz + 16), Vb[s].resize(Vf[s].size() * esz + 16);
+        for (int which = 0; which < 2; which++) {
+            auto &f = which ? Vf[s] : Kf[s];
+            uint8_t *b = which ? Vb[s].data() : Kb[s].data();
+            for (size_t i = 0; i < f.size(); i++) {
+                float x = rnd() * (which ? 1.0f : 1.5f);
+                if (dt == KILN_DT_F32) {
+                    memcpy(b + 4 * i, &x, 4);
+                } else {
+                    const uint16_t h = to_bits(x, dt);
+                    memcpy(b + 2 * i, &h, 2);
+                    x = from_bits(h, dt);
+                }
+                f[i] = x;
+            }
+        }
+        A.s[s].k = Kb[s].data(), A.s[s].v = Vb[s].data();
+        A.s[s].pos0 = device_positions ? -12345 : pos[s]; /* must not be read then */
+        A.s[s].t0 = s;
+        dpos[s] = pos[s];
+    }
+    A.q = q.data(), A.out = out.data(), A.positions = device_positions ? dpos.data() : nullptr;
+    A.n_heads = H, A.n_kv_heads = n_kv, A.group = G, A.hd = hd, A.vhd = vhd, A.window = window;
+    A.kv_dtype = dt, A.scale = 1.0f / sqrtf((float)hd), A.softcap = softcap;
+    const emu_dim3 grid = {(unsigned)n_kv, (unsigned)n_seq, 1};
+    const bool two = hd > 128 || vhd > 128;
+    if (G == 1)
+        two ? emu_launch<1, 2>(A, grid) : emu_launch<1, 1>(A, grid);
+    else if (G == 2)
+        two ? emu_launch<2, 2>(A, grid) : emu_launch<2, 1>(A, grid);
+    else if (G <= 4)
+        emu_launch<4, 1>(A, grid);
+    else
+        emu_launch<8, 1>(A, grid);
+    /* reference in double */
+    double num = 0, den = 0;
+    int bad = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const int kbeg = window > 0 ? std::max(0, pos[s] - window + 1) : 0, kend = pos[s] + 1;
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / G;
+            std::vector<double> sc(kend);
+            double mx = -INFINITY;
+            for (int j = kbeg; j < kend; j++) {
+                double d = 0;
+                for (int e = 0; e < hd; e++)
+                    d += (double)(q[((size_t)s * H + h) * hd + e] * A.scale) *
+                         Kf[s][((size_t)j * n_kv + kvh) * hd + e];
+                if (softcap > 0) d = softcap * tanh(d / softcap);
+                sc[j] = d;
+                mx = std::max(mx, d);
+            }
+            double z = 0;
+            for (int j = kbeg; j < kend; j++) z += exp(sc[j] - mx);
+            for (int e = 0; e < vhd; e++) {
+                double o = 0;
+                for (int j = kbeg; j < kend; j++)
+                    o += exp(sc[j] - mx) / z * Vf[s][((size_t)j * n_kv + kvh) * vhd + e];
+                const float got = out[((size_t)s * H + h) * vhd + e];
+                if (!std::isfinite(got)) bad++;
+                num += (got - o) * (got - o);
+                den += o * o;
+            }
+        }
+    }
+    const double err = den > 0 ? sqrt(num / den) : 0;
+    const bool ok = bad == 0 && err <= 1e-5 && emu_misaligned == 0;
+    cases++;
+    failures += !ok;
+    printf("%s kv=%d g=%d hd=%d/%d %s win=%d cap=%g seqs=%d (last pos %d)%s: rel err %.2e%s\n",
+           ok ? "ok  " : "FAIL", n_kv, G, hd, vhd,
+           dt == KILN_DT_F32   ? "f32"
+           : dt == KILN_DT_F16 ? "f16"
+                               : "bf16",
+           window, softcap, n_seq, pos.back(), device_positions ? " device positions" : "", err,
+           bad              ? " (non-finite outputs)"
+           : emu_misaligned ? " (misaligned loads)"
+                            : "");
+    emu_misaligned = 0;
+}
+
+int main() {
+    run_case(8, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {127}, false);       /* Qwen3-0.6B decode */
+    run_case(8, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {0, 5, 200}, true); /* Llama-3-8B */
+    run_case(2, 1, 64, 64, KILN_DT_F16, 0, 0.0f, {1, 63, 64, 65}, false);
+    run_case(1, 3, 80, 80, KILN_DT_BF16, 0, 30.0f, {37, 300}, true);
+    run_case(2, 5, 96, 64, KILN_DT_F32, 40, 0.0f, {10, 39, 40, 41, 500}, false);
+    run_case(1, 8, 128, 128, KILN_DT_F16, 0, 50.0f, {511}, true);
+    run_case(2, 2, 256, 256, KILN_DT_F32, 8, 0.0f, {3, 129}, false);
+    run_case(1, 2, 256, 128, KILN_DT_BF16, 0, 0.0f, {700}, true);
+    run_case(3, 1, 128, 256, KILN_DT_F16, 100, 0.0f, {99, 100, 101, 450}, false);
+    printf("%d cases: %s\n", cases, failures ? "FAILED" : "all passed");
+    return failures != 0;
+}
