@@ -28,4 +28,6 @@ for s in qwen3-0.6b llama-3-8b; do
     SHAPES=$s FORMATS=bf16 BATCHES=1 ROUNDS=2 GEN=64 VARIANTS="KILN_CUDA_ATT_SHORT=0;default" \
         bash bench/gpu/ab_decode.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-160
 done
+left 25 && SHAPES=qwen3-0.6b FORMATS=bf16 BATCHES=8 ROUNDS=1 GEN=64 \
+    VARIANTS="KILN_CUDA_ATT_SHORT=0;default" bash bench/gpu/ab_decode.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-160
 stamp "end"
