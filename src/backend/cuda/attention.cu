@@ -61,15 +61,7 @@ __device__ __forceinline__ void load16(const void *base, int64_t off, int dt, bo
     uint4 u = ok ? __ldg((const uint4 *)((const uint16_t *)base + off)) : make_uint4(0, 0, 0, 0);
     uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (dt == KILN_DT_BF16) {
-            v[2 * i] = __uint_as_float(w[i] << 16);
-            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        } else {
-            v[2 * i] = kcu_f16((uint16_t)(w[i] & 0xffffu));
-            v[2 * i + 1] = kcu_f16((uint16_t)(w[i] >> 16));
-        }
-    }
+    for (int i = 0; i < 4; i++) kcu_kv_unpack2(w[i], dt, v + 2 * i);
 }
 
 /* x rounded as the cache stores it (what a later step will read back) */

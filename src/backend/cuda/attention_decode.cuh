@@ -51,6 +51,17 @@ static inline bool atts_applies(int group, int hd, int vhd) {
            vhd <= 256 && atts_smem_bytes(group, vhd) <= 96 * 1024;
 }
 
+/* The two 16-bit cache values of a 32-bit word (low half first) as f32: bf16 or f16 (dt). */
+__device__ __forceinline__ void kcu_kv_unpack2(uint32_t w, int dt, float v[2]) {
+    if (dt == KILN_DT_BF16) {
+        v[0] = __uint_as_float(w << 16);
+        v[1] = __uint_as_float(w & 0xffff0000u);
+    } else {
+        v[0] = kcu_f16((uint16_t)(w & 0xffffu));
+        v[1] = kcu_f16((uint16_t)(w >> 16));
+    }
+}
+
 /* 4 values of K or V at element offset off (one 16-byte f32 or 8-byte f16/bf16 load), as f32 */
 __device__ __forceinline__ void atts_load4(const void *base, int64_t off, int dt, float v[4]) {
     if (dt == KILN_DT_F32) {
@@ -59,17 +70,8 @@ __device__ __forceinline__ void atts_load4(const void *base, int64_t off, int dt
         return;
     }
     const uint2 u = __ldg((const uint2 *)((const uint16_t *)base + off));
-    const uint32_t w[2] = {u.x, u.y};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (dt == KILN_DT_BF16) {
-            v[2 * i] = __uint_as_float(w[i] << 16);
-            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        } else {
-            v[2 * i] = kcu_f16((uint16_t)(w[i] & 0xffffu));
-            v[2 * i + 1] = kcu_f16((uint16_t)(w[i] >> 16));
-        }
-    }
+    kcu_kv_unpack2(u.x, dt, v);
+    kcu_kv_unpack2(u.y, dt, v + 2);
 }
 
 /* GM: the group size rounded up (1, 2, 4, 8); CH: 4-dim chunks per lane (hd, vhd <= 128 * CH).
