@@ -155,6 +155,11 @@ int main(void) {
     kiln_load_options o;
     kiln_load_options_default(&o);
     CHECK_ERR(kiln_kv_options_parse("q17", &o.kv), KILN_ERR_UNSUPPORTED, "q17");
+    /* the matmul mode switch of every backend: a bad name is refused and changes nothing */
+    CHECK_ERR(kiln_set_matmul_mode("fastest"), KILN_ERR_INVALID_ARG, "fastest");
+    CHECK_ERR(kiln_set_matmul_mode(NULL), KILN_ERR_INVALID_ARG, NULL);
+    CHECK_OK(kiln_set_matmul_mode("fast"));
+    CHECK_OK(kiln_set_matmul_mode("exact"));
 
     /* the CLI: messages and exit codes */
     char cmd[16384];
