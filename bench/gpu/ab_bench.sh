@@ -12,6 +12,7 @@
 # (bench/make_random_model.py), q4/q8 from `kiln convert --bits B --group 64`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source bench/gpu/model_dir.sh
 K=${1:-/tmp/b/kiln}
 M=${MODELS_DIR:-/dev/shm/kiln_models}
 SHAPES=${SHAPES:-qwen3-0.6b}
@@ -23,15 +24,8 @@ ROUNDS=${ROUNDS:-3}
 VARIANTS=${VARIANTS:-default;--fast-math}
 IFS=';' read -r -a VS <<<"$VARIANTS"
 for s in $SHAPES; do
-    [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
     for f in $FORMATS; do
-        d=$M/$s
-        case $f in
-        q4 | q8)
-            d=$M/$s-$f
-            [ -f "$d/config.json" ] || "$K" convert --model "$M/$s" --out "$d" --bits "${f#q}" --group 64 --quiet >/dev/null 2>&1 || continue
-            ;;
-        esac
+        d=$(model_dir "$K" "$M" "$s" "$f") || continue
         declare -A R=()
         for r in $(seq "$ROUNDS"); do
             for v in "${VS[@]}"; do

@@ -11,6 +11,7 @@
 # Output: one line per shape / format / batch / variant: median decode tok/s and weight GB/s.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source bench/gpu/model_dir.sh
 K=${1:-/tmp/b/kiln}
 M=${MODELS_DIR:-/dev/shm/kiln_models}
 SHAPES=${SHAPES:-qwen3-0.6b llama-3-8b}
@@ -22,15 +23,8 @@ VARIANTS=${VARIANTS:-KILN_CUDA_PDL=0,KILN_CUDA_FUSED=0;KILN_CUDA_PDL=0;KILN_CUDA
 mkdir -p "$M"
 IFS=';' read -r -a VS <<<"$VARIANTS"
 for s in $SHAPES; do
-    [ -f "$M/$s/model.safetensors" ] || python3 bench/make_random_model.py --shape "$s" --out "$M/$s" >/dev/null || continue
     for f in $FORMATS; do
-        d=$M/$s
-        case $f in
-        q4 | q8)
-            d=$M/$s-$f
-            [ -f "$d/config.json" ] || "$K" convert --model "$M/$s" --out "$d" --bits "${f#q}" --group 64 --quiet >/dev/null 2>&1 || continue
-            ;;
-        esac
+        d=$(model_dir "$K" "$M" "$s" "$f") || continue
         for b in $BATCHES; do
             declare -A R=()
             for r in $(seq "$ROUNDS"); do
