@@ -19,6 +19,10 @@ make_model() { # shape: random weights in $M/shape (bench/make_random_model.py)
     [ -f "$M/$1/model.safetensors" ] ||
         python3 bench/make_random_model.py --shape "$1" --out "$M/$1" >/dev/null 2>&1
 }
+models_in_background() { # shape ...: make_model of each in the background; MODELS = its pid
+    (for s in "$@"; do make_model "$s"; done) &
+    MODELS=$!
+}
 run_test() { # test [VAR=value ...]: its summary line and first failures; the log stays in /tmp
     local t=$1
     shift

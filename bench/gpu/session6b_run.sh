@@ -5,12 +5,7 @@
 # bf16 / q4 and Llama-3-8B bf16, batch 1 and 64. Each stage only while time remains (LIMIT s).
 LIMIT=${LIMIT:-570}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3-0.6b llama-3-8b; do
-        make_model $s
-    done
-) &
-MODELS=$!
+models_in_background qwen3-0.6b llama-3-8b
 build_kiln
 TEST_TIMEOUT=220
 P=()

@@ -5,12 +5,7 @@
 # KILN_CUDA_TC_DENSE_SMALL=0), the prep kernel only at 32+ sequences. LIMIT s in all.
 LIMIT=${LIMIT:-400}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3-0.6b llama-3-8b; do
-        make_model $s
-    done
-) &
-MODELS=$!
+models_in_background qwen3-0.6b llama-3-8b
 build_kiln
 P=()
 run_test test_cuda_ops >/tmp/a.out &

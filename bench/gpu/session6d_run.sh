@@ -4,12 +4,7 @@
 # against the separate launches (KILN_CUDA_QK_STORE=0) at batch 1, Llama-3-8B and Qwen3-0.6B bf16.
 LIMIT=${LIMIT:-290}
 source "$(dirname "$0")/common.sh"
-(
-    for s in ${AB_SHAPES:-llama-3-8b qwen3-0.6b}; do
-        make_model $s
-    done
-) &
-MODELS=$!
+models_in_background ${AB_SHAPES:-llama-3-8b qwen3-0.6b}
 build_kiln
 (KILN_TEST_ONLY=attention_prep,qk_norm_rope timeout 150 $B/test_cuda_ops >/tmp/ops.log 2>&1; echo "test_cuda_ops rc=$? | $(grep -E "checks, " /tmp/ops.log | tail -1)"; grep -E "CHECK failed" /tmp/ops.log | head -6 | cut -c1-300) >/tmp/a.out &
 A=$!

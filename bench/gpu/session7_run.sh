@@ -6,12 +6,7 @@
 # fast (--fast-math) matmuls and f32 / f16 KV caches, interleaved (ab_bench.sh). LIMIT s in all.
 LIMIT=${LIMIT:-560}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3-0.6b llama-3-8b; do
-        make_model $s
-    done
-) &
-MODELS=$!
+models_in_background qwen3-0.6b llama-3-8b
 build_kiln
 (
     wait $MODELS 2>/dev/null

@@ -6,12 +6,7 @@
 # split kernel + merge (KILN_CUDA_ATT_SHORT=0), Qwen3-0.6B and Llama-3-8B bf16. LIMIT s in all.
 LIMIT=${LIMIT:-250}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3-0.6b llama-3-8b; do
-        make_model $s
-    done
-) &
-MODELS=$!
+models_in_background qwen3-0.6b llama-3-8b
 build_kiln
 P=()
 (KILN_TEST_ONLY="attention(),attention_prep" run_test test_cuda_ops) >/tmp/a.out &
