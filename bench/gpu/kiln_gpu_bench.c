@@ -144,6 +144,7 @@ static double time_matmul(kiln_matrix *w, int copies, int64_t n, int path, int i
     return med;
 }
 
+static bool g_gemv_only; /* bench_matmul: no n = 512 GEMM (the gemv mode) */
 static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
     hmat h = make_host(fmt, rows, cols);
     int64_t bytes = kiln_matrix_bytes(&h.host);
@@ -214,9 +215,10 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
     kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
     kiln_cuda_set_gemv_dense_variant(-1, 0);
     kiln_cuda_set_qgemv_variant(-1, 0);
-    double ms = time_matmul(w, copies < 4 ? copies : 4, 512, 2, 7);
-    printf("gemm  %-5s %5lldx%-5lld n=512: %8.1f us  %6.1f TFLOP/s\n", fmt, (long long)rows,
-           (long long)cols, ms * 1e3, 2.0 * 512 * rows * cols / (ms * 1e-3) / 1e12);
+    double ms = g_gemv_only ? 0.0 : time_matmul(w, copies < 4 ? copies : 4, 512, 2, 7);
+    if (!g_gemv_only)
+        printf("gemm  %-5s %5lldx%-5lld n=512: %8.1f us  %6.1f TFLOP/s\n", fmt, (long long)rows,
+               (long long)cols, ms * 1e3, 2.0 * 512 * rows * cols / (ms * 1e-3) / 1e12);
     for (int c = 0; c < copies; c++) be->free_matrix(be, &w[c]);
     free(w);
     free(h.d), free(h.s), free(h.b);
@@ -290,6 +292,24 @@ static void bench_tc_all(void) {
     const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
     for (int f = 0; f < 4; f++)
         for (int s = 0; s < 4; s++) bench_tc(fmts[f], shapes[s][0], shapes[s][1]);
+}
+
+/* The GEMV kernels alone: env KILN_BENCH_GEMV_FMTS (default "q4g64 q8g64") at the shapes of
+ * KILN_BENCH_GEMV_SHAPES ("ROWSxCOLS ...", default Llama-3-8B's layer matrices and LM head), every
+ * kernel variant, in the matmul mode of env KILN_MATMUL (exact, or fast: one int8 digit of x). */
+static void bench_gemv_all(void) {
+    const char *fe = getenv("KILN_BENCH_GEMV_FMTS"), *se = getenv("KILN_BENCH_GEMV_SHAPES");
+    char fm[256], *fsave = NULL;
+    snprintf(fm, sizeof fm, "%s", fe && *fe ? fe : "q4g64 q8g64");
+    for (char *f = strtok_r(fm, " ", &fsave); f; f = strtok_r(NULL, " ", &fsave)) {
+        char sh[512], *save = NULL;
+        snprintf(sh, sizeof sh, "%s",
+                 se && *se ? se : "4096x4096 1024x4096 14336x4096 4096x14336 128256x4096");
+        for (char *t = strtok_r(sh, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+            long long r = 0, c = 0;
+            if (sscanf(t, "%lldx%lld", &r, &c) == 2 && r > 0 && c > 0) bench_matmul(f, r, c);
+        }
+    }
 }
 
 static void bench_big_gemm(void) {
@@ -490,6 +510,15 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "tc") == 0) { /* just the tensor-core GEMM */
         bench_copy();
         bench_tc_all();
+        kiln_status st = be->synchronize(be);
+        if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
+        kiln_backend_free(be);
+        return st == KILN_OK ? 0 : 1;
+    }
+    if (argc > 1 && strcmp(argv[1], "gemv") == 0) { /* just the decode GEMV kernels */
+        bench_copy();
+        g_gemv_only = true;
+        bench_gemv_all();
         kiln_status st = be->synchronize(be);
         if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
         kiln_backend_free(be);

@@ -57,6 +57,9 @@ template <typename T> static T __ldg(const T *p) {
     memcpy(&r, (const void *)p, sizeof r);
     return r;
 }
+template <typename T> static T kcu_ld(const T *p) { /* cuda_common.cuh's coherent load */
+    return __ldg(p);
+}
 static float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);

@@ -29,6 +29,9 @@ static inline uint4 __ldg(const uint4 *p) {
 static inline float4 __ldg(const float4 *p) {
     return *p;
 }
+template <typename T> static T kcu_ld(const T *p) { /* cuda_common.cuh's coherent load */
+    return *p;
+}
 #define __expf(x) expf(x)          /* glibc declares its own __expf */
 uint4 fa_sm_raw[(232 << 10) / 16]; /* "shared memory" of the running block */
 

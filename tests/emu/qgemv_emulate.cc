@@ -13,7 +13,7 @@
  * scratch) ends at a guard page and starts after one (a read or write past either end is a
  * SIGSEGV, reported with the buffer and the thread), its slack bytes are checked after each launch;
  * outputs, scratch and shared memory start as NaN (0xff bytes: a -1 digit, a NaN float); dynamic
- * shared memory ends at a guard page; 16-byte loads must be aligned; reads through __ldg / the
+ * shared memory ends at a guard page; 16-byte loads must be aligned; reads through kcu_ld / the
  * streaming load before griddepcontrol.wait must touch weights only (PDL); __syncthreads and
  * shuffles must be reached by all threads / lanes at the same place (else reported, or a
  * deadlock); every output finite.
@@ -324,16 +324,9 @@ static void qe_ro_read(const void *p, size_t bytes, const char *how) {
             qe_error("%s before griddepcontrol.wait reads %s", how, a ? a->name : "unknown memory");
     }
 }
-static uint4 __ldg(const uint4 *p) {
-    qe_ro_read(p, 16, "__ldg");
-    return *p;
-}
-static float2 __ldg(const float2 *p) {
-    qe_ro_read(p, 8, "__ldg");
-    return *p;
-}
-static float __ldg(const float *p) {
-    qe_ro_read(p, 4, "__ldg");
+/* cuda_common.cuh's coherent load of what earlier kernels wrote (activations, scratch) */
+template <typename T> static T kcu_ld(const T *p) {
+    qe_ro_read(p, sizeof(T), "ld.global");
     return *p;
 }
 static uint4 kcu_load_stream16(const void *p) {
@@ -768,6 +761,18 @@ int main(int argc, char **argv) {
                         k);
         }
     qe_fast = false;
+    /* 8 chunks in flight per lane (KILN_CUDA_QGEMV_INFLIGHT=8; n = 1 only) */
+    kiln_cuda_set_qgemv_inflight(8);
+    k = 0;
+    for (int b = 0; b < 2; b++)
+        for (int gi = 0; gi < 3; gi++) {
+            const int G = groups[gi];
+            const int64_t small[3] = {13, 7, 130}, odd[3] = {259, 61, 3};
+            qe_case(bits[b], G, sdts[(b + gi) % 2], 3 * G, small, 77, 41, 1, k++);
+            if (!quick)
+                qe_case(bits[b], G, sdts[(b + gi) % 2], 4096 + 2 * G, odd, 515, 129, 1, k++);
+        }
+    kiln_cuda_set_qgemv_inflight(-1);
     qe_declines();
     printf("%d cases (%d checks), worst rel err %.2e: %s\n", n_cases, n_checks, worst_err,
            n_failed ? "FAILED" : "all passed");

@@ -54,11 +54,11 @@ struct att_launch {
 __device__ __forceinline__ void load16(const void *base, int64_t off, int dt, bool ok, float v[8]) {
     if (dt == KILN_DT_F32) {
         float4 f =
-            ok ? __ldg((const float4 *)((const float *)base + off)) : make_float4(0, 0, 0, 0);
+            ok ? kcu_ld((const float4 *)((const float *)base + off)) : make_float4(0, 0, 0, 0);
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
         return;
     }
-    uint4 u = ok ? __ldg((const uint4 *)((const uint16_t *)base + off)) : make_uint4(0, 0, 0, 0);
+    uint4 u = ok ? kcu_ld((const uint4 *)((const uint16_t *)base + off)) : make_uint4(0, 0, 0, 0);
     uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) kcu_kv_unpack2(w[i], dt, v + 2 * i);

@@ -65,11 +65,11 @@ __device__ __forceinline__ void kcu_kv_unpack2(uint32_t w, int dt, float v[2]) {
 /* 4 values of K or V at element offset off (one 16-byte f32 or 8-byte f16/bf16 load), as f32 */
 __device__ __forceinline__ void atts_load4(const void *base, int64_t off, int dt, float v[4]) {
     if (dt == KILN_DT_F32) {
-        const float4 f = __ldg((const float4 *)((const float *)base + off));
+        const float4 f = kcu_ld((const float4 *)((const float *)base + off));
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
         return;
     }
-    const uint2 u = __ldg((const uint2 *)((const uint16_t *)base + off));
+    const uint2 u = kcu_ld((const uint2 *)((const uint16_t *)base + off));
     kcu_kv_unpack2(u.x, dt, v);
     kcu_kv_unpack2(u.y, dt, v + 2);
 }

@@ -246,11 +246,11 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
                 int64_t off = (int64_t)key * kvstride + (int64_t)kvh * D + d;
                 if (F32KV) {
                     const float4 *f = (const float4 *)((const float *)base + off);
-                    float4 x = __ldg(f), y = __ldg(f + 1);
+                    float4 x = kcu_ld(f), y = kcu_ld(f + 1);
                     return make_uint4(fa_pack<BF16>(x.x, x.y), fa_pack<BF16>(x.z, x.w),
                                       fa_pack<BF16>(y.x, y.y), fa_pack<BF16>(y.z, y.w));
                 }
-                return __ldg((const uint4 *)((const uint16_t *)base + off));
+                return kcu_ld((const uint4 *)((const uint16_t *)base + off));
             };
             /* K: 16 bytes (8 dims of one key) per thread and step, dims fastest (coalesced) */
             for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {

@@ -142,6 +142,13 @@ __device__ __forceinline__ void kcu_pdl_trigger(void) {
         kcu_pdl_wait();                                                                            \
         kcu_pdl_trigger();                                                                         \
     } while (0)
+/* Reads of what earlier kernels wrote (activations, KV caches, scratch) are plain coherent
+ * loads, never __ldg: ld.global.nc promises that the bytes do not change while the kernel runs,
+ * and under PDL a kernel runs while the one before it still writes, so such a load may be
+ * scheduled above kcu_pdl_wait(). Weights, which no kernel writes, keep the read-only path. */
+template <typename T> __device__ __forceinline__ T kcu_ld(const T *p) {
+    return *p;
+}
 /* Starts pulling read-only bytes (weights) towards L2 before the wait. */
 __device__ __forceinline__ void kcu_prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

@@ -92,7 +92,7 @@ __device__ __forceinline__ void gemv_dense_rows(float *y, const float *x, int64_
         for (int t = 0; t < NT; t++) {
             if (t >= n) break;
             const float4 *xp = (const float4 *)(x + t * cols + c);
-            float4 a = __ldg(xp), b = __ldg(xp + 1);
+            float4 a = kcu_ld(xp), b = kcu_ld(xp + 1);
             float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
             for (int r = 0; r < GEMV_R; r++)
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(DGEMV_WARPS * 32)
             for (int t = 0; t < NT; t++) {
                 if (t >= n) break;
                 const float4 *xp = (const float4 *)(x + (int64_t)t * cols + (int64_t)c * 8);
-                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                const float4 a = kcu_ld(xp), b = kcu_ld(xp + 1);
                 const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[t] = fmaf(wv[i], xv[i], acc[t]);
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
             for (int r = 0; r < GEMV_R; r++) d[r] = 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; k++) { /* 4 codes at a time keeps few x values live */
-                float4 a = __ldg(xp + k);
+                float4 a = kcu_ld(xp + k);
                 float xv[4] = {a.x, a.y, a.z, a.w};
                 sx += (a.x + a.y) + (a.z + a.w);
 #pragma unroll
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             float xv[NT][4];
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                float4 a = t < n ? __ldg((const float4 *)(x + (int64_t)t * cols + c) + k)
+                float4 a = t < n ? kcu_ld((const float4 *)(x + (int64_t)t * cols + c) + k)
                                  : make_float4(0.f, 0.f, 0.f, 0.f);
                 xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
                 sx[t] += (a.x + a.y) + (a.z + a.w);

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int t = 0; t < NT; t++) {
             if (t >= n) break;
             const float4 *xp = (const float4 *)(x + (int64_t)t * cols + c);
-            const float4 a = __ldg(xp), b = __ldg(xp + 1);
+            const float4 a = kcu_ld(xp), b = kcu_ld(xp + 1);
             float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
             if (F & FUSE_NORM) {
 #pragma unroll
