@@ -1910,17 +1910,12 @@ int main(void) {
     kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
     RUN(test_dequant_gemm());
     RUN(test_qgemv_dp4a());
-    /* the quantized decode fusions are opt-in (KILN_CUDA_QFUSED=1): their checks failed on the
-     * H200 on 2026-12-03 (first: a 96-column q4g32 matmul_add left rows unwritten) and every check
-     * after them in this process failed too, so they run only with KILN_TEST_QFUSED=1. The cause
-     * was check_qfused_case's: matmul_add's matrix had F = 77 columns at group 32, which
-     * upload_matrix refuses; the op then ran on its NULL device copy (an illegal address). */
-    const char *qf = getenv("KILN_TEST_QFUSED");
-    if (qf && strcmp(qf, "1") == 0) {
-        kiln_cuda_set_qfused(1);
-        RUN(test_qgemv_fused());
-        kiln_cuda_set_qfused(-1);
-    }
+    /* the quantized decode fusions (on by default): every flag combination, inline mode and
+     * PDL setting; at n >= 2 the norm cases go through the tensor-core GEMM (a norm without a
+     * weight among them: that GEMM skipped such norms before 2026-12-03) */
+    kiln_cuda_set_qfused(1);
+    RUN(test_qgemv_fused());
+    kiln_cuda_set_qfused(-1);
     RUN(test_gemv_bf16_rows());
     RUN(test_tc_gemm());
     RUN(test_tc_fused());

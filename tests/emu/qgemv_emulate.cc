@@ -761,18 +761,6 @@ int main(int argc, char **argv) {
                         k);
         }
     qe_fast = false;
-    /* 8 chunks in flight per lane (KILN_CUDA_QGEMV_INFLIGHT=8; n = 1 only) */
-    kiln_cuda_set_qgemv_inflight(8);
-    k = 0;
-    for (int b = 0; b < 2; b++)
-        for (int gi = 0; gi < 3; gi++) {
-            const int G = groups[gi];
-            const int64_t small[3] = {13, 7, 130}, odd[3] = {259, 61, 3};
-            qe_case(bits[b], G, sdts[(b + gi) % 2], 3 * G, small, 77, 41, 1, k++);
-            if (!quick)
-                qe_case(bits[b], G, sdts[(b + gi) % 2], 4096 + 2 * G, odd, 515, 129, 1, k++);
-        }
-    kiln_cuda_set_qgemv_inflight(-1);
     qe_declines();
     printf("%d cases (%d checks), worst rel err %.2e: %s\n", n_cases, n_checks, worst_err,
            n_failed ? "FAILED" : "all passed");

@@ -87,10 +87,7 @@ void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
  * (default; env KILN_CUDA_QGEMV_INLINE_COLS columns per SM, 6144); -1 goes back to env
  * KILN_CUDA_QGEMV_INLINE. Off with KILN_CUDA_FUSED=0. */
 void kiln_cuda_set_qgemv_inline(int mode);
-/* 16-byte chunks of codes in flight per lane in the dp4a kernel at n = 1: 4 (default) or 8; -1
- * goes back to env KILN_CUDA_QGEMV_INFLIGHT. */
-void kiln_cuda_set_qgemv_inflight(int chunks);
-/* The quantized (dp4a) decode fusions: 1 on, 0 off, < 0 back to KILN_CUDA_QFUSED (default off;
+/* The quantized (dp4a) decode fusions: 1 on, 0 off, < 0 back to KILN_CUDA_QFUSED (default on;
  * see kcu_qfused_enabled in gemv.cuh). */
 void kiln_cuda_set_qfused(int on);
 /* Decode attention with the q/k norm + RoPE and the KV store inside (attention.cu's PREP kernel,

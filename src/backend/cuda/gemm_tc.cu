@@ -70,10 +70,10 @@ struct tc_prep_args {
     const float *x;               /* [n, cols] */
     uint16_t *xh, *xl;            /* [n_pad, cols_pad] */
     float *xsum, *inv_sigma;      /* [n_pad, cols_pad / group], [n_pad] */
-    const float *norm_w;          /* RMSNorm weight [cols] or NULL */
+    const float *norm_w;          /* RMSNorm weight [cols], or NULL: weight 1 */
     int n, cols, cols_pad, group; /* group: quantized only */
     float eps;
-    int plus_one;
+    int norm, plus_one; /* norm: x is RMS-normalized first (with or without a weight) */
 };
 
 /* ---- device primitives (the emulator supplies its own) ---- */
@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ 
         return r;
     };
     float inv = 1.0f;
-    if (P.norm_w) {
+    if (P.norm) {
         float ss = 0.0f;
         for (int k = 0; k < nk; k++) {
             float v[8];
@@ -504,12 +504,15 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ 
     /* the run's values as the matmul sees them: x, or x normalized */
     auto vals = [&](int o, float(&v)[8]) {
         load8(o, v);
-        if (P.norm_w)
+        if (P.norm)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int c = 8 * o + j;
                 if (o < nrun && c < P.cols)
-                    v[j] = v[j] * inv * (P.plus_one ? 1.0f + P.norm_w[c] : P.norm_w[c]);
+                    v[j] = v[j] * inv *
+                           (!P.norm_w    ? 1.0f
+                            : P.plus_one ? 1.0f + P.norm_w[c]
+                                         : P.norm_w[c]);
             }
     };
     float sigma = 1.0f, inv_sigma = 1.0f;
@@ -683,8 +686,8 @@ static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, in
 
 /* The kernels' parameters for a plan and its scratch. */
 static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *ys, const float *x,
-                         int64_t n, const kiln_matrix *const *ws, const float *norm_w, float eps,
-                         bool plus_one, bool add, tc_args *A, tc_prep_args *P) {
+                         int64_t n, const kiln_matrix *const *ws, bool norm, const float *norm_w,
+                         float eps, bool plus_one, bool add, tc_args *A, tc_prep_args *P) {
     memset(A, 0, sizeof *A);
     memset(P, 0, sizeof *P);
     int tiles = 0, roff = 0;
@@ -715,6 +718,7 @@ static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *y
     P->xl = (uint16_t *)(scr + p.off_xl);
     P->xsum = (float *)(scr + p.off_xsum);
     P->inv_sigma = (float *)(scr + p.off_isg);
+    P->norm = norm ? 1 : 0;
     P->norm_w = norm_w;
     P->n = (int)n, P->cols = p.cols, P->cols_pad = p.cols_pad, P->group = p.group;
     P->eps = eps, P->plus_one = plus_one ? 1 : 0;
@@ -812,8 +816,8 @@ static void tc_launch_bn(kcu_state *st, const tc_args &A, dim3 grid, int bn) {
 }
 
 bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
-                 const kiln_matrix *const *ws, const float *norm_w, float eps, bool plus_one,
-                 bool add) {
+                 const kiln_matrix *const *ws, bool norm, const float *norm_w, float eps,
+                 bool plus_one, bool add) {
     for (int i = 0; i < count; i++)
         if (!kcu_tc_gemm_applies(ws[i], n)) return false;
     tc_plan p;
@@ -822,7 +826,7 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     if (!scr) return true; /* the sticky error is set */
     tc_args A;
     tc_prep_args P;
-    tc_plan_args(p, scr, count, ys, x, n, ws, norm_w, eps, plus_one, add, &A, &P);
+    tc_plan_args(p, scr, count, ys, x, n, ws, norm, norm_w, eps, plus_one, add, &A, &P);
 
     const size_t psm = TC_THREADS / 32 * sizeof(float);
     if (!p.quant)

@@ -13,10 +13,10 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n);
 
 /* ys[i][n, ws[i]->rows] (+)= f(x) @ ws[i]^T (+ ws[i]->bias) for count <= 4 matrices of one format
  * (dtype, bits, group, scale dtype) and the same cols; f(x) = rmsnorm(x; norm_w, eps, plus_one)
- * when norm_w, else x; add: the result is added to ys[i]. Returns false (and launches nothing)
- * when the kernel does not take them. */
+ * when norm (norm_w NULL: weight 1, as kiln_cpu_rmsnorm), else x; add: the result is added to
+ * ys[i]. Returns false (and launches nothing) when the kernel does not take them. */
 bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
-                 const kiln_matrix *const *ws, const float *norm_w, float eps, bool plus_one,
-                 bool add);
+                 const kiln_matrix *const *ws, bool norm, const float *norm_w, float eps,
+                 bool plus_one, bool add);
 
 #endif

@@ -57,13 +57,10 @@ __device__ __forceinline__ float kcu_glu_act(float g, int act) {
  * KILN_CUDA_FUSED=0 (then the ops run as compositions of plain ops, for A/B runs). */
 bool kcu_fused_enabled(void);
 /* The dp4a ones of qgemv.cu (quantized weights at n <= 8: fused norm / add / GLU, q/k/v in one
- * launch, digits made in the blocks) are opt-in, KILN_CUDA_QFUSED=1 (and not KILN_CUDA_FUSED=0):
- * their op test (test_qgemv_fused) failed on the H200 on 2026-12-03 (first at a 96-column
- * q4g32 matmul_add), although the fixture parity tests passed with them on. The cause was the
- * test's (a matmul_add matrix of 77 columns at group 32, refused by upload_matrix, then used:
- * an illegal address in the composition's generic GEMV); the kernels pass the CPU emulation
- * (tests/emu/qgemv_emulate.cc) and stay opt-in until the fixed test passes on a GPU. Tests switch
- * them with kiln_cuda_set_qfused. */
+ * launch, digits made in the blocks) are on unless KILN_CUDA_QFUSED=0 or KILN_CUDA_FUSED=0.
+ * (They were opt-in while test_qgemv_fused failed on the H200: first through the test's own bug,
+ * then through the tensor-core GEMM's, which skipped a norm without a weight at n >= 2; both
+ * fixed, the kernels themselves were right.) Tests switch them with kiln_cuda_set_qfused. */
 bool kcu_qfused_enabled(void);
 
 /* x and w->data 16-byte aligned and rows that keep 16-byte alignment (matmul.cu). */

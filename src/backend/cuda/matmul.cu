@@ -763,7 +763,7 @@ extern "C" void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n
     if (n <= 0 || w->rows <= 0) return;
     int path = g_force_path;
     /* tensor cores (gemm_tc.cu): 4/8-bit weights at n >= 2, bf16 at 2 <= n <= 16 (by default) */
-    if (path == 0 && kcu_tc_gemm(st, 1, &y, x, n, &w, NULL, 0.0f, false, false)) return;
+    if (path == 0 && kcu_tc_gemm(st, 1, &y, x, n, &w, false, NULL, 0.0f, false, false)) return;
     if (path == 0) path = n <= GEMV_MAX_N ? 1 : 2;
     if (path == 1 && n <= GEMV_MAX_N && kcu_gemv_ok(w, x)) {
         if (n == 1)
@@ -804,7 +804,8 @@ extern "C" void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, 
                                  int64_t n, const kiln_matrix *const *ws) {
     kcu_state *st = kcu_st(be);
     /* one tensor-core launch for all of them (same format), x split once */
-    if (g_force_path == 0 && kcu_tc_gemm(st, count, ys, x, n, ws, NULL, 0.0f, false, false)) return;
+    if (g_force_path == 0 && kcu_tc_gemm(st, count, ys, x, n, ws, false, NULL, 0.0f, false, false))
+        return;
     bool one =
         count >= 2 && count <= GEMV_MULTI_MAX && n >= 1 && n <= GEMV_MAX_N && g_force_path != 2;
     for (int i = 0; one && i < count; i++)

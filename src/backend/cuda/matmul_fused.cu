@@ -181,7 +181,7 @@ static int g_qfused_on = -1;
 bool kcu_qfused_enabled(void) {
     if (g_qfused_on < 0) {
         const char *e = getenv("KILN_CUDA_QFUSED");
-        g_qfused_on = e && strcmp(e, "1") == 0;
+        g_qfused_on = !(e && strcmp(e, "0") == 0);
     }
     return g_qfused_on != 0 && kcu_fused_enabled();
 }
@@ -239,7 +239,7 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
     if (n <= 0) return;
     /* tensor cores (batched decode, prefill): the norm is applied as x is split */
     if (kcu_fused_enabled() &&
-        kcu_tc_gemm(kcu_st(be), count, ys, x, n, ws, norm_w, eps, plus_one, false))
+        kcu_tc_gemm(kcu_st(be), count, ys, x, n, ws, true, norm_w, eps, plus_one, false))
         return;
     if (!fused_applies(count, ws, x, n, norm_w)) {
         if (kcu_qfused_enabled() &&
@@ -270,7 +270,8 @@ extern "C" void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, c
 extern "C" void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
                                const kiln_matrix *w) {
     if (n <= 0) return;
-    if (kcu_fused_enabled() && kcu_tc_gemm(kcu_st(be), 1, &y, x, n, &w, NULL, 0.0f, false, true))
+    if (kcu_fused_enabled() &&
+        kcu_tc_gemm(kcu_st(be), 1, &y, x, n, &w, false, NULL, 0.0f, false, true))
         return;
     if (!fused_applies(1, &w, x, n, NULL)) {
         if (kcu_qfused_enabled() && kcu_qgemv_dp4a_add(kcu_st(be), y, x, n, w)) return;
@@ -298,7 +299,7 @@ extern "C" void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x
     /* tensor cores: gate and up in one launch on the normalized x, then the activation */
     float *const gu[2] = {out, up};
     if (wg->rows == wu->rows && kcu_fused_enabled() &&
-        kcu_tc_gemm(kcu_st(be), 2, gu, x, n, ws, norm_w, eps, plus_one, false)) {
+        kcu_tc_gemm(kcu_st(be), 2, gu, x, n, ws, true, norm_w, eps, plus_one, false)) {
         if (act == KILN_GLU_GELU_TANH)
             be->gelu_tanh_mul(be, out, out, up, n * wg->rows);
         else

@@ -46,7 +46,7 @@
 #include <string.h>
 
 #define QG_WARPS    8    /* warps per block */
-#define QG_INFLIGHT 4    /* 16-byte chunks in flight per lane (over its rows); 8 by the knob */
+#define QG_INFLIGHT 4    /* 16-byte chunks in flight per lane (over its rows) */
 #define QG_MAX      4    /* matrices per launch */
 #define QG_INL_COLS 8192 /* most columns whose digits a block makes itself (28 KiB of shared) */
 
@@ -197,13 +197,10 @@ struct qg_args {
  * serves RR rows. A block holds QG_WARPS/KS tiles of one matrix; warp = tile in block * KS + ks.
  * QG_INL (n = 1): the block first turns x into digits in shared memory (its weight loads already
  * in flight), which saves pass 1's launch where the grid is small. */
-/* IF: 16-byte chunks in flight per lane (QG_INFLIGHT, or 8 at n = 1 by KILN_CUDA_QGEMV_INFLIGHT).
- * Registers 64 / 80 / 128: 32 / 24 / 16 warps per SM. */
-template <int B, int NT, int RR, int F, int IF = QG_INFLIGHT>
-__global__ void __launch_bounds__(QG_WARPS * 32, IF > QG_INFLIGHT ? (NT * RR <= 2 ? 3 : 2)
-                                                 : NT * RR <= 2   ? 4
-                                                 : NT * RR <= 4   ? 3
-                                                                  : 2)
+template <int B, int NT, int RR, int F> /* 64 / 80 / 128 registers: 32 / 24 / 16 warps per SM */
+__global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
+                                                 : NT * RR <= 4 ? 3
+                                                                : 2)
     k_qgemv_dp4a(const __grid_constant__ qg_args A) {
     static_assert(B == 4 || B == 8, "dp4a GEMV: 4- or 8-bit codes");
     constexpr bool NORM = F & QG_NORM, ADD = F & QG_ADD, GLU = F & QG_GLU, INL = F & QG_INL;
@@ -212,7 +209,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, IF > QG_INFLIGHT ? (NT * RR <= 
     constexpr int R = GLU ? RR / 2 : RR; /* rows of one matrix per tile */
     constexpr int CODES = 128 / B;       /* codes per 16-byte chunk */
     constexpr int NW = B == 4 ? 8 : 4;   /* 4-byte code words (after the nibble split) per chunk */
-    constexpr int U = IF / RR;           /* chunks per row in flight per lane */
+    constexpr int U = QG_INFLIGHT / RR;  /* chunks per row in flight per lane */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int ks_log2 = A.ks_log2, KS = 1 << ks_log2, ks = warp & (KS - 1);
     int m = 0;
@@ -427,11 +424,11 @@ struct qg_call {
     int rows_per_warp; /* 0: by n and flags */
 };
 
-template <int B, int NT, int RR, int F, int IF = QG_INFLIGHT>
-static void qg_launch_if(kcu_state *st, bool pdl, const qg_args &A, unsigned blocks, size_t smem) {
+template <int B, int NT, int RR, int F>
+static void qg_launch(kcu_state *st, bool pdl, const qg_args &A, unsigned blocks, size_t smem) {
 #ifdef QG_HOST_EMU /* the emulator's launch runs the blocks on emulated threads */
     (void)pdl;
-    KCU_LAUNCH(st, (k_qgemv_dp4a<B, NT, RR, F, IF>), blocks, QG_WARPS * 32, smem, A);
+    KCU_LAUNCH(st, (k_qgemv_dp4a<B, NT, RR, F>), blocks, QG_WARPS * 32, smem, A);
 #else
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
@@ -443,36 +440,14 @@ static void qg_launch_if(kcu_state *st, bool pdl, const qg_args &A, unsigned blo
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F, IF>, A);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F>, A);
     if (e != cudaSuccess && pdl) { /* e.g. a driver without PDL: launch plainly */
         (void)cudaGetLastError();
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F, IF>, A);
+        e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F>, A);
     }
     KCU_CHECK(st, e);
 #endif
-}
-
-/* Chunks in flight per lane at n = 1: QG_INFLIGHT, or 8 with KILN_CUDA_QGEMV_INFLIGHT=8 /
- * kiln_cuda_set_qgemv_inflight(8) (more bytes in flight per warp, fewer warps per SM). */
-static int g_qg_inflight = -1;
-extern "C" void kiln_cuda_set_qgemv_inflight(int chunks) {
-    g_qg_inflight = chunks;
-}
-static bool qg_inflight8(void) {
-    if (g_qg_inflight < 0) {
-        const char *e = getenv("KILN_CUDA_QGEMV_INFLIGHT");
-        g_qg_inflight = e && *e ? atoi(e) : QG_INFLIGHT;
-    }
-    return g_qg_inflight == 8;
-}
-
-template <int B, int NT, int RR, int F>
-static void qg_launch(kcu_state *st, bool pdl, const qg_args &A, unsigned blocks, size_t smem) {
-    if constexpr (NT == 1) {
-        if (qg_inflight8()) return qg_launch_if<B, NT, RR, F, 8>(st, pdl, A, blocks, smem);
-    }
-    qg_launch_if<B, NT, RR, F>(st, pdl, A, blocks, smem);
 }
 
 /* The instantiations: plain GEMV at every R (the bench's and tests' knob), the fusions at the
