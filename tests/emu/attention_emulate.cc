@@ -79,8 +79,9 @@ using std::max;
 static int failures = 0, cases = 0;
 enum { GUARD = 1024 };
 
-/* Runs k_attn_decode_short<GM, CH>(A) over grid: one std::thread per CUDA thread walks the blocks
- * in order; thread 0 poisons and checks the shared memory between two barriers around each block.
+/* Runs k_attn_decode_short<GM, CH, A.kv_dtype>(A) over grid: one std::thread per CUDA thread walks
+ * the blocks in order; thread 0 poisons and checks the shared memory between two barriers around
+ * each block.
  */
 template <int GM, int CH> static void emu_launch(const atts_args &A, emu_dim3 grid) {
     const int threads = ATTS_WARPS * 32;
@@ -111,7 +112,12 @@ template <int GM, int CH> static void emu_launch(const atts_args &A, emu_dim3 gr
                     }
                     bar.arrive_and_wait();
                     blockIdx = {x, y, 0};
-                    k_attn_decode_short<GM, CH>(A);
+                    if (A.kv_dtype == KILN_DT_F32)
+                        k_attn_decode_short<GM, CH, KILN_DT_F32>(A);
+                    else if (A.kv_dtype == KILN_DT_BF16)
+                        k_attn_decode_short<GM, CH, KILN_DT_BF16>(A);
+                    else
+                        k_attn_decode_short<GM, CH, KILN_DT_F16>(A);
                     bar.arrive_and_wait();
                     if (t != 0) continue;
                     for (int i = 0; i < GUARD; i++)

@@ -335,14 +335,14 @@ static uint4 kcu_load_stream16(const void *p) {
     memcpy(&v, p, 16);
     return v;
 }
-static float kcu_load(const void *p, int64_t i, int dt) {
-    if (dt == KILN_DT_F32) {
-        qe_ro_read((const float *)p + i, 4, "kcu_load");
-        return ((const float *)p)[i];
-    }
-    qe_ro_read((const uint16_t *)p + i, 2, "kcu_load");
-    const uint16_t h = ((const uint16_t *)p)[i];
-    return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+static float kcu_bf16(uint16_t h) {
+    return kiln_bf16_to_f32(h);
+}
+static float kcu_f16(uint16_t h) {
+    return kiln_f16_to_f32(h);
+}
+static int min(int a, int b) {
+    return a < b ? a : b;
 }
 static void kcu_pdl_wait() {
     qe_fib[threadIdx.x].waited = true;

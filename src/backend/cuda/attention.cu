@@ -423,18 +423,27 @@ static int att_short_max(void) {
     return g_att_short;
 }
 
-template <int GM, int CH> static void launch_short(kcu_state *st, const atts_args &A, dim3 grid) {
+template <int GM, int CH, int DT>
+static void launch_short_dt(kcu_state *st, const atts_args &A, dim3 grid) {
     const size_t smem = atts_smem_bytes(A.group, A.vhd);
-    static size_t raised = 48 * 1024;
+    static size_t raised = 48 * 1024; /* per instance */
     if (smem > raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn_decode_short<GM, CH>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn_decode_short<GM, CH, DT>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = smem;
     }
-    KCU_LAUNCH(st, (k_attn_decode_short<GM, CH>), grid, ATTS_WARPS * 32, smem, A);
+    KCU_LAUNCH(st, (k_attn_decode_short<GM, CH, DT>), grid, ATTS_WARPS * 32, smem, A);
     KCU_LAUNCHED(st);
+}
+template <int GM, int CH> static void launch_short(kcu_state *st, const atts_args &A, dim3 grid) {
+    if (A.kv_dtype == KILN_DT_F32)
+        launch_short_dt<GM, CH, KILN_DT_F32>(st, A, grid);
+    else if (A.kv_dtype == KILN_DT_BF16)
+        launch_short_dt<GM, CH, KILN_DT_BF16>(st, A, grid);
+    else
+        launch_short_dt<GM, CH, KILN_DT_F16>(st, A, grid);
 }
 
 /* The short decode kernel (attention_decode.cuh) for L when it applies (every sequence one token,

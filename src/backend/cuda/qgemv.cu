@@ -146,11 +146,18 @@ __global__ void __launch_bounds__(256)
  * the scale and bias of each chunk's group; g0[r] = row r's first group; rows r < HALF read the
  * scales of matrix sp[0], the others sp[1]) so they are all in flight at once. Chunks past the
  * row's end read as 0. */
+/* A group's scale or bias (bf16 or f16, the kernel's scale dtypes) without a branch on the dtype */
+__device__ __forceinline__ float qg_scale16(const void *p, int64_t i, bool bf16) {
+    const uint16_t h = ((const uint16_t *)p)[i];
+    const float b = kcu_bf16(h), f = kcu_f16(h);
+    return bf16 ? b : f;
+}
+
 template <int B, int RR, int U, int HALF>
 __device__ __forceinline__ void
 qg_load_chunks(uint4 (&q)[U][RR], float (&s)[U][RR], float (&b)[U][RR],
                const uint4 *const (&wr)[RR], const int64_t (&g0)[RR], const void *const (&sp)[2],
-               const void *const (&bp)[2], int sdt, int group_log2, int c0, int step, int nch) {
+               const void *const (&bp)[2], bool bf16, int group_log2, int c0, int step, int nch) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = c0 + u * step;
@@ -159,8 +166,8 @@ qg_load_chunks(uint4 (&q)[U][RR], float (&s)[U][RR], float (&b)[U][RR],
         for (int r = 0; r < RR; r++) {
             if (c < nch) {
                 q[u][r] = kcu_load_stream16(wr[r] + c);
-                s[u][r] = kcu_load(sp[r >= HALF], g0[r] + g, sdt);
-                b[u][r] = kcu_load(bp[r >= HALF], g0[r] + g, sdt);
+                s[u][r] = qg_scale16(sp[r >= HALF], g0[r] + g, bf16);
+                b[u][r] = qg_scale16(bp[r >= HALF], g0[r] + g, bf16);
             } else {
                 q[u][r] = make_uint4(0, 0, 0, 0);
                 s[u][r] = b[u][r] = 0.0f;
@@ -168,6 +175,9 @@ qg_load_chunks(uint4 (&q)[U][RR], float (&s)[U][RR], float (&b)[U][RR],
         }
     }
 }
+
+/* The number of x's digits as a type, for the main loop's template lambda */
+template <int N> struct qg_nd { static constexpr int value = N; };
 
 /* Kernel parameters: up to QG_MAX matrices with the same cols, bits, group size and scale dtype
  * (block b belongs to matrix m with first[m] <= b < first[m+1]); QG_GLU: w[0] gate, w[1] up (same
@@ -242,7 +252,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
     uint4 q[U][RR];
     float sc[U][RR], bc[U][RR]; /* the chunks' group scales and biases */
     int c0 = ks * 32 + lane;
-    qg_load_chunks<B, RR, U, R>(q, sc, bc, wr, g0, sp, bp, A.sdt, A.group_log2, c0, step, nch);
+    const bool bf16 = A.sdt == KILN_DT_BF16;
+    qg_load_chunks<B, RR, U, R>(q, sc, bc, wr, g0, sp, bp, bf16, A.group_log2, c0, step, nch);
     kcu_pdl_wait(); /* x (or pass 1's digits) are complete from here on */
     kcu_pdl_trigger();
 
@@ -273,79 +284,96 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
         }
     }
 
-    for (;;) {
+    /* The stream of chunks with ND digits of x (3 exact, 1 fast mode): a template argument, so
+     * the loop has no branch on it. Chunks past the row's end (codes, scales and biases zero) read
+     * the last chunk's digits and add nothing: every chunk runs the same straight code, and the
+     * compiler issues all of a chunk's digit loads at once. */
+    auto stream = [&](auto nd_tag) {
+        constexpr int ND = decltype(nd_tag)::value;
+        for (;;) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + u * step;
-            if (c >= nch) break;
-            uint32_t cw[RR][NW];
+            for (int u = 0; u < U; u++) {
+                const int c = min(c0 + u * step, nch - 1);
+                uint32_t cw[RR][NW];
 #pragma unroll
-            for (int r = 0; r < RR; r++) {
-                const uint32_t wd[4] = {q[u][r].x, q[u][r].y, q[u][r].z, q[u][r].w};
+                for (int r = 0; r < RR; r++) {
+                    const uint32_t wd[4] = {q[u][r].x, q[u][r].y, q[u][r].z, q[u][r].w};
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    if constexpr (B == 4) {
-                        cw[r][2 * i] = wd[i] & 0x0F0F0F0Fu;
-                        cw[r][2 * i + 1] = (wd[i] >> 4) & 0x0F0F0F0Fu;
-                    } else {
-                        cw[r][i] = wd[i];
-                    }
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= n) break;
-                int D[RR][3];
-#pragma unroll
-                for (int p = 0; p < 3; p++)
-#pragma unroll
-                    for (int r = 0; r < RR; r++) D[r][p] = 0;
-#pragma unroll
-                for (int p = 0; p < 3; p++) {
-                    if (p > 0 && A.nd == 1) break; /* fast mode: digit 0 only */
-#pragma unroll
-                    for (int k = 0; k < NW / 4; k++) {
-                        /* digit p of the 16 columns k of this chunk (4-bit: unit 2c+k, stored at
-                         * k*ng + c; 8-bit: unit c) */
-                        const int64_t di = (int64_t)(t * 3 + p) * n16 + (B == 4 ? k * ng + c : c);
-                        uint4 dv;
-                        if constexpr (INL)
-                            dv = dig[di];
-                        else
-                            dv = kcu_ld(dig + di);
-#pragma unroll
-                        for (int r = 0; r < RR; r++) {
-                            D[r][p] = qg_dp4a(cw[r][4 * k], dv.x, D[r][p]);
-                            D[r][p] = qg_dp4a(cw[r][4 * k + 1], dv.y, D[r][p]);
-                            D[r][p] = qg_dp4a(cw[r][4 * k + 2], dv.z, D[r][p]);
-                            D[r][p] = qg_dp4a(cw[r][4 * k + 3], dv.w, D[r][p]);
+                    for (int i = 0; i < 4; i++) {
+                        if constexpr (B == 4) {
+                            cw[r][2 * i] = wd[i] & 0x0F0F0F0Fu;
+                            cw[r][2 * i + 1] = (wd[i] >> 4) & 0x0F0F0F0Fu;
+                        } else {
+                            cw[r][i] = wd[i];
                         }
                     }
                 }
-                float e, sx;
-                if constexpr (INL) {
-                    e = E[c * CODES >> 5];
-                    sx = B == 4 ? sx16[2 * c] + sx16[2 * c + 1] : sx16[c];
-                } else {
-                    e = kcu_ld(E + (int64_t)t * ng + (c * CODES >> 5));
-                    if constexpr (B == 4) {
-                        const float2 s2 = kcu_ld((const float2 *)(sx16 + (int64_t)t * n16 + 2 * c));
-                        sx = s2.x + s2.y;
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= n) break;
+                    /* digit p of the 16 columns k of this chunk (4-bit: unit 2c+k, stored at
+                     * k*ng + c; 8-bit: unit c), the block's exponent and the sum of x */
+                    uint4 dv[ND][NW / 4];
+#pragma unroll
+                    for (int p = 0; p < ND; p++)
+#pragma unroll
+                        for (int k = 0; k < NW / 4; k++) {
+                            const int64_t di =
+                                (int64_t)(t * 3 + p) * n16 + (B == 4 ? k * ng + c : c);
+                            if constexpr (INL)
+                                dv[p][k] = dig[di];
+                            else
+                                dv[p][k] = kcu_ld(dig + di);
+                        }
+                    float e, sx;
+                    if constexpr (INL) {
+                        e = E[c * CODES >> 5];
+                        sx = B == 4 ? sx16[2 * c] + sx16[2 * c + 1] : sx16[c];
                     } else {
-                        sx = kcu_ld(sx16 + (int64_t)t * n16 + c);
+                        e = kcu_ld(E + (int64_t)t * ng + (c * CODES >> 5));
+                        if constexpr (B == 4) {
+                            const float2 s2 =
+                                kcu_ld((const float2 *)(sx16 + (int64_t)t * n16 + 2 * c));
+                            sx = s2.x + s2.y;
+                        } else {
+                            sx = kcu_ld(sx16 + (int64_t)t * n16 + c);
+                        }
+                    }
+                    int D[RR][ND];
+#pragma unroll
+                    for (int r = 0; r < RR; r++)
+#pragma unroll
+                        for (int p = 0; p < ND; p++) {
+                            int d = 0;
+#pragma unroll
+                            for (int k = 0; k < NW / 4; k++) {
+                                d = qg_dp4a(cw[r][4 * k], dv[p][k].x, d);
+                                d = qg_dp4a(cw[r][4 * k + 1], dv[p][k].y, d);
+                                d = qg_dp4a(cw[r][4 * k + 2], dv[p][k].z, d);
+                                d = qg_dp4a(cw[r][4 * k + 3], dv[p][k].w, d);
+                            }
+                            D[r][p] = d;
+                        }
+#pragma unroll
+                    for (int r = 0; r < RR; r++) {
+                        float qx = (float)D[r][0];
+                        if constexpr (ND == 3)
+                            qx = fmaf((float)D[r][2], 65536.0f, fmaf((float)D[r][1], 256.0f, qx));
+                        acc[r][t] = fmaf(sc[u][r] * e, qx, fmaf(bc[u][r], sx, acc[r][t]));
                     }
                 }
-#pragma unroll
-                for (int r = 0; r < RR; r++) {
-                    const float qx = fmaf((float)D[r][2], 65536.0f,
-                                          fmaf((float)D[r][1], 256.0f, (float)D[r][0]));
-                    acc[r][t] = fmaf(sc[u][r] * e, qx, fmaf(bc[u][r], sx, acc[r][t]));
-                }
             }
+            c0 += U * step;
+            if (c0 >= nch) break;
+            qg_load_chunks<B, RR, U, R>(q, sc, bc, wr, g0, sp, bp, bf16, A.group_log2, c0, step,
+                                        nch);
         }
-        c0 += U * step;
-        if (c0 >= nch) break;
-        qg_load_chunks<B, RR, U, R>(q, sc, bc, wr, g0, sp, bp, A.sdt, A.group_log2, c0, step, nch);
+    };
+    if (c0 < nch) {
+        if (A.nd == 1)
+            stream(qg_nd<1>{});
+        else
+            stream(qg_nd<3>{});
     }
 
     QG_SHARED(float, part, [QG_WARPS][RR][NT]);
@@ -404,6 +432,7 @@ static bool qg_use_pdl(kcu_state *st) {
 
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n) {
     return kiln_matrix_is_quantized(w) && (w->bits == 4 || w->bits == 8) && n >= 1 && n <= 8 &&
+           (w->scale_dtype == KILN_DT_BF16 || w->scale_dtype == KILN_DT_F16) &&
            w->group_size >= 32 && (w->group_size & (w->group_size - 1)) == 0 &&
            w->cols % w->group_size == 0 && ((uintptr_t)w->data & 15) == 0 && w->rows < INT32_MAX &&
            w->cols < INT32_MAX / 8;

@@ -36,8 +36,8 @@ int kcu_quant_cublas_min_n(void);
  * one int8 digit of x in the dp4a GEMV. */
 bool kcu_fast_math(void);
 
-/* The dp4a GEMV of qgemv.cu (4/8-bit codes, n <= 8): whether it takes w, and the call (false when
- * it does not apply). */
+/* The dp4a GEMV of qgemv.cu (4/8-bit codes, bf16 / f16 scales, n <= 8): whether it takes w, and
+ * the call (false when it does not apply). */
 bool kcu_qgemv_dp4a_applies(const kiln_matrix *w, int64_t n);
 bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w);
 bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
