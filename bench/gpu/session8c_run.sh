@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# session8c_run.sh — the eighth session's third GPU call: build; the CUDA tests after the dp4a
+# GEMV's and the short decode attention's loads lost their dtype branches; the dp4a GEMV alone at
+# Llama-3-8B shapes (exact, then fast) against the session's first call (q4g64 14336x4096 n = 1
+# 20.9 us); batch-1 decode of the quantized models (exact and --fast-math) and of bf16 with f32 vs
+# f16 KV. LIMIT s in all.
+LIMIT=${LIMIT:-400}
+source "$(dirname "$0")/common.sh"
+(
+    make_model qwen3-0.6b
+    make_model llama-3-8b
+    while [ ! -x $B/kiln ]; do sleep 2; done
+    for m in qwen3-0.6b:4 qwen3-0.6b:8 llama-3-8b:4 llama-3-8b:8; do
+        s=${m%:*} b=${m#*:}
+        [ -f $M/$s-q$b/config.json ] ||
+            $B/kiln convert --model $M/$s --out $M/$s-q$b --bits $b --group 64 --quiet >/dev/null 2>&1 &
+    done
+    wait
+    stamp "models converted"
+) &
+MODELS=$!
+build_kiln
+gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
+    bench/gpu/kiln_gpu_bench.c -o $B/kiln_gpu_bench -L$B -lkiln -Wl,-rpath,$B \
+    -L/usr/local/cuda/lib64 -lcudart -lm 2>&1 | head -5
+P=()
+for t in test_cuda_ops test_parity_cuda test_kv_cuda test_parity_cuda_kv test_parity_cuda_hybrid; do
+    run_test $t >/tmp/$t.out &
+    P+=($!)
+done
+wait "${P[@]}"
+for t in test_cuda_ops test_parity_cuda test_kv_cuda test_parity_cuda_kv test_parity_cuda_hybrid; do
+    cat /tmp/$t.out
+done
+stamp "tests done"
+for mode in exact fast; do
+    left 100 || break
+    stamp "micro: dp4a GEMV, $mode"
+    KILN_MATMUL=$mode KILN_BENCH_GEMV_FMTS="q4g64 q8g64" timeout 60 $B/kiln_gpu_bench gemv 2>&1 |
+        grep -E "^copy|\[dp4a R=0 KS=0\]" | grep -v "n=4" | cut -c1-110
+done
+wait $MODELS
+AB() { left 40 && bash bench/gpu/ab_bench.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-200; }
+stamp "batch 1 decode, quantized: exact vs fast"
+SHAPES="llama-3-8b qwen3-0.6b" FORMATS="q4 q8" PROMPT=128 GEN=64 ROUNDS=2 \
+    VARIANTS="default;--fast-math" AB
+stamp "batch 1 decode, bf16: f32 vs f16 KV"
+SHAPES="qwen3-0.6b llama-3-8b" FORMATS="bf16" PROMPT=128 GEN=64 ROUNDS=2 \
+    VARIANTS="default;--kv f16" AB
+stamp "end"
