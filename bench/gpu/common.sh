@@ -23,6 +23,27 @@ models_in_background() { # shape ...: make_model of each in the background; MODE
     (for s in "$@"; do make_model "$s"; done) &
     MODELS=$!
 }
+models_converted_in_background() { # shape[:bits] ...: each shape's random model, and once kiln
+    # is built its MLX conversion (--bits bits --group 64) into $M/shape-qbits; MODELS = the pid
+    (
+        for m in "$@"; do make_model "${m%%:*}"; done
+        while [ ! -x "$B/kiln" ]; do sleep 2; done
+        for m in "$@"; do
+            local s=${m%%:*} b=${m#*:}
+            [ "$b" = "$m" ] || [ -f "$M/$s-q$b/config.json" ] ||
+                "$B/kiln" convert --model "$M/$s" --out "$M/$s-q$b" --bits "$b" --group 64 \
+                    --quiet >/dev/null 2>&1 &
+        done
+        wait
+        stamp "models converted"
+    ) &
+    MODELS=$!
+}
+build_gpu_bench() { # $B/kiln_gpu_bench (bench/gpu/kiln_gpu_bench.c) against the built libkiln
+    gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
+        bench/gpu/kiln_gpu_bench.c -o "$B/kiln_gpu_bench" -L"$B" -lkiln -Wl,-rpath,"$B" \
+        -L/usr/local/cuda/lib64 -lcudart -lm 2>&1 | head -5
+}
 run_test() { # test [VAR=value ...]: its summary line and first failures; the log stays in /tmp
     local t=$1
     shift

@@ -9,23 +9,9 @@ LIMIT=${LIMIT:-540}
 source "$(dirname "$0")/common.sh"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-(
-    make_model qwen3-0.6b
-    make_model llama-3-8b
-    while [ ! -x $B/kiln ]; do sleep 2; done
-    for m in qwen3-0.6b:4 llama-3-8b:4; do
-        s=${m%:*} b=${m#*:}
-        [ -f $M/$s-q$b/config.json ] ||
-            $B/kiln convert --model $M/$s --out $M/$s-q$b --bits $b --group 64 --quiet >/dev/null 2>&1 &
-    done
-    wait
-    stamp "models converted"
-) &
-MODELS=$!
+models_converted_in_background qwen3-0.6b qwen3-0.6b:4 llama-3-8b:4
 build_kiln
-gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
-    bench/gpu/kiln_gpu_bench.c -o $B/kiln_gpu_bench -L$B -lkiln -Wl,-rpath,$B \
-    -L/usr/local/cuda/lib64 -lcudart -lm 2>&1 | head -5
+build_gpu_bench
 P=()
 for t in test_cuda_ops test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda \
     test_parity_cuda_kv; do

@@ -6,23 +6,9 @@
 # llama.cpp's configuration (--fast-math --kv f16); a per-op profile of Llama-3-8B q4 batch 1.
 LIMIT=${LIMIT:-330}
 source "$(dirname "$0")/common.sh"
-(
-    make_model qwen3-0.6b
-    make_model llama-3-8b
-    while [ ! -x $B/kiln ]; do sleep 2; done
-    for m in qwen3-0.6b:4 llama-3-8b:4 llama-3-8b:8; do
-        s=${m%:*} b=${m#*:}
-        [ -f $M/$s-q$b/config.json ] ||
-            $B/kiln convert --model $M/$s --out $M/$s-q$b --bits $b --group 64 --quiet >/dev/null 2>&1 &
-    done
-    wait
-    stamp "models converted"
-) &
-MODELS=$!
+models_converted_in_background qwen3-0.6b:4 llama-3-8b:4 llama-3-8b:8
 build_kiln
-gcc -O2 -std=c17 -D_GNU_SOURCE -DKILN_HAVE_CUDA=1 -Iinclude -Isrc -I/usr/local/cuda/include \
-    bench/gpu/kiln_gpu_bench.c -o $B/kiln_gpu_bench -L$B -lkiln -Wl,-rpath,$B \
-    -L/usr/local/cuda/lib64 -lcudart -lm 2>&1 | head -5
+build_gpu_bench
 run_test test_parity_cuda_gemma >/tmp/g.out &
 T=$!
 stamp "micro: dp4a GEMV, every variant, exact (best per shape)"
