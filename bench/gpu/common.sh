@@ -51,3 +51,13 @@ run_test() { # test [VAR=value ...]: its summary line and first failures; the lo
     echo "$t $* rc=$? | $(grep -E "checks, " "/tmp/$t$*.log" | tail -1)"
     grep -E "CHECK failed|flip" "/tmp/$t$*.log" | head -6 | cut -c1-300
 }
+run_tests() { # "test [VAR=value ...]" ...: run_test of each, all at once; results in the given order
+    local i=0 n=$# pids=()
+    for spec in "$@"; do
+        run_test $spec >"/tmp/run_tests.$i.out" &
+        pids+=($!)
+        i=$((i + 1))
+    done
+    wait "${pids[@]}"
+    for ((i = 0; i < n; i++)); do cat "/tmp/run_tests.$i.out"; done
+}

@@ -11,27 +11,10 @@ source "$(dirname "$0")/common.sh"
 models_converted_in_background qwen3-0.6b qwen3-0.6b:4 llama-3-8b:4 llama-3-8b:8
 build_kiln
 build_gpu_bench
-P=()
-run_test test_cuda_ops >/tmp/a.out &
-P+=($!)
-(for i in 1 2 3; do run_test test_cuda_ops KILN_TEST_QFUSED=1 KILN_TEST_ONLY=qgemv; done) >/tmp/q.out &
-P+=($!)
-run_test test_cuda_ops KILN_TEST_QFUSED=1 KILN_TEST_ONLY=qgemv KILN_CUDA_QGEMV_INFLIGHT=8 >/tmp/q8.out &
-P+=($!)
-run_test test_parity_cuda >/tmp/b.out &
-P+=($!)
-run_test test_parity_cuda KILN_CUDA_QFUSED=1 >/tmp/bq.out &
-P+=($!)
-run_test test_parity_cuda_hybrid >/tmp/c.out &
-P+=($!)
-run_test test_parity_cuda_gemma >/tmp/d.out &
-P+=($!)
-run_test test_kv_cuda >/tmp/e.out &
-P+=($!)
-run_test test_parity_cuda_kv >/tmp/f.out &
-P+=($!)
-wait "${P[@]}"
-cat /tmp/a.out /tmp/q.out /tmp/q8.out /tmp/b.out /tmp/bq.out /tmp/c.out /tmp/d.out /tmp/e.out /tmp/f.out
+Q="test_cuda_ops KILN_TEST_QFUSED=1 KILN_TEST_ONLY=qgemv"
+run_tests test_cuda_ops "$Q" "$Q" "$Q" "$Q KILN_CUDA_QGEMV_INFLIGHT=8" test_parity_cuda \
+    "test_parity_cuda KILN_CUDA_QFUSED=1" test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda \
+    test_parity_cuda_kv
 stamp "tests done"
 if left 120; then
     stamp "micro: dp4a GEMV at Llama-3-8B shapes, 4 (default) vs 8 chunks in flight"

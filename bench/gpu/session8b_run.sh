@@ -12,12 +12,9 @@ mkdir -p "$OUT"
 models_converted_in_background qwen3-0.6b qwen3-0.6b:4 llama-3-8b:4
 build_kiln
 build_gpu_bench
-P=()
-for t in test_cuda_ops test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda \
-    test_parity_cuda_kv; do
-    run_test $t >/tmp/$t.out &
-    P+=($!)
-done
+run_tests test_cuda_ops test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda \
+    test_parity_cuda_kv >/tmp/tests.out &
+T=$!
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
 echo "ncu: ${NCU:-none}  cuobjdump: ${CUOBJ:-none}"
@@ -26,9 +23,8 @@ if [ -n "$CUOBJ" ]; then
     $CUOBJ -sass $B/libkiln.so 2>/dev/null | awk '/Function : .*k_qgemv_dp4aILi4ELi1ELi4ELi5E/{p=1} p&&/Function : /&&!/k_qgemv_dp4aILi4ELi1ELi4ELi5E/{p=0} p' >"$OUT/qgemv_q4_glu.sass"
     wc -l "$OUT"/*.sass
 fi
-wait "${P[@]}"
-for t in test_cuda_ops test_parity_cuda test_parity_cuda_hybrid test_parity_cuda_gemma test_kv_cuda \
-    test_parity_cuda_kv; do cat /tmp/$t.out; done
+wait $T
+cat /tmp/tests.out
 stamp "tests done"
 if [ -n "$NCU" ] && left 150; then
     stamp "ncu: dp4a GEMV q4g64 14336x4096 and 4096x4096, n = 1, exact"

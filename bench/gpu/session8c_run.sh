@@ -9,15 +9,7 @@ source "$(dirname "$0")/common.sh"
 models_converted_in_background qwen3-0.6b:4 qwen3-0.6b:8 llama-3-8b:4 llama-3-8b:8
 build_kiln
 build_gpu_bench
-P=()
-for t in test_cuda_ops test_parity_cuda test_kv_cuda test_parity_cuda_kv test_parity_cuda_hybrid; do
-    run_test $t >/tmp/$t.out &
-    P+=($!)
-done
-wait "${P[@]}"
-for t in test_cuda_ops test_parity_cuda test_kv_cuda test_parity_cuda_kv test_parity_cuda_hybrid; do
-    cat /tmp/$t.out
-done
+run_tests test_cuda_ops test_parity_cuda test_kv_cuda test_parity_cuda_kv test_parity_cuda_hybrid
 stamp "tests done"
 for mode in exact fast; do
     left 100 || break
