@@ -844,6 +844,47 @@ static void test_qgemv_fused(void) {
     }
 }
 
+/* The dp4a GEMV's tensor-core variant (KILN_CUDA_QGEMV_MMA=1, n = 1): the fusions' cases at one
+ * token (partial 16-row tiles, columns not a multiple of its 128-column chunks, every group size,
+ * both scale dtypes), then plain matmuls in exact and fast mode at Llama-3-8B-like widths. */
+static void test_qgemv_mma(void) {
+    static const int bits[] = {4, 8};
+    static const int groups[] = {32, 64, 128};
+    const kiln_dtype sdts[] = {KILN_DT_BF16, KILN_DT_F16};
+    kiln_cuda_set_qfused(1);
+    kiln_cuda_set_qgemv_mma(1);
+    int k = 0;
+    for (int b = 0; b < 2; b++)
+        for (int gi = 0; gi < 3; gi++) {
+            const int G = groups[gi];
+            const kiln_dtype sdt = sdts[(b + gi) % 2];
+            const int64_t small[3] = {13, 7, 130}, odd[3] = {259, 61, 3};
+            const int64_t qkv[3] = {2048, 1024, 1024};
+            check_qfused_case(bits[b], G, sdt, 3 * G, small, 77, 41, 1, k++);
+            check_qfused_case(bits[b], G, sdt, 5 * G, small, 77, 41, 1, k++);
+            check_qfused_case(bits[b], G, sdt, 4096 + 2 * G, odd, 515, 129, 1, k++);
+            if (gi == 1) check_qfused_case(bits[b], G, sdt, 1024, qkv, 3072, 1024, 1, k++);
+        }
+    kiln_cuda_set_tc_gemm(0, -1, 0, 0);
+    for (int fast = 0; fast < 2; fast++) {
+        kiln_cuda_set_gemm_split(!fast);
+        g_matmul_tol = fast ? 5e-2 : 0;
+        for (int b = 0; b < 2; b++) {
+            test_matrix m;
+            make_quant(&m, bits[b], 64, sdts[b], 1000, 4096, b == 1);
+            char label[64];
+            snprintf(label, sizeof label, "%smma q%dg64 1000x4096", fast ? "fast " : "", bits[b]);
+            check_matmul_x(&m, 1, label, 0, false);
+            free_matrix(&m);
+        }
+    }
+    g_matmul_tol = 0;
+    kiln_cuda_set_gemm_split(1);
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+    kiln_cuda_set_qgemv_mma(-1);
+    kiln_cuda_set_qfused(-1);
+}
+
 /* add_rmsnorm == add then rmsnorm; output aliasing h (as the forward uses it) and separate. */
 static void test_add_rmsnorm(void) {
     static const int64_t dims[] = {7, 1024, 4096, 5000};
@@ -1916,6 +1957,7 @@ int main(void) {
     kiln_cuda_set_qfused(1);
     RUN(test_qgemv_fused());
     kiln_cuda_set_qfused(-1);
+    RUN(test_qgemv_mma());
     RUN(test_gemv_bf16_rows());
     RUN(test_tc_gemm());
     RUN(test_tc_fused());

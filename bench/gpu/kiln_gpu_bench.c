@@ -162,18 +162,19 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
      * by shape (0) or forced, programmatic dependent launch on (the default) or off */
     static const struct {
         const char *name;
-        int variant, rows, split, pdl;
-    } variants[] = {{"k1", 1, 0, 0, 1},
-                    {"k2", 2, 0, 0, 1},
-                    {"dp4a R=0 KS=0", 3, 0, 0, 1},
-                    {"dp4a R=0 KS=0 pdl=0", 3, 0, 0, 0},
-                    {"dp4a R=1 KS=0", 3, 1, 0, 1},
-                    {"dp4a R=2 KS=0", 3, 2, 0, 1},
-                    {"dp4a R=4 KS=0", 3, 4, 0, 1},
-                    {"dp4a R=0 KS=1", 3, 0, 1, 1},
-                    {"dp4a R=0 KS=2", 3, 0, 2, 1},
-                    {"dp4a R=0 KS=4", 3, 0, 4, 1},
-                    {"dp4a R=0 KS=8", 3, 0, 8, 1}};
+        int variant, rows, split, pdl, mma;
+    } variants[] = {{"k1", 1, 0, 0, 1, 0},
+                    {"k2", 2, 0, 0, 1, 0},
+                    {"dp4a R=0 KS=0", 3, 0, 0, 1, 0},
+                    {"mma (int8 tensor cores, n = 1)", 3, 0, 0, 1, 1},
+                    {"dp4a R=0 KS=0 pdl=0", 3, 0, 0, 0, 0},
+                    {"dp4a R=1 KS=0", 3, 1, 0, 1, 0},
+                    {"dp4a R=2 KS=0", 3, 2, 0, 1, 0},
+                    {"dp4a R=4 KS=0", 3, 4, 0, 1, 0},
+                    {"dp4a R=0 KS=1", 3, 0, 1, 1, 0},
+                    {"dp4a R=0 KS=2", 3, 0, 2, 1, 0},
+                    {"dp4a R=0 KS=4", 3, 0, 4, 1, 0},
+                    {"dp4a R=0 KS=8", 3, 0, 8, 1, 0}};
     /* bf16: k_gemv_dense (dense) and the row-streaming kernel with its split by shape or forced */
     static const struct {
         const char *name;
@@ -193,6 +194,7 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
             if (quant) {
                 kiln_cuda_set_qgemv_variant(variants[v].variant, 0);
                 kiln_cuda_set_qgemv_dp4a(variants[v].rows, variants[v].split, variants[v].pdl);
+                kiln_cuda_set_qgemv_mma(variants[v].mma);
             } else {
                 kiln_cuda_set_gemv_dense_variant(dense_variants[v].variant,
                                                  dense_variants[v].split);
@@ -213,6 +215,7 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
                    100.0 * bytes / (best * 1e-3) / 1e9 / copy_bw);
     }
     kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
+    kiln_cuda_set_qgemv_mma(-1);
     kiln_cuda_set_gemv_dense_variant(-1, 0);
     kiln_cuda_set_qgemv_variant(-1, 0);
     double ms = g_gemv_only ? 0.0 : time_matmul(w, copies < 4 ? copies : 4, 512, 2, 7);

@@ -465,6 +465,52 @@ static void qe_launch(const char *name, unsigned blocks, int nt, size_t smem, Fn
                            [&] { kernel(__VA_ARGS__); }))
 #define KCU_LAUNCHED(st) ((void)(st))
 
+/* The tensor-core kernel's warp-collective instructions, as PTX defines them: every lane
+ * publishes its operand, the warp meets, each lane computes its part from all lanes' operands
+ * (buffers alternate sides with the shuffles', so one meeting per instruction suffices). */
+static const char *qm_ptr[QE_THREADS / 32][2][32];
+static uint32_t qm_frag[QE_THREADS / 32][2][32][6];
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane i addresses row i & 7 of matrix i >> 3 (16
+ * bytes, 16-byte aligned, in shared memory); thread (g, t) gets bytes 4t..4t+3 of row g of each */
+static void qm_ldmatrix_x4(uint32_t (&r)[4], const void *p) {
+    const int w = t_warp, l = t_lane, side = qe_fib[threadIdx.x].shfl_side;
+    if (qe_warp_bar[w].expected != 32) qe_error("ldmatrix in a warp with exited lanes");
+    if ((uintptr_t)p % 16) qe_error("ldmatrix row address %p not 16-byte aligned", p);
+    if ((const char *)p < (const char *)qe_smem || (const char *)p + 16 > qe_smem_end)
+        qe_error("ldmatrix row address %p outside dynamic shared memory", p);
+    qm_ptr[w][side][l] = (const char *)p;
+    qe_bar_wait(qe_warp_bar[w], 1000, "ldmatrix");
+    qe_fib[threadIdx.x].shfl_side = side ^ 1;
+    const int g = l >> 2, t = l & 3;
+    for (int j = 0; j < 4; j++) memcpy(&r[j], qm_ptr[w][side][j * 8 + g] + 4 * t, 4);
+}
+/* mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32, d += A B: A (16x32 u8) from a0 (row g, k
+ * 4t..4t+3), a1 (row g+8, same k), a2 (row g, k 16+4t..), a3 (row g+8, k 16+4t..); B (32x8 s8)
+ * from b0 (k 4t.., column g), b1 (k 16+4t..); d0 / d1 row g columns 2t / 2t+1, d2 / d3 row g+8 */
+static void qm_mma(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    const int w = t_warp, l = t_lane, side = qe_fib[threadIdx.x].shfl_side;
+    if (qe_warp_bar[w].expected != 32) qe_error("mma in a warp with exited lanes");
+    uint32_t *f = qm_frag[w][side][l];
+    f[0] = a[0], f[1] = a[1], f[2] = a[2], f[3] = a[3], f[4] = b[0], f[5] = b[1];
+    qe_bar_wait(qe_warp_bar[w], 1001, "mma");
+    qe_fib[threadIdx.x].shfl_side = side ^ 1;
+    const int g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        int sum = 0;
+        for (int k = 0; k < 32; k++) {
+            const uint32_t *fa = qm_frag[w][side][(row & 7) * 4 + (k & 15) / 4];
+            const uint32_t *fb = qm_frag[w][side][col * 4 + (k & 15) / 4];
+            const uint8_t av =
+                (uint8_t)(fa[(row >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0)] >> (8 * (k & 3)));
+            const int8_t bv = (int8_t)(uint8_t)(fb[4 + (k >= 16 ? 1 : 0)] >> (8 * (k & 3)));
+            sum += (int)av * (int)bv;
+        }
+        d[i] += sum;
+    }
+}
+#define QM_SYNCWARP() qe_bar_wait(qe_warp_bar[t_warp], 1002, "__syncwarp")
+
 #define QG_HOST_EMU 1
 #include "backend/cuda/qgemv.cu"
 
@@ -761,6 +807,26 @@ int main(int argc, char **argv) {
                         k);
         }
     qe_fast = false;
+    /* the tensor-core variant (KILN_CUDA_QGEMV_MMA=1; n = 1 only), exact and fast */
+    kiln_cuda_set_qgemv_mma(1);
+    for (int fast = 0; fast < 2; fast++) {
+        qe_fast = fast == 1;
+        k = 0;
+        for (int b = 0; b < 2; b++)
+            for (int gi = 0; gi < 3; gi++) {
+                const int G = groups[gi];
+                const int64_t small[3] = {13, 7, 130}, odd[3] = {259, 61, 3};
+                const int64_t qkv[3] = {2048, 1024, 1024};
+                qe_case(bits[b], G, sdts[(b + gi) % 2], 3 * G, small, 77, 41, 1, k++);
+                qe_case(bits[b], G, sdts[(b + gi) % 2], 5 * G, small, 77, 41, 1, k++);
+                if (!quick && !fast)
+                    qe_case(bits[b], G, sdts[(b + gi) % 2], 4096 + 2 * G, odd, 515, 129, 1, k++);
+                if (!quick && !fast && gi == 0)
+                    qe_case(bits[b], G, sdts[(b + gi) % 2], 1024, qkv, 3072, 1024, 1, k++);
+            }
+    }
+    qe_fast = false;
+    kiln_cuda_set_qgemv_mma(-1);
     qe_declines();
     printf("%d cases (%d checks), worst rel err %.2e: %s\n", n_cases, n_checks, worst_err,
            n_failed ? "FAILED" : "all passed");

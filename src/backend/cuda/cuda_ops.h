@@ -87,6 +87,9 @@ void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
  * (default; env KILN_CUDA_QGEMV_INLINE_COLS columns per SM, 6144); -1 goes back to env
  * KILN_CUDA_QGEMV_INLINE. Off with KILN_CUDA_FUSED=0. */
 void kiln_cuda_set_qgemv_inline(int mode);
+/* The quantized decode GEMV at n = 1 on int8 tensor cores (qgemv.cu, k_qgemv_mma): 1 on, 0 off
+ * (default); -1 goes back to env KILN_CUDA_QGEMV_MMA. */
+void kiln_cuda_set_qgemv_mma(int on);
 /* The quantized (dp4a) decode fusions: 1 on, 0 off, < 0 back to KILN_CUDA_QFUSED (default on;
  * see kcu_qfused_enabled in gemv.cuh). */
 void kiln_cuda_set_qfused(int on);

@@ -34,6 +34,9 @@
  * Fast mode (kcu_fast_math: --fast-math) keeps one digit, X_j = rint(127 x_j / max|x|) with
  * E = max|x| / 127 (llama.cpp's Q8_1 steps, ~1e-3 relative): a third of the dp4a and digit loads.
  *
+ * k_qgemv_mma (further down; opt-in, KILN_CUDA_QGEMV_MMA=1, n = 1) runs pass 2 on int8 tensor
+ * cores instead: one mma.m16n8k32 per 16 rows and 32 columns takes all digits at once.
+ *
  * tests/emu/qgemv_emulate.cc compiles this file on the CPU (QG_HOST_EMU: its own device helpers,
  * launches on emulated threads) and checks every variant against the CPU reference ops. */
 #ifndef QG_HOST_EMU
@@ -408,6 +411,186 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
     }
 }
 
+/* ---- the same GEMV on int8 tensor cores (n = 1; opt-in, KILN_CUDA_QGEMV_MMA=1) ----
+ * mma.m16n8k32 (u8 codes x s8 digits -> s32) takes a 16-row tile of W against a block of 32
+ * columns of x, the digits of x as B's columns 0..ND-1: one instruction gives all ND digit dot
+ * products of 16 rows (the dp4a kernel spends ND * 8 dp4a per row and chunk). A block of QM_WARPS
+ * warps owns one tile (QG_GLU: 8 rows of gate as rows 0-7 and the same 8 of up as rows 8-15), its
+ * warps split the columns in chunks of 4 blocks (warp w: chunks w, w + QM_WARPS, ...). Per chunk
+ * a warp loads the tile's codes with 16-byte loads (the next chunk's in flight meanwhile), stores
+ * them to its shared tile (rows padded by 16 bytes: no bank conflicts) and reads them back as A
+ * fragments with ldmatrix.x4: thread (g, t) gets row g's and row g+8's bytes 4t..4t+3 of a
+ * 16-byte segment. 4-bit: a segment is a whole block, those bytes are codes 8t..8t+7, the even
+ * codes (w & 0x0F0F0F0F) stand for k = 4t..4t+3 and the odd ones for k = 16+4t..; 8-bit: the
+ * block's two segments are k < 16 and k >= 16 directly. B's fragments are the same k's of x's
+ * digits, and pass 1 already stores them so (4-bit: each 8-column run even columns first): 8
+ * bytes of digit g per thread. After each block thread (g, 0) holds digits 0 and 1 of rows g and
+ * g+8, lane + 1 digit 2; it adds s*E*(D0 + 256 D1 + 65536 D2) + b*sum(x), as the dp4a kernel
+ * does per chunk. The warps' sums meet in shared memory; the epilogue is the dp4a kernel's. */
+#define QM_WARPS 8
+template <int B> struct qm_geom {
+    static constexpr int ROW = B == 4 ? 64 : 128; /* bytes of a tile row per chunk */
+    static constexpr int ROWB = ROW + 16;         /* its pitch in shared memory */
+    static constexpr int P = ROW / 32;            /* 16-byte pieces per lane (2 lanes per row) */
+};
+static inline size_t qm_smem_bytes(int bits) {
+    return (size_t)QM_WARPS * 16 * (bits == 4 ? qm_geom<4>::ROWB : qm_geom<8>::ROWB);
+}
+
+#ifndef QG_HOST_EMU
+/* r[j] = this thread's 32-bit word of 8x16-byte matrix j, whose row (lane & 7) this lane's p
+ * addresses when lane >> 3 == j (ldmatrix.x4: thread (g, t) gets row g's bytes 4t..4t+3) */
+__device__ __forceinline__ void qm_ldmatrix_x4(uint32_t (&r)[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* d += A (16x32 u8, row) * B (32x8 s8, col): a0 (row g, k 4t..4t+3), a1 (row g+8, same k), a2 (row
+ * g, k 16+4t..), a3 (row g+8, k 16+4t..); b0 (k 4t.., column g), b1 (k 16+4t..); d0 / d1 (row g,
+ * columns 2t / 2t+1), d2 / d3 (row g+8) */
+__device__ __forceinline__ void qm_mma(int (&d)[4], const uint32_t (&a)[4],
+                                       const uint32_t (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#define QM_SYNCWARP() __syncwarp()
+#endif
+
+template <int B, int ND, int F>
+__global__ void __launch_bounds__(QM_WARPS * 32) k_qgemv_mma(const __grid_constant__ qg_args A) {
+    static_assert(B == 4 || B == 8, "mma GEMV: 4- or 8-bit codes");
+    constexpr bool NORM = F & QG_NORM, ADD = F & QG_ADD, GLU = F & QG_GLU;
+    constexpr int ROW = qm_geom<B>::ROW, ROWB = qm_geom<B>::ROWB, P = qm_geom<B>::P;
+    constexpr int R = GLU ? 8 : 16; /* output rows of a tile */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int m = 0;
+    if (!GLU)
+        while (m + 1 < A.count && blockIdx.x >= A.first[m + 1]) m++;
+    const int rows = A.rows[m], cols = A.cols;
+    const int r0 = (int)(blockIdx.x - A.first[m]) * R;
+    const int nblk = cols >> 5, nchunk = (nblk + 3) >> 2, gpr = cols >> A.group_log2;
+    const int n16 = cols >> 4;
+    /* the row this lane loads (tile row lane / 2; GLU: rows 8-15 from up) and its pieces */
+    const int lr = lane >> 1, lmat = GLU ? lr >> 3 : m,
+              lrow = min(r0 + (GLU ? lr & 7 : lr), rows - 1);
+    const uint4 *wl = (const uint4 *)A.w[lmat] + (int64_t)lrow * (cols * B / 128) + (lane & 1) * P;
+    auto load = [&](uint4(&v)[P], int ci) {
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            const int pc = (lane & 1) * P + k, blk = ci * 4 + (B == 4 ? pc : pc >> 1);
+            v[k] = ci < nchunk && blk < nblk ? kcu_load_stream16(wl + (int64_t)ci * (ROW / 16) + k)
+                                             : make_uint4(0, 0, 0, 0);
+        }
+    };
+    uint4 cur[P], nxt[P];
+    load(cur, warp);
+    kcu_pdl_wait(); /* pass 1's digits are complete from here on */
+    kcu_pdl_trigger();
+
+    /* this thread's rows for the scales: g and g + 8 (GLU: row g of gate and of up) */
+    const int rg = min(r0 + g, rows - 1), rg8 = GLU ? rg : min(r0 + g + 8, rows - 1);
+    const void *sg = A.scales[GLU ? 0 : m], *bg = A.biases[GLU ? 0 : m];
+    const void *sg8 = A.scales[GLU ? 1 : m], *bg8 = A.biases[GLU ? 1 : m];
+    const bool bf16 = A.sdt == KILN_DT_BF16;
+    QG_DYN_SHARED(qm_smem);
+    char *tile = (char *)qm_smem + (size_t)warp * 16 * ROWB;
+    const char *dig = (const char *)A.dig;
+    float acc0 = 0.0f, acc1 = 0.0f; /* rows g and g + 8 (used from the lanes t == 0) */
+    for (int ci = warp; ci < nchunk; ci += QM_WARPS) {
+        load(nxt, ci + QM_WARPS);
+#pragma unroll
+        for (int k = 0; k < P; k++)
+            *(uint4 *)(tile + lr * ROWB + ((lane & 1) * P + k) * 16) = cur[k];
+        QM_SYNCWARP();
+        uint32_t w4[4] = {0, 0, 0, 0}; /* 4-bit: rows g / g+8 of blocks sb and sb + 1 */
+#pragma unroll
+        for (int sb = 0; sb < 4; sb++) {
+            const int s = ci * 4 + sb;
+            if (s >= nblk) break; /* the same for the whole warp */
+            uint32_t a[4];
+            const int mj = lane >> 3, mrow = (mj & 1) * 8 + (lane & 7);
+            if constexpr (B == 4) {
+                if ((sb & 1) == 0) qm_ldmatrix_x4(w4, tile + mrow * ROWB + (sb + (mj >> 1)) * 16);
+                const uint32_t wg = w4[(sb & 1) * 2], wg8 = w4[(sb & 1) * 2 + 1];
+                a[0] = wg & 0x0F0F0F0Fu, a[1] = wg8 & 0x0F0F0F0Fu;
+                a[2] = (wg >> 4) & 0x0F0F0F0Fu, a[3] = (wg8 >> 4) & 0x0F0F0F0Fu;
+            } else {
+                qm_ldmatrix_x4(a, tile + mrow * ROWB + (2 * sb + (mj >> 1)) * 16);
+            }
+            /* B: digit g (g < ND) of the block's k's */
+            uint32_t b[2] = {0, 0};
+            if (g < ND) {
+                if constexpr (B == 4) {
+                    const uint2 d =
+                        kcu_ld((const uint2 *)(dig + ((int64_t)g * n16 + (t >> 1) * nblk + s) * 16 +
+                                               (t & 1) * 8));
+                    b[0] = d.x, b[1] = d.y;
+                } else {
+                    const char *d = dig + ((int64_t)g * n16 + 2 * s) * 16 + 4 * t;
+                    b[0] = kcu_ld((const uint32_t *)d), b[1] = kcu_ld((const uint32_t *)(d + 16));
+                }
+            }
+            int c[4] = {0, 0, 0, 0};
+            qm_mma(c, a, b);
+            /* lane (g, 0): digits 0 and 1 of rows g (c0, c1) and g + 8 (c2, c3); lane + 1's c0 / c2
+             * are digit 2 */
+            const float h0 = __shfl_xor_sync(0xffffffffu, (float)c[0], 1);
+            const float h2 = __shfl_xor_sync(0xffffffffu, (float)c[2], 1);
+            float q0 = (float)c[0], q1 = (float)c[2];
+            if constexpr (ND == 3) {
+                q0 = fmaf(h0, 65536.0f, fmaf((float)c[1], 256.0f, q0));
+                q1 = fmaf(h2, 65536.0f, fmaf((float)c[3], 256.0f, q1));
+            }
+            const float e = kcu_ld(A.E + s),
+                        sx = kcu_ld(A.sx16 + 2 * s) + kcu_ld(A.sx16 + 2 * s + 1);
+            const int grp = (s * 32) >> A.group_log2;
+            const float s0 = qg_scale16(sg, (int64_t)rg * gpr + grp, bf16);
+            const float b0 = qg_scale16(bg, (int64_t)rg * gpr + grp, bf16);
+            const float s1 = qg_scale16(sg8, (int64_t)rg8 * gpr + grp, bf16);
+            const float b1 = qg_scale16(bg8, (int64_t)rg8 * gpr + grp, bf16);
+            acc0 = fmaf(s0 * e, q0, fmaf(b0, sx, acc0));
+            acc1 = fmaf(s1 * e, q1, fmaf(b1, sx, acc1));
+        }
+        QM_SYNCWARP(); /* the tile is read before the next chunk is stored */
+#pragma unroll
+        for (int k = 0; k < P; k++) cur[k] = nxt[k];
+    }
+
+    QG_SHARED(float, part, [QM_WARPS][16]);
+    QG_SHARED(float, nsc, [1]);
+    if (t == 0) part[warp][g] = acc0, part[warp][g + 8] = acc1;
+    if (NORM && warp == 0) {
+        float q = 0.0f;
+        for (int i = lane; i < nblk; i += 32) q += A.ssq[i];
+        q = kcu_warp_sum(q);
+        if (lane == 0) nsc[0] = rsqrtf(q / (float)cols + A.eps);
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < R) {
+        const int i = threadIdx.x, row = r0 + i;
+        if (row < rows) {
+            float v = 0.0f;
+            for (int k = 0; k < QM_WARPS; k++) v += part[k][i];
+            if (NORM) v *= nsc[0];
+            if (A.bias[GLU ? 0 : m]) v += A.bias[GLU ? 0 : m][row];
+            if constexpr (GLU) {
+                float u = 0.0f;
+                for (int k = 0; k < QM_WARPS; k++) u += part[k][i + 8];
+                if (NORM) u *= nsc[0];
+                if (A.bias[1]) u += A.bias[1][row];
+                A.y[0][row] = kcu_glu_act(v, A.act) * u;
+            } else if constexpr (ADD) {
+                A.y[m][row] += v;
+            } else {
+                A.y[m][row] = v;
+            }
+        }
+    }
+}
+
 static int g_qg_rows = -1, g_qg_split = -1, g_qg_pdl = -1; /* < 0: from the environment */
 static int g_qg_inline = -1, g_qg_inline_cols = -1;
 extern "C" void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl) {
@@ -640,6 +823,55 @@ static void qg_pass2(kcu_state *st, const qg_call &c, int flags, const qg_args &
     if (!ok) kcu_report(st, "qgemv_dp4a", "no kernel instance for the call", __FILE__, __LINE__);
 }
 
+/* The tensor-core variant (k_qgemv_mma) at n = 1: 0 off (default), 1 on; < 0 back to env
+ * KILN_CUDA_QGEMV_MMA. */
+static int g_qg_mma = -1;
+extern "C" void kiln_cuda_set_qgemv_mma(int on) {
+    g_qg_mma = on;
+}
+
+template <int B, int ND>
+static bool qm_launch_f(kcu_state *st, int flags, const qg_args &A, unsigned blocks) {
+    const size_t smem = qm_smem_bytes(B);
+    switch (flags) {
+    case 0:
+        KCU_LAUNCH(st, (k_qgemv_mma<B, ND, 0>), blocks, QM_WARPS * 32, smem, A);
+        return true;
+    case QG_NORM:
+        KCU_LAUNCH(st, (k_qgemv_mma<B, ND, QG_NORM>), blocks, QM_WARPS * 32, smem, A);
+        return true;
+    case QG_ADD:
+        KCU_LAUNCH(st, (k_qgemv_mma<B, ND, QG_ADD>), blocks, QM_WARPS * 32, smem, A);
+        return true;
+    case QG_NORM | QG_GLU:
+        KCU_LAUNCH(st, (k_qgemv_mma<B, ND, QG_NORM | QG_GLU>), blocks, QM_WARPS * 32, smem, A);
+        return true;
+    }
+    return false;
+}
+
+/* c (n = 1, planned into A) on the tensor-core kernel: pass 1, then one block per tile of 16
+ * rows (QG_GLU: 8 rows of gate and of up) of every matrix. */
+static void qm_run(kcu_state *st, const qg_call &c, qg_args &A) {
+    const int R = (c.flags & QG_GLU) ? 8 : 16;
+    unsigned b = 0;
+    for (int i = 0; i < c.count; i++) {
+        A.first[i] = b;
+        if (!(c.flags & QG_GLU) || i == 0) b += (unsigned)((c.ws[i]->rows + R - 1) / R);
+    }
+    for (int i = c.count; i <= QG_MAX; i++) A.first[i] = b;
+    if (!qg_pass1(st, c, A)) return; /* the sticky error is set */
+    const int bits = c.ws[0]->bits;
+    const bool ok = bits == 4 ? (A.nd == 1 ? qm_launch_f<4, 1>(st, c.flags, A, b)
+                                           : qm_launch_f<4, 3>(st, c.flags, A, b))
+                              : (A.nd == 1 ? qm_launch_f<8, 1>(st, c.flags, A, b)
+                                           : qm_launch_f<8, 3>(st, c.flags, A, b));
+    if (ok)
+        KCU_LAUNCHED(st);
+    else
+        kcu_report(st, "qgemv_mma", "no kernel instance for the call", __FILE__, __LINE__);
+}
+
 /* Runs c as one pass-2 launch over all its matrices, preceded by pass 1 unless the blocks make x's
  * digits themselves (QG_INL: n = 1, cols <= QG_INL_COLS). Every block repeats that digit work (a
  * warp makes 32 columns' digits in ~40 instructions, about the issue slots of its share of a q4
@@ -652,6 +884,10 @@ static bool qg_run(kcu_state *st, const qg_call &c) {
     qg_args A;
     unsigned blocks = 0;
     if (!qg_plan(st, c, A, &blocks)) return false;
+    if (c.n == 1 && qg_env(&g_qg_mma, "KILN_CUDA_QGEMV_MMA", 0) == 1) {
+        qm_run(st, c, A);
+        return true;
+    }
     const int inl_mode = qg_env(&g_qg_inline, "KILN_CUDA_QGEMV_INLINE", 2);
     const int64_t budget = qg_env(&g_qg_inline_cols, "KILN_CUDA_QGEMV_INLINE_COLS", 6144);
     const bool inl = kcu_qfused_enabled() && inl_mode != 0 && c.n == 1 &&
