@@ -61,3 +61,12 @@ run_tests() { # "test [VAR=value ...]" ...: run_test of each, all at once; resul
     wait "${pids[@]}"
     for ((i = 0; i < n; i++)); do cat "/tmp/run_tests.$i.out"; done
 }
+gemv_micro() { # mode (exact|fast) pattern: the decode GEMVs alone (kiln_gpu_bench gemv, q4g64 and
+    # q8g64 at Llama-3-8B shapes), the one-token lines matching pattern
+    KILN_MATMUL=$1 KILN_BENCH_GEMV_FMTS="q4g64 q8g64" timeout 60 "$B/kiln_gpu_bench" gemv 2>&1 |
+        grep -E "$2" | grep -v "n=4" | cut -c1-120
+}
+ab_bench() { # bench/gpu/ab_bench.sh under the caller's SHAPES / FORMATS / VARIANTS ..., when more
+    # than 40 s of LIMIT are left
+    left 40 && bash bench/gpu/ab_bench.sh "$B/kiln" 2>&1 | grep -vE "^\s*$" | cut -c1-200
+}

@@ -14,15 +14,13 @@ stamp "tests done"
 for mode in exact fast; do
     left 100 || break
     stamp "micro: dp4a GEMV, $mode"
-    KILN_MATMUL=$mode KILN_BENCH_GEMV_FMTS="q4g64 q8g64" timeout 60 $B/kiln_gpu_bench gemv 2>&1 |
-        grep -E "^copy|\[dp4a R=0 KS=0\]" | grep -v "n=4" | cut -c1-110
+    gemv_micro $mode "^copy|\[dp4a R=0 KS=0\]"
 done
 wait $MODELS
-AB() { left 40 && bash bench/gpu/ab_bench.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-200; }
 stamp "batch 1 decode, quantized: exact vs fast"
 SHAPES="llama-3-8b qwen3-0.6b" FORMATS="q4 q8" PROMPT=128 GEN=64 ROUNDS=2 \
-    VARIANTS="default;--fast-math" AB
+    VARIANTS="default;--fast-math" ab_bench
 stamp "batch 1 decode, bf16: f32 vs f16 KV"
 SHAPES="qwen3-0.6b llama-3-8b" FORMATS="bf16" PROMPT=128 GEN=64 ROUNDS=2 \
-    VARIANTS="default;--kv f16" AB
+    VARIANTS="default;--kv f16" ab_bench
 stamp "end"

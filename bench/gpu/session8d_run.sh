@@ -16,14 +16,13 @@ KILN_BENCH_GEMV_FMTS="q4g64 q8g64" timeout 90 $B/kiln_gpu_bench gemv 2>&1 | grep
 wait $T
 cat /tmp/g.out
 wait $MODELS
-AB() { left 35 && bash bench/gpu/ab_bench.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-200; }
 stamp "batch 8 decode, quantized"
 SHAPES="llama-3-8b qwen3-0.6b" FORMATS="q4" BATCH=8 PROMPT=128 GEN=32 ROUNDS=1 \
-    VARIANTS="default;--fast-math --kv f16" AB
+    VARIANTS="default;--fast-math --kv f16" ab_bench
 SHAPES="llama-3-8b" FORMATS="q8" BATCH=8 PROMPT=128 GEN=32 ROUNDS=1 \
-    VARIANTS="default;--fast-math --kv f16" AB
+    VARIANTS="default;--fast-math --kv f16" ab_bench
 stamp "batch 1, Llama-3-8B q4/q8 as llama.cpp runs (--fast-math --kv f16)"
-SHAPES="llama-3-8b" FORMATS="q4 q8" BATCH=1 PROMPT=128 GEN=64 ROUNDS=1 VARIANTS="--fast-math --kv f16" AB
+SHAPES="llama-3-8b" FORMATS="q4 q8" BATCH=1 PROMPT=128 GEN=64 ROUNDS=1 VARIANTS="--fast-math --kv f16" ab_bench
 if left 30; then
     stamp "profile Llama-3-8B q4 b1"
     KILN_CUDA_PROFILE=1 timeout 30 $B/kiln bench --device cuda --model $M/llama-3-8b-q4 \

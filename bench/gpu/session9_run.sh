@@ -13,12 +13,10 @@ stamp "tests done"
 for mode in exact fast; do
     left 120 || break
     stamp "micro: decode GEMVs, $mode (mma vs dp4a)"
-    KILN_MATMUL=$mode KILN_BENCH_GEMV_FMTS="q4g64 q8g64" timeout 60 $B/kiln_gpu_bench gemv 2>&1 |
-        grep -E "^copy|^best|\[dp4a R=0 KS=0\]|\[mma" | grep -v "n=4" | cut -c1-120
+    gemv_micro $mode "^copy|^best|\[dp4a R=0 KS=0\]|\[mma"
 done
 wait $MODELS
 stamp "batch 1 decode: dp4a vs mma"
-left 60 && SHAPES="llama-3-8b qwen3-0.6b" FORMATS="q4 q8" PROMPT=128 GEN=64 ROUNDS=2 \
-    VARIANTS="default;KILN_CUDA_QGEMV_MMA=1;--fast-math;--fast-math KILN_CUDA_QGEMV_MMA=1" \
-    bash bench/gpu/ab_bench.sh $B/kiln 2>&1 | grep -vE "^\s*$" | cut -c1-200
+SHAPES="llama-3-8b qwen3-0.6b" FORMATS="q4 q8" PROMPT=128 GEN=64 ROUNDS=2 \
+    VARIANTS="default;KILN_CUDA_QGEMV_MMA=1;--fast-math;--fast-math KILN_CUDA_QGEMV_MMA=1" ab_bench
 stamp "end"
