@@ -11,12 +11,16 @@
  *  3. What no fixture has — KV-shared tail layers (kv_src), attention_k_eq_v with one global KV
  *     head and a larger global_head_dim, MoE, per-layer inputs and layer_scalar together
  *     (gemma_synth.h) — CUDA against the CPU backend: full forward, token by token and a batch of
- *     two (1e-3 each), and greedy picks along the CPU's greedy path (a flip only at a near-tie).
+ *     two (1e-3 each), and greedy picks along the CPU's greedy path (a flip only at a near-tie);
+ *     the same without the MoE block, where the GPU's decode steps are replayed CUDA graphs.
+ *  4. Decode steps replayed from recorded graphs give the same bits as launched ops
+ *     (cuda_graph_check.h): gemma3_text, gemma4_text and the dense synthetic model.
  * Without a GPU the test exits 77 with the reason. */
 #include "kiln.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
+#include "cuda_graph_check.h"
 #include "fixture_parity.h"
 #include "gemma_synth.h"
 #include "test_util.h"
@@ -116,11 +120,13 @@ static void check_gemma4_moe_numpy(void) {
     kiln_model_free(m);
 }
 
-/* CUDA vs CPU on the synthetic shared-KV / k_eq_v / MoE / PLE model. */
-static void check_synthetic(void) {
+/* CUDA vs CPU on the synthetic shared-KV / k_eq_v / PLE model, with the MoE block or without it
+ * (then the GPU's decode steps are replayed graphs). */
+static void check_synthetic(bool moe) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/gemma4_synth", test_tmpdir());
-    CHECK_MSG(gemma_synth_write(dir), "gemma_synth_write(%s) failed", dir);
+    const char *label = moe ? "gemma4_synth" : "gemma4_synth_dense";
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), label);
+    CHECK_MSG(gemma_synth_write(dir, moe), "gemma_synth_write(%s) failed", dir);
     kiln_model *cpu = load_on(dir, KILN_DEVICE_CPU), *gpu = load_on(dir, KILN_DEVICE_CUDA);
     if (!cpu || !gpu) {
         kiln_model_free(cpu);
@@ -128,7 +134,7 @@ static void check_synthetic(void) {
         return;
     }
     const kiln_model_info *info = kiln_model_get_info(gpu);
-    fprintf(stderr, "%-18s layers %s (KV-shared layers keep no cache)\n", "gemma4_synth",
+    fprintf(stderr, "%-18s layers %s (KV-shared layers keep no cache)\n", label,
             info->layer_pattern);
     const int V = info->vocab_size, T = 37, GEN = 16; /* T: past the window (8) several times */
     int32_t ids[37 + 16];
@@ -139,9 +145,9 @@ static void check_synthetic(void) {
     for (int step = 0; step < 2; step++) {
         run_logits(gpu, ids, T, step, got);
         double err = test_rel_l2(got, ref, (size_t)T * V);
-        CHECK_MSG(err <= TOL, "gemma synth: cuda %s vs cpu rel L2 %.3g > %g",
+        CHECK_MSG(err <= TOL, "%s: cuda %s vs cpu rel L2 %.3g > %g", label,
                   step ? "token by token" : "full forward", err, TOL);
-        fprintf(stderr, "%-18s %s rel L2 %.2e (cuda vs cpu)\n", "gemma4_synth",
+        fprintf(stderr, "%-18s %s rel L2 %.2e (cuda vs cpu)\n", label,
                 step ? "token by token" : "full forward  ", err);
     }
     /* a batch of two at different offsets: seq a gets ids[0..20) then ids[20..T) in a batch with
@@ -163,10 +169,9 @@ static void check_synthetic(void) {
         e = (kiln_batch_entry){c, ids + 5, T - 5, KILN_LOGITS_LAST, rb_ref};
         CHECK_OK(kiln_forward(cpu, &e, 1));
         double eb = test_rel_l2(rb, rb_ref, (size_t)V);
-        CHECK_MSG(ea <= TOL && eb <= TOL, "gemma synth: cuda batch of two rel L2 %.3g / %.3g", ea,
+        CHECK_MSG(ea <= TOL && eb <= TOL, "%s: cuda batch of two rel L2 %.3g / %.3g", label, ea,
                   eb);
-        fprintf(stderr, "%-18s batch of two   rel L2 %.2e / %.2e (cuda vs cpu)\n", "gemma4_synth",
-                ea, eb);
+        fprintf(stderr, "%-18s batch of two   rel L2 %.2e / %.2e (cuda vs cpu)\n", label, ea, eb);
         kiln_seq_free(a), kiln_seq_free(b), kiln_seq_free(c);
         free(ra), free(rb), free(rb_ref);
     }
@@ -199,9 +204,9 @@ static void check_synthetic(void) {
             CHECK_OK(kiln_forward(cpu, &ec, 1));
             CHECK_OK(kiln_forward(gpu, &eg, 1));
         }
-        CHECK_MSG(flips == 0, "gemma synth: %d greedy picks differ from the cpu's", flips);
+        CHECK_MSG(flips == 0, "%s: %d greedy picks differ from the cpu's", label, flips);
         fprintf(stderr, "%-18s greedy         %d steps, %d flips, %d near-ties (cuda vs cpu)\n",
-                "gemma4_synth", GEN, flips, near);
+                label, GEN, flips, near);
         kiln_seq_free(sc), kiln_seq_free(sg);
         free(lc), free(lg);
     }
@@ -223,7 +228,17 @@ int main(void) {
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
         fixture_parity_check(fixtures[i], &o);
     check_gemma4_moe_numpy();
-    check_synthetic();
+    check_synthetic(true);
+    check_synthetic(false);
+    /* decode-step graphs: the fixtures (sliding windows crossed), and the dense synthetic model
+     * whose KV-shared layers attend through the batched call without storing */
+    cuda_graph_replay_check("gemma3_text", test_shared("fixtures/gemma3_text"));
+    cuda_graph_replay_check("gemma4_text", test_shared("fixtures/gemma4_text"));
+    {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/gemma4_synth_dense", test_tmpdir());
+        cuda_graph_replay_check("gemma4_synth_dense", dir);
+    }
     return test_finish();
 #endif
 }

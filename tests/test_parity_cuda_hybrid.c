@@ -6,11 +6,14 @@
  * token-by-token decoding (recurrent state in device memory) match transformers' float32 logits
  * within relative L2 1e-3, the greedy continuation matches (a flip at a near-tie is reported, not
  * failed), and a batch of three sequences with their own recurrent states gives each the logits it
- * gets alone. Without a GPU the test exits 77 with the reason. */
+ * gets alone. Decode steps of the dense hybrid (qwen3_5_text: conv and delta-rule states as
+ * recorded launch arguments) replay from CUDA graphs with the same bits as launched ops. Without a
+ * GPU the test exits 77 with the reason. */
 #include "kiln.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
+#include "cuda_graph_check.h"
 #include "fixture_parity.h"
 #include "test_util.h"
 
@@ -31,6 +34,7 @@ int main(void) {
     const fixture_parity_opts o = {.device = KILN_DEVICE_CUDA, .tol = TOL, .allow_near_tie = true};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
         fixture_parity_check(fixtures[i], &o);
+    cuda_graph_replay_check("qwen3_5_text", test_shared("fixtures/qwen3_5_text"));
     return test_finish();
 #endif
 }

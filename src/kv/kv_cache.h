@@ -70,7 +70,8 @@ typedef struct kiln_kv_vtable {
      * all caches of a batch step at once; every kvs[i] has this same vtable. Entry i adds n[i]
      * tokens whose rows start at row t0 = n[0]+...+n[i-1] of k, v, q and out (rows as in store /
      * attend). Same result as store(i) + attend(i) for each i. Device caches use it to launch one
-     * kernel for the whole batch instead of one per sequence. */
+     * kernel for the whole batch instead of one per sequence. k == NULL (v unused): attend only,
+     * to what `layer` already holds (a KV-shared layer reading its source layer's cache). */
     void (*store_attend_batch)(kiln_kv *const *kvs, const int *n, int n_kv, int layer,
                                const float *k, const float *v, const float *q, float *out,
                                const kiln_attn_params *p, kiln_threadpool *pool);

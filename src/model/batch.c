@@ -2,6 +2,7 @@
  * uploaded to the backend, and the caches gathered for one batched store + attend per layer. */
 #include "model/model.h"
 
+#include "util/hash.h"
 #include "util/status.h"
 
 #include <stdlib.h>
@@ -16,6 +17,25 @@ int kiln_graph_max_batch(void) {
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
     return v;
+}
+
+bool kiln_decode_step_recordable(const kiln_backend *be, const kiln_batch_kv *b, int64_t T,
+                                 int n_entries) {
+    return be->graph_begin && b->ok && T == n_entries && T <= kiln_graph_max_batch();
+}
+
+uint64_t kiln_decode_step_key(const void *family, const void *acts, const void *ids,
+                              const kiln_batch_kv *b, int n_entries) {
+    uint64_t key = kiln_hash_mix(kiln_hash_mix(0, (uintptr_t)family), (uintptr_t)acts);
+    key = kiln_hash_mix(key, (uintptr_t)ids);
+    key = kiln_hash_mix(key, (uint64_t)n_entries);
+    for (int i = 0; i < n_entries; i++) {
+        if (!b->kvs[i]->vt->graph_key) return 0;
+        const uint64_t k = b->kvs[i]->vt->graph_key(b->kvs[i], b->n[i]);
+        if (!k) return 0;
+        key = kiln_hash_mix(key, k);
+    }
+    return key;
 }
 
 kiln_status kiln_batch_kv_init(kiln_batch_kv *b, const kiln_batch_entry *e, int n_entries) {

@@ -575,11 +575,20 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     kiln_kv **kvs = bkv.kvs;
     int *kv_n = bkv.n;
 
-    be->embed(be, a.x, a.tok, T, &s->embed);
-    be->scale(be, a.x, s->embed_scale, T * H);
-    if (s->ple > 0) per_layer_inputs(be, s, &a, T);
+    /* decode steps run as one recorded unit where the backend offers it (llama.c), unless a
+     * layer routes experts (gemma_moe waits for the routes on the host) */
+    bool any_moe = false;
+    for (int l = 0; l < s->n_layers; l++) any_moe |= s->layers[l].moe;
+    const bool graph = !any_moe && kiln_decode_step_recordable(be, &bkv, T, n_entries);
+    bool replayed = false;
+    if (graph) replayed = be->graph_begin(be, kiln_decode_step_key(s, a.x, a.tok, &bkv, n_entries));
+    if (!replayed) {
+        be->embed(be, a.x, a.tok, T, &s->embed);
+        be->scale(be, a.x, s->embed_scale, T * H);
+        if (s->ple > 0) per_layer_inputs(be, s, &a, T);
+    }
     kiln_status st = KILN_OK;
-    for (int l = 0; l < s->n_layers && st == KILN_OK; l++) {
+    for (int l = 0; !replayed && l < s->n_layers && st == KILN_OK; l++) {
         gemma_layer *L = &s->layers[l];
         const int hd = L->head_dim;
         const int64_t qd = (int64_t)s->n_heads * hd, kvd = (int64_t)L->n_kv_heads * hd;
@@ -607,8 +616,9 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
             be->rope(be, a.k, a.pos, T, L->n_kv_heads, hd, L->rot, L->inv_freq);
             if (s->g4) be->rmsnorm(be, a.v, a.v, NULL, T * L->n_kv_heads, hd, s->eps, false);
         }
-        if (own && batch_kv) {
-            bvt->store_attend_batch(kvs, kv_n, n_entries, l, a.k, a.v, a.q, a.attn, &apb, be->pool);
+        if (batch_kv) { /* KV-shared: attend only, to layer kv_src (k NULL: kv_cache.h) */
+            bvt->store_attend_batch(kvs, kv_n, n_entries, L->kv_src, own ? a.k : NULL,
+                                    own ? a.v : NULL, a.q, a.attn, &apb, be->pool);
         } else {
             for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
                 kiln_kv *kv = e[i].seq->kv;
@@ -644,6 +654,7 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         }
         if (L->layer_scalar != 1.0f) be->scale(be, a.x, L->layer_scalar, T * H);
     }
+    if (graph && !replayed) be->graph_end(be);
     kiln_batch_kv_free(&bkv);
     if (st != KILN_OK) return st;
     for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);

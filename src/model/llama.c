@@ -193,23 +193,6 @@ typedef struct llama_acts {
     int32_t *pos; /* [T] positions */
 } llama_acts;
 
-/* Key of a decode step's layer loop for graph replay: everything the launches depend on apart
- * from the positions and ids in backend memory — this model, the activation buffers, and each
- * cache's buffers and attention geometry. 0 (record without keeping) when a cache has no key. */
-static uint64_t decode_step_key(const llama_state *s, const llama_acts *a, kiln_kv *const *kvs,
-                                const int *kv_n, int n_entries) {
-    uint64_t key = kiln_hash_mix(kiln_hash_mix(0, (uintptr_t)s), (uintptr_t)a->x);
-    key = kiln_hash_mix(key, (uintptr_t)a->tok);
-    key = kiln_hash_mix(key, (uint64_t)n_entries);
-    for (int i = 0; i < n_entries; i++) {
-        if (!kvs[i]->vt->graph_key) return 0;
-        uint64_t k = kvs[i]->vt->graph_key(kvs[i], kv_n[i]);
-        if (!k) return 0;
-        key = kiln_hash_mix(key, k);
-    }
-    return key;
-}
-
 static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entries) {
     llama_state *s = m->family_state;
     kiln_backend *be = m->be;
@@ -269,9 +252,9 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     /* decode steps (one token per sequence, up to kiln_graph_max_batch() sequences, batched K/V
      * calls) run as one recorded unit where the backend offers it: on CUDA a graph instead of
      * ~6 launches per layer, recorded once per key and replayed while the key holds. */
-    const bool graph = be->graph_begin && batch_kv && T == n_entries && T <= kiln_graph_max_batch();
+    const bool graph = kiln_decode_step_recordable(be, &bkv, T, n_entries);
     bool replayed = false;
-    if (graph) replayed = be->graph_begin(be, decode_step_key(s, &a, kvs, kv_n, n_entries));
+    if (graph) replayed = be->graph_begin(be, kiln_decode_step_key(s, a.x, a.tok, &bkv, n_entries));
     /* fused ops (backend.h): each layer's input RMSNorm folded into the q/k/v multi-matmul, the
      * post-attention norm and SwiGLU into the gate/up one, each residual add into the matmul
      * producing it, q/k norm + RoPE as one op. h: work buffer of the norms and matmul outputs. */

@@ -116,6 +116,18 @@ void kiln_batch_kv_free(kiln_batch_kv *b);
  * backend offers graphs): 64, or KILN_GRAPH_MAX_BATCH (64 measured 1.12x 8 at batch 64 on the
  * H200, Qwen3-0.6B bf16; docs/gpu.md). */
 int kiln_graph_max_batch(void);
+/* Whether this forward is a decode step that may run as one recorded unit (backend.h
+ * graph_begin): the backend offers it, every cache takes the batched store + attend, each entry
+ * brings one token, and the batch is at most kiln_graph_max_batch() sequences. */
+bool kiln_decode_step_recordable(const kiln_backend *be, const kiln_batch_kv *b, int64_t T,
+                                 int n_entries);
+/* Key of a recorded decode step: everything its launches depend on apart from the ids and
+ * positions in backend memory — the family state and activation buffers (`family`, `acts`, `ids`),
+ * the batch size, and each cache's buffers and attention geometry (kiln_kv_vtable.graph_key).
+ * 0 (record without keeping) when a cache offers no key. Families whose steps read more
+ * per-sequence state (recurrent layer states) fold it in with kiln_hash_mix. */
+uint64_t kiln_decode_step_key(const void *family, const void *acts, const void *ids,
+                              const kiln_batch_kv *b, int n_entries);
 /* Uploads the batch's ids and positions (cache length + j) to tok_pos [2T] in backend memory:
  * tok_pos[0..T) ids, tok_pos[T..2T) positions, entries' tokens stacked. */
 kiln_status kiln_batch_upload_ids(kiln_backend *be, const kiln_batch_entry *e, int n_entries,

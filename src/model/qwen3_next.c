@@ -15,6 +15,7 @@
 #include "model/moe.h"
 
 #include "util/half.h"
+#include "util/hash.h"
 #include "util/log.h"
 #include "util/status.h"
 
@@ -379,7 +380,9 @@ typedef struct qn_gdn_batch {
     float **states; /* [2 * n_entries] */
 } qn_gdn_batch;
 
-/* Gated DeltaNet mixer for T stacked tokens of all entries: h -> a->attn [T, nv*dv]. */
+/* Gated DeltaNet mixer for T stacked tokens of all entries: rmsnorm(x; attn_norm) -> a->attn
+ * [T, nv*dv] (the input norm folded into the projections: backend.h matmul_norm; a->h is its
+ * work buffer). */
 static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_batch_entry *e,
                          int n_entries, int64_t T, qn_acts *a, const qn_gdn_batch *b) {
     kiln_backend *be = m->be;
@@ -390,8 +393,9 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
         /* in_proj_qkvz rows are grouped per key head: q[dk] k[dk] v[r*dv] z[r*dv]; in_proj_ba
          * per key head: b[r] a[r]. Split them into q|k|v (conv input), z, b and a. */
         const int64_t G = 2 * dk + 2 * (int64_t)r * dv, W = nk * G;
-        be->matmul(be, a->proj, a->h, T, &L->in_qkvz);
-        be->matmul(be, a->ba, a->h, T, &L->in_ba);
+        float *const outs[2] = {a->proj, a->ba};
+        const kiln_matrix *const ws[2] = {&L->in_qkvz, &L->in_ba};
+        be->matmul_norm(be, 2, outs, a->x, a->h, T, ws, L->attn_norm, s->eps, s->norm_plus_one);
         /* one batched copy per piece: i = token, j = key-head group */
         const int64_t rv = (int64_t)r * dv;
         be->copy3d(be, a->mixed, C, dk, a->proj, W, G, T, nk, dk);
@@ -401,10 +405,9 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
         be->copy3d(be, a->b_in, nv, r, a->ba, 2 * nv, 2 * r, T, nk, r);
         be->copy3d(be, a->a_in, nv, r, a->ba + r, 2 * nv, 2 * r, T, nk, r);
     } else {
-        be->matmul(be, a->mixed, a->h, T, &L->in_qkv);
-        be->matmul(be, a->z, a->h, T, &L->in_z);
-        be->matmul(be, a->b_in, a->h, T, &L->in_b);
-        be->matmul(be, a->a_in, a->h, T, &L->in_a);
+        float *const outs[4] = {a->mixed, a->z, a->b_in, a->a_in};
+        const kiln_matrix *const ws[4] = {&L->in_qkv, &L->in_z, &L->in_b, &L->in_a};
+        be->matmul_norm(be, 4, outs, a->x, a->h, T, ws, L->attn_norm, s->eps, s->norm_plus_one);
     }
     /* g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) */
     be->gdn_gates(be, a->g, a->beta, a->a_in, a->b_in, T, nv, L->neg_a, L->dt_bias);
@@ -429,30 +432,33 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
     be->silu_mul(be, a->attn, a->z, a->attn, T * VD);
 }
 
-/* Full attention (gated in qwen3_next / 3.5) for T stacked tokens: h -> a->attn [T, QD]. */
+/* Full attention (gated in qwen3_next / 3.5) for T stacked tokens: rmsnorm(x; attn_norm) ->
+ * a->attn [T, QD]. The batched call reads the positions from backend memory (a->pos), so a
+ * recorded decode step replays at later positions. */
 static void attention_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_batch_entry *e,
                             int n_entries, int64_t T, qn_acts *a, kiln_kv **kvs, int *kv_n) {
     kiln_backend *be = m->be;
     const int64_t QD = (int64_t)s->n_heads * s->head_dim,
                   KVD = (int64_t)s->n_kv_heads * s->head_dim, hd = s->head_dim;
+    /* gated: q_proj rows per head are q[hd] then gate[hd] */
+    float *const outs[3] = {s->gated_attn ? a->qg : a->q, a->k, a->v};
+    const kiln_matrix *const ws[3] = {&L->wq, &L->wk, &L->wv};
+    be->matmul_norm(be, 3, outs, a->x, a->h, T, ws, L->attn_norm, s->eps, s->norm_plus_one);
     if (s->gated_attn) {
-        /* q_proj rows per head: q[hd] then gate[hd] */
-        be->matmul(be, a->qg, a->h, T, &L->wq);
         be->copy2d(be, a->q, hd, a->qg, 2 * hd, T * s->n_heads, hd);
         be->copy2d(be, a->gate, hd, a->qg + hd, 2 * hd, T * s->n_heads, hd);
-    } else {
-        be->matmul(be, a->q, a->h, T, &L->wq);
     }
-    be->matmul(be, a->k, a->h, T, &L->wk);
-    be->matmul(be, a->v, a->h, T, &L->wv);
     be->rmsnorm(be, a->q, a->q, L->q_norm, T * s->n_heads, s->head_dim, s->eps, s->norm_plus_one);
     be->rmsnorm(be, a->k, a->k, L->k_norm, T * s->n_kv_heads, s->head_dim, s->eps,
                 s->norm_plus_one);
     be->rope(be, a->q, a->pos, T, s->n_heads, s->head_dim, s->rot, s->inv_freq);
     be->rope(be, a->k, a->pos, T, s->n_kv_heads, s->head_dim, s->rot, s->inv_freq);
-    kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)};
+    const kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)},
+                           apb = {.n_heads = s->n_heads,
+                                  .scale = 1.0f / sqrtf((float)s->head_dim),
+                                  .positions = a->pos};
     if (kvs) {
-        kvs[0]->vt->store_attend_batch(kvs, kv_n, n_entries, l, a->k, a->v, a->q, a->attn, &ap,
+        kvs[0]->vt->store_attend_batch(kvs, kv_n, n_entries, l, a->k, a->v, a->q, a->attn, &apb,
                                        be->pool);
     } else {
         for (int i = 0, t = 0; i < n_entries; t += e[i].n_tokens, i++) {
@@ -535,30 +541,44 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
     for (int i = 0; i < n_entries; i++) gb.n_tokens[i] = e[i].n_tokens;
 
     be->embed(be, a.x, a.tok, T, &s->embed);
+    /* decode steps run as one recorded unit where the backend offers it (llama.c), unless a
+     * layer routes experts (moe.c waits for the routes on the host). The recorded launches also
+     * carry each sequence's recurrent state pointers (the conv and delta-rule ops take them as
+     * arguments), so those are part of the key. */
+    bool any_moe = false;
+    for (int l = 0; l < s->n_layers; l++) any_moe |= s->layers[l].moe;
+    const bool graph = !any_moe && kiln_decode_step_recordable(be, &bkv, T, n_entries);
+    bool replayed = false;
+    if (graph) {
+        uint64_t key = kiln_decode_step_key(s, a.x, a.tok, &bkv, n_entries);
+        for (int l = 0; key && l < s->n_layers; l++)
+            for (int i = 0; s->layers[l].linear && i < n_entries; i++)
+                key = kiln_hash_mix(key, (uintptr_t)e[i].seq->kv->vt->layer_state(e[i].seq->kv, l));
+        replayed = be->graph_begin(be, key);
+    }
+    /* fused ops (backend.h): the input norm folded into each mixer's projections, the residual
+     * adds into the matmuls producing them, the FFN norm and SwiGLU into the gate/up matmul */
     kiln_status st = KILN_OK;
-    for (int l = 0; l < s->n_layers && st == KILN_OK; l++) {
+    for (int l = 0; !replayed && l < s->n_layers && st == KILN_OK; l++) {
         qn_layer *L = &s->layers[l];
-        be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, s->norm_plus_one);
         if (L->linear) {
             linear_mixer(m, s, L, l, e, n_entries, T, &a, &gb);
-            be->matmul(be, a.h, a.attn, T, &L->out_proj);
+            be->matmul_add(be, a.x, a.attn, a.h, T, &L->out_proj);
         } else {
             attention_mixer(m, s, L, l, e, n_entries, T, &a, kvs, kv_n);
-            be->matmul(be, a.h, a.attn, T, &L->wo);
+            be->matmul_add(be, a.x, a.attn, a.h, T, &L->wo);
         }
-        be->add(be, a.x, a.x, a.h, T * H);
-        be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, s->norm_plus_one);
         if (L->moe) {
+            be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, s->norm_plus_one);
             st = kiln_moe_forward(m, &L->sparse, a.y, a.h, T, &s->moe);
             if (st == KILN_OK) be->add(be, a.x, a.x, a.y, T * H);
         } else {
-            be->matmul(be, a.ff1, a.h, T, &L->w_gate);
-            be->matmul(be, a.ff2, a.h, T, &L->w_up);
-            be->silu_mul(be, a.ff1, a.ff1, a.ff2, T * s->ffn);
-            be->matmul(be, a.h, a.ff1, T, &L->w_down);
-            be->add(be, a.x, a.x, a.h, T * H);
+            be->matmul_norm_glu(be, a.ff1, a.x, a.h, a.ff2, T, &L->w_gate, &L->w_up, L->ffn_norm,
+                                s->eps, s->norm_plus_one, KILN_GLU_SILU);
+            be->matmul_add(be, a.x, a.ff1, a.h, T, &L->w_down);
         }
     }
+    if (graph && !replayed) be->graph_end(be);
     kiln_batch_kv_free(&bkv);
     free(gb.n_tokens), free(gb.states);
     if (st != KILN_OK) return st;

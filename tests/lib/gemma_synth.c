@@ -55,16 +55,17 @@ static const char *config_json =
     "                      \"rope_type\": \"proportional\"},\n"
     "   \"sliding_attention\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}},\n"
     " \"final_logit_softcapping\": 30.0, \"tie_word_embeddings\": true,\n"
-    " \"enable_moe_block\": true, \"num_experts\": 5, \"top_k_experts\": 2,\n"
+    " \"enable_moe_block\": %s, \"num_experts\": 5, \"top_k_experts\": 2,\n"
     " \"moe_intermediate_size\": 24, \"hidden_activation\": \"gelu_pytorch_tanh\",\n"
     " \"max_position_embeddings\": 512, \"bos_token_id\": 1, \"eos_token_id\": 2,\n"
     " \"pad_token_id\": 0, \"attention_bias\": false, \"dtype\": \"bfloat16\"}\n";
 
-bool gemma_synth_write(const char *dir) {
-    char path[1024], n[256];
+bool gemma_synth_write(const char *dir, bool moe) {
+    char path[1024], n[256], config[2048];
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (!test_write_file(path, config_json, strlen(config_json))) return false;
+    snprintf(config, sizeof config, config_json, moe ? "true" : "false");
+    if (!test_write_file(path, config, strlen(config))) return false;
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     kiln_st_writer *w = NULL;
     if (kiln_st_writer_new(&w) != KILN_OK) return false;
@@ -118,18 +119,20 @@ bool gemma_synth_write(const char *dir) {
         T_(add_mat(w, &rng, n, G_FF, G_H, 0.15f));
         snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.weight", i);
         T_(add_mat(w, &rng, n, G_H, G_FF, 0.15f));
-        snprintf(n, sizeof n, "model.layers.%d.router.proj.weight", i);
-        T_(add_mat(w, &rng, n, G_E, G_H, 1.0f));
-        snprintf(n, sizeof n, "model.layers.%d.router.scale", i);
-        T_(add_norm(w, &rng, n, G_H));
-        const int64_t ne = G_E;
-        snprintf(n, sizeof n, "model.layers.%d.router.per_expert_scale", i);
-        T_(add_t(w, &rng, n, 1, &ne, 1.0f, 0.25f));
-        const int64_t gu[3] = {G_E, 2 * G_MF, G_H}, dn[3] = {G_E, G_H, G_MF};
-        snprintf(n, sizeof n, "model.layers.%d.experts.gate_up_proj", i);
-        T_(add_t(w, &rng, n, 3, gu, 0.0f, 0.15f));
-        snprintf(n, sizeof n, "model.layers.%d.experts.down_proj", i);
-        T_(add_t(w, &rng, n, 3, dn, 0.0f, 0.15f));
+        if (moe) { /* the router and the experts */
+            snprintf(n, sizeof n, "model.layers.%d.router.proj.weight", i);
+            T_(add_mat(w, &rng, n, G_E, G_H, 1.0f));
+            snprintf(n, sizeof n, "model.layers.%d.router.scale", i);
+            T_(add_norm(w, &rng, n, G_H));
+            const int64_t ne = G_E;
+            snprintf(n, sizeof n, "model.layers.%d.router.per_expert_scale", i);
+            T_(add_t(w, &rng, n, 1, &ne, 1.0f, 0.25f));
+            const int64_t gu[3] = {G_E, 2 * G_MF, G_H}, dn[3] = {G_E, G_H, G_MF};
+            snprintf(n, sizeof n, "model.layers.%d.experts.gate_up_proj", i);
+            T_(add_t(w, &rng, n, 3, gu, 0.0f, 0.15f));
+            snprintf(n, sizeof n, "model.layers.%d.experts.down_proj", i);
+            T_(add_t(w, &rng, n, 3, dn, 0.0f, 0.15f));
+        }
         snprintf(n, sizeof n, "model.layers.%d.per_layer_input_gate.weight", i);
         T_(add_mat(w, &rng, n, G_PLE, G_H, 0.15f));
         snprintf(n, sizeof n, "model.layers.%d.per_layer_projection.weight", i);

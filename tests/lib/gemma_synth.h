@@ -9,7 +9,8 @@
 
 #include <stdbool.h>
 
-/* Writes the checkpoint into dir (created if missing). Returns false on an I/O error. */
-bool gemma_synth_write(const char *dir);
+/* Writes the checkpoint into dir (created if missing); moe false: without the MoE block (no
+ * router or expert tensors). Returns false on an I/O error. */
+bool gemma_synth_write(const char *dir, bool moe);
 
 #endif

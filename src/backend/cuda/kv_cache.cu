@@ -342,8 +342,9 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
     const kcu_kv *kv0 = (const kcu_kv *)kvs[0];
     const kiln_kv_layer_desc *d = &kvs[0]->layers[layer];
     kiln_attn_params plain;
-    bool stored = false; /* the K/V rows already went in with the q/k prep */
-    if (p->prep) {
+    bool stored = !k; /* the K/V rows already went in with the q/k prep, or k == NULL: attend
+                       * only (kv_cache.h) */
+    if (p->prep && k) {
         if (store_attend_prep(kvs, n, n_kv, layer, k, v, q, out, p)) return;
         stored = qk_prep_store(kvs, n, n_kv, layer, k, v, q, p);
     }
@@ -372,8 +373,9 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
             int64_t kw = (int64_t)d->n_kv_heads * d->head_dim;
             int64_t qw = (int64_t)p->n_heads * d->head_dim,
                     ow = (int64_t)p->n_heads * d->v_head_dim;
-            kvs[i]->vt->store(kvs[i], layer, k + t * kw,
-                              v + t * (int64_t)d->n_kv_heads * d->v_head_dim, n[i]);
+            if (k)
+                kvs[i]->vt->store(kvs[i], layer, k + t * kw,
+                                  v + t * (int64_t)d->n_kv_heads * d->v_head_dim, n[i]);
             kvs[i]->vt->attend(kvs[i], layer, q + t * qw, n[i], out + t * ow, p, pool);
         }
         return;

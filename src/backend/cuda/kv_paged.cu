@@ -188,9 +188,11 @@ static void paged_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv
             seqs[i].t0 = t;
             t += n[i0 + i];
         }
-        kcu_prof_begin(st);
-        store_chunk(kvs + i0, n + i0, t0, c, layer, k, v, p->positions);
-        kcu_prof_end(st, "kv paged store");
+        if (k) { /* NULL: attend only (kv_cache.h) */
+            kcu_prof_begin(st);
+            store_chunk(kvs + i0, n + i0, t0, c, layer, k, v, p->positions);
+            kcu_prof_end(st, "kv paged store");
+        }
         kcu_prof_begin(st);
         kcu_paged_attention(st, &L, q, out, p, seqs, c);
         kcu_prof_end(st, "attention paged");
