@@ -602,20 +602,25 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
                                       .scale = s->attn_scale,
                                       .softcap = s->attn_softcap,
                                       .positions = a.pos};
-        be->rmsnorm(be, a.h, a.x, L->attn_norm, T, H, s->eps, s->plus_one);
-        be->matmul(be, a.q, a.h, T, &L->wq);
-        be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, hd, s->eps, s->plus_one);
-        be->rope(be, a.q, a.pos, T, s->n_heads, hd, L->rot, L->inv_freq);
-        if (own) {
-            be->matmul(be, a.k, a.h, T, &L->wk);
-            if (L->k_eq_v) /* values are the raw key projection (before k_norm and RoPE) */
-                be->copy2d(be, a.v, kvd, a.k, kvd, T, kvd);
-            else
-                be->matmul(be, a.v, a.h, T, &L->wv);
-            be->rmsnorm(be, a.k, a.k, L->k_norm, T * L->n_kv_heads, hd, s->eps, s->plus_one);
-            be->rope(be, a.k, a.pos, T, L->n_kv_heads, hd, L->rot, L->inv_freq);
-            if (s->g4) be->rmsnorm(be, a.v, a.v, NULL, T * L->n_kv_heads, hd, s->eps, false);
+        /* the input norm folded into the q (k, v) projections: one fused op (backend.h) */
+        float *const qkv_out[3] = {a.q, a.k, a.v};
+        const kiln_matrix *const qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+        const int n_proj = !own ? 1 : L->k_eq_v ? 2 : 3;
+        be->matmul_norm(be, n_proj, qkv_out, a.x, a.h, T, qkv_w, L->attn_norm, s->eps, s->plus_one);
+        if (own && L->k_eq_v) /* values are the raw key projection (before k_norm and RoPE) */
+            be->copy2d(be, a.v, kvd, a.k, kvd, T, kvd);
+        if (own && !s->plus_one) { /* q / k norm + RoPE as one op (its norms weight w, not 1+w) */
+            be->qk_norm_rope(be, a.q, a.k, a.pos, T, s->n_heads, L->n_kv_heads, hd, L->rot,
+                             L->inv_freq, L->q_norm, L->k_norm, s->eps);
+        } else {
+            be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, hd, s->eps, s->plus_one);
+            be->rope(be, a.q, a.pos, T, s->n_heads, hd, L->rot, L->inv_freq);
+            if (own) {
+                be->rmsnorm(be, a.k, a.k, L->k_norm, T * L->n_kv_heads, hd, s->eps, s->plus_one);
+                be->rope(be, a.k, a.pos, T, L->n_kv_heads, hd, L->rot, L->inv_freq);
+            }
         }
+        if (own && s->g4) be->rmsnorm(be, a.v, a.v, NULL, T * L->n_kv_heads, hd, s->eps, false);
         if (batch_kv) { /* KV-shared: attend only, to layer kv_src (k NULL: kv_cache.h) */
             bvt->store_attend_batch(kvs, kv_n, n_entries, L->kv_src, own ? a.k : NULL,
                                     own ? a.v : NULL, a.q, a.attn, &apb, be->pool);
@@ -629,12 +634,10 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         }
         be->matmul(be, a.h, a.attn, T, &L->wo);
         be->rmsnorm(be, a.h, a.h, L->post_attn_norm, T, H, s->eps, s->plus_one);
-        /* x += h; h = pre_ffn_norm(x) */
-        be->add_rmsnorm(be, a.x, a.h, a.h, L->pre_ffn_norm, T, H, s->eps, s->plus_one);
-        float *const gu_out[2] = {a.ff1, a.ff2};
-        const kiln_matrix *const gu_w[2] = {&L->w_gate, &L->w_up};
-        be->matmul_multi(be, 2, gu_out, a.h, T, gu_w);
-        be->gelu_tanh_mul(be, a.ff1, a.ff1, a.ff2, T * F);
+        /* x += h; ff1 = gelu(pre_ffn_norm(x) @ gate^T) * (pre_ffn_norm(x) @ up^T): one fused op */
+        be->add(be, a.x, a.x, a.h, T * H);
+        be->matmul_norm_glu(be, a.ff1, a.x, a.h, a.ff2, T, &L->w_gate, &L->w_up, L->pre_ffn_norm,
+                            s->eps, s->plus_one, KILN_GLU_GELU_TANH);
         be->matmul(be, a.h, a.ff1, T, &L->w_down);
         if (L->moe) { /* dense and expert branches both read the residual x */
             be->rmsnorm(be, a.h, a.h, L->post_ffn_norm1, T, H, s->eps, false);
