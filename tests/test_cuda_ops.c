@@ -1499,6 +1499,9 @@ static void test_attention(void) {
         test_attention_case("f32", 1, 4, 512, 512, 0, 0.0f, short_steps, 6);
         test_attention_case("bf16", 4, 8, 128, 128, 0, 0.0f, short_steps, 6);
         test_attention_case("f16", 2, 2, 256, 128, 40, 0.0f, long_steps, 5);
+        /* groups split over blocks by the short kernel: Qwen3.5-4B's layers, Gemma 4's global */
+        test_attention_case("bf16", 4, 4, 256, 256, 0, 0.0f, short_steps, 6);
+        test_attention_case("bf16", 2, 4, 512, 512, 0, 0.0f, long_steps, 5);
     }
     kiln_cuda_set_attn_short(-1);
     kiln_cuda_set_fa_mode(-1);

@@ -7,13 +7,13 @@
  * checked after each block), every K/V load is checked for its alignment and the outputs start as
  * NaN.
  *
- * Cases: GQA groups 1..8, head dims 64 / 80 / 96 / 128 / 256 (v head dim different from k's in
- * some), f32 / f16 / bf16 caches, sliding windows, logit softcaps, several sequences per launch at
- * different positions (0, short, several turns of the 16 warps), positions from the arguments or
- * from a "device" array. Reference: softmax attention in double over the same rounded K/V, by
- * relative L2 error <= 1e-5 (what test_cuda_ops asks of the GPU). A development check for
- * machines without a GPU (it does not see the hardware's scheduling, fast exp or FMA contraction);
- * run by tests/test_attention_emulate.sh (CTest). */
+ * Cases: GQA groups 1..12 (split over blocks above a block's heads), head dims 64 to 512 (v head
+ * dim different from k's in some), f32 / f16 / bf16 caches, sliding windows, logit softcaps,
+ * several sequences per launch at different positions (0, short, several turns of the 16 warps),
+ * positions from the arguments or from a "device" array. Reference: softmax attention in double
+ * over the same rounded K/V, by relative L2 error <= 1e-5 (what test_cuda_ops asks of the GPU). A
+ * development check for machines without a GPU (it does not see the hardware's scheduling, fast exp
+ * or FMA contraction); run by tests/test_attention_emulate.sh (CTest). */
 #include "cuda_shim.h"
 
 #include <algorithm>
@@ -79,13 +79,15 @@ using std::max;
 static int failures = 0, cases = 0;
 enum { GUARD = 1024 };
 
-/* Runs k_attn_decode_short<GM, CH, A.kv_dtype>(A) over grid: one std::thread per CUDA thread walks
- * the blocks in order; thread 0 poisons and checks the shared memory between two barriers around
- * each block.
+/* Runs k_attn_decode_short<GM, CH, KB, A.kv_dtype>(A) over grid: one std::thread per CUDA thread
+ * walks the blocks in order; thread 0 poisons and checks the shared memory between two barriers
+ * around each block.
  */
-template <int GM, int CH> static void emu_launch(const atts_args &A, emu_dim3 grid) {
+template <int GM, int CH, int KB> static void emu_launch(const atts_args &A, emu_dim3 grid) {
     const int threads = ATTS_WARPS * 32;
-    const int64_t smem_floats = (int64_t)(atts_smem_bytes(A.group, A.vhd) / sizeof(float));
+    const int64_t smem_floats =
+        (int64_t)(atts_smem_bytes(atts_heads_per_block(A.group, A.hd, A.vhd), A.vhd) /
+                  sizeof(float));
     std::vector<float> sm((size_t)smem_floats + GUARD + 4), xchg((size_t)threads);
     float *base = (float *)(((uintptr_t)sm.data() + 15) & ~(uintptr_t)15);
     blockDim = {(unsigned)threads, 1, 1};
@@ -113,11 +115,11 @@ template <int GM, int CH> static void emu_launch(const atts_args &A, emu_dim3 gr
                     bar.arrive_and_wait();
                     blockIdx = {x, y, 0};
                     if (A.kv_dtype == KILN_DT_F32)
-                        k_attn_decode_short<GM, CH, KILN_DT_F32>(A);
+                        k_attn_decode_short<GM, CH, KB, KILN_DT_F32>(A);
                     else if (A.kv_dtype == KILN_DT_BF16)
-                        k_attn_decode_short<GM, CH, KILN_DT_BF16>(A);
+                        k_attn_decode_short<GM, CH, KB, KILN_DT_BF16>(A);
                     else
-                        k_attn_decode_short<GM, CH, KILN_DT_F16>(A);
+                        k_attn_decode_short<GM, CH, KB, KILN_DT_F16>(A);
                     bar.arrive_and_wait();
                     if (t != 0) continue;
                     for (int i = 0; i < GUARD; i++)
@@ -130,6 +132,13 @@ template <int GM, int CH> static void emu_launch(const atts_args &A, emu_dim3 gr
         });
     for (auto &t : th) t.join();
 }
+
+/* atts_dispatch's callback: the emulated launch of the instance it picks */
+struct emu_launcher {
+    const atts_args &A;
+    emu_dim3 grid;
+    template <int GM, int CH, int KB> void run() { emu_launch<GM, CH, KB>(A, grid); }
+};
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float rnd() { /* uniform in [-1, 1) */
@@ -187,16 +196,9 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
     A.q = q.data(), A.out = out.data(), A.positions = device_positions ? dpos.data() : nullptr;
     A.n_heads = H, A.n_kv_heads = n_kv, A.group = G, A.hd = hd, A.vhd = vhd, A.window = window;
     A.kv_dtype = dt, A.scale = 1.0f / sqrtf((float)hd), A.softcap = softcap;
-    const emu_dim3 grid = {(unsigned)n_kv, (unsigned)n_seq, 1};
-    const bool two = hd > 128 || vhd > 128;
-    if (G == 1)
-        two ? emu_launch<1, 2>(A, grid) : emu_launch<1, 1>(A, grid);
-    else if (G == 2)
-        two ? emu_launch<2, 2>(A, grid) : emu_launch<2, 1>(A, grid);
-    else if (G <= 4)
-        emu_launch<4, 1>(A, grid);
-    else
-        emu_launch<8, 1>(A, grid);
+    atts_plan(&A);
+    emu_launcher launcher = {A, {(unsigned)(n_kv * A.nsub), (unsigned)n_seq, 1}};
+    atts_dispatch(A, launcher);
     /* reference in double */
     double num = 0, den = 0;
     int bad = 0;
@@ -254,6 +256,13 @@ int main() {
     run_case(2, 2, 256, 256, KILN_DT_F32, 8, 0.0f, {3, 129}, false);
     run_case(1, 2, 256, 128, KILN_DT_BF16, 0, 0.0f, {700}, true);
     run_case(3, 1, 128, 256, KILN_DT_F16, 100, 0.0f, {99, 100, 101, 450}, false);
+    /* groups split over blocks: Qwen3.5-4B (4 heads per KV head, 256), Gemma 4's global layers
+     * (head dim 512), a group above 8 at 128 and an odd group at 256 */
+    run_case(4, 4, 256, 256, KILN_DT_F32, 0, 0.0f, {127, 3}, true);
+    run_case(2, 4, 512, 512, KILN_DT_BF16, 0, 30.0f, {200, 0, 70}, false);
+    run_case(1, 3, 384, 512, KILN_DT_F16, 16, 0.0f, {40, 41}, true);
+    run_case(1, 12, 128, 128, KILN_DT_F32, 0, 0.0f, {300}, false);
+    run_case(2, 5, 256, 192, KILN_DT_BF16, 0, 0.0f, {64, 65}, true);
     printf("%d cases: %s\n", cases, failures ? "FAILED" : "all passed");
     return failures != 0;
 }

@@ -423,28 +423,34 @@ static int att_short_max(void) {
     return g_att_short;
 }
 
-template <int GM, int CH, int DT>
+template <int GM, int CH, int KB, int DT>
 static void launch_short_dt(kcu_state *st, const atts_args &A, dim3 grid) {
-    const size_t smem = atts_smem_bytes(A.group, A.vhd);
+    const size_t smem = atts_smem_bytes(atts_heads_per_block(A.group, A.hd, A.vhd), A.vhd);
     static size_t raised = 48 * 1024; /* per instance */
     if (smem > raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn_decode_short<GM, CH, DT>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_attn_decode_short<GM, CH, KB, DT>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = smem;
     }
-    KCU_LAUNCH(st, (k_attn_decode_short<GM, CH, DT>), grid, ATTS_WARPS * 32, smem, A);
+    KCU_LAUNCH(st, (k_attn_decode_short<GM, CH, KB, DT>), grid, ATTS_WARPS * 32, smem, A);
     KCU_LAUNCHED(st);
 }
-template <int GM, int CH> static void launch_short(kcu_state *st, const atts_args &A, dim3 grid) {
-    if (A.kv_dtype == KILN_DT_F32)
-        launch_short_dt<GM, CH, KILN_DT_F32>(st, A, grid);
-    else if (A.kv_dtype == KILN_DT_BF16)
-        launch_short_dt<GM, CH, KILN_DT_BF16>(st, A, grid);
-    else
-        launch_short_dt<GM, CH, KILN_DT_F16>(st, A, grid);
-}
+/* atts_dispatch's callback: the instance for the cache dtype */
+struct short_launcher {
+    kcu_state *st;
+    const atts_args &A;
+    dim3 grid;
+    template <int GM, int CH, int KB> void run() {
+        if (A.kv_dtype == KILN_DT_F32)
+            launch_short_dt<GM, CH, KB, KILN_DT_F32>(st, A, grid);
+        else if (A.kv_dtype == KILN_DT_BF16)
+            launch_short_dt<GM, CH, KB, KILN_DT_BF16>(st, A, grid);
+        else
+            launch_short_dt<GM, CH, KB, KILN_DT_F16>(st, A, grid);
+    }
+};
 
 /* The short decode kernel (attention_decode.cuh) for L when it applies (every sequence one token,
  * keys <= the limit, and atts_applies): true when launched. */
@@ -462,16 +468,9 @@ static bool attention_short(kcu_state *st, const att_launch &L, int max_n, int k
     A.scale = a.p.scale, A.softcap = a.p.softcap;
     for (int i = 0; i < n_seq; i++)
         A.s[i].k = L.s[i].k, A.s[i].v = L.s[i].v, A.s[i].pos0 = L.s[i].pos0, A.s[i].t0 = L.s[i].t0;
-    const dim3 grid((unsigned)a.n_kv_heads, (unsigned)n_seq);
-    const bool two = a.head_dim > 128 || a.v_head_dim > 128;
-    if (L.group == 1)
-        two ? launch_short<1, 2>(st, A, grid) : launch_short<1, 1>(st, A, grid);
-    else if (L.group == 2)
-        two ? launch_short<2, 2>(st, A, grid) : launch_short<2, 1>(st, A, grid);
-    else if (L.group <= 4)
-        launch_short<4, 1>(st, A, grid);
-    else
-        launch_short<8, 1>(st, A, grid);
+    atts_plan(&A);
+    short_launcher launcher = {st, A, dim3((unsigned)(a.n_kv_heads * A.nsub), (unsigned)n_seq)};
+    atts_dispatch(A, launcher);
     return true;
 }
 

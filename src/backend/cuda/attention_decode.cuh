@@ -1,10 +1,14 @@
 /* attention_decode.cuh — decode attention over a short context in one launch: one block per (KV
- * head, sequence), its warps splitting the keys.
+ * head, query heads of its group, sequence), its warps splitting the keys.
  *
  * A decode step (one query token per sequence) against a contiguous cache: 16 warps of one block
- * take key groups of ATTS_KB = 4 in turn (warp w: keys kbeg + 4w .. + 3, then + 64, ...); lane l
- * holds dims 4l..4l+3 (and 128 + 4l.. for head dims above 128) of q, of each key's K and V rows
- * and of the output, so a score is a 4- or 8-term partial dot product per lane and a warp sum.
+ * take key groups of KB (4; 2 for head dims above 256) in turn (warp w: keys kbeg + KB*w ..,
+ * then + 16*KB, ...); lane l holds dims 4l..4l+3 (and 128 + 4l.., ... for larger head dims) of q,
+ * of each key's K and V rows and of the output, so a score is a 4- to 16-term partial dot
+ * product per lane and a warp sum. A block takes up to 8 query heads of a KV head's GQA group
+ * (head dims <= 128), 2 (<= 256) or 1 (<= 512), so that q and the accumulators stay in registers;
+ * larger groups take several blocks per KV head (each reads the head's K/V, from L2 after the
+ * first).
  * Each warp keeps an online softmax per query head of the GQA group; the warps' (m, l, acc) are
  * merged by log-sum-exp in shared memory. One launch and no partials in global memory, where
  * attention.cu's split kernel needs a split launch and a merge launch, each split waiting on its
@@ -22,7 +26,6 @@
 #include <stdint.h>
 
 #define ATTS_WARPS   16
-#define ATTS_KB      4  /* keys per warp per turn */
 #define ATTS_MAX_SEQ 64 /* sequences per launch (KCU_ATT_MAX_SEQ) */
 
 struct atts_seq {
@@ -36,19 +39,53 @@ struct atts_args {
     float *out;               /* [rows, n_heads*vhd] */
     const int32_t *positions; /* device positions by row (a recorded step), or NULL: pos0 */
     int n_heads, n_kv_heads, group, hd, vhd, window, kv_dtype;
+    int nsub; /* blocks per KV head: ceil(group / atts_heads_per_block) (atts_plan) */
     float scale, softcap;
     atts_seq s[ATTS_MAX_SEQ];
 };
 
-/* Whether the kernel takes the geometry: group <= 8 (<= 2 with head dims above 128: registers),
- * head dims multiples of 4 up to 256, shared memory <= 96 KiB. */
-static inline size_t atts_smem_bytes(int group, int vhd) {
-    return sizeof(float) * (size_t)ATTS_WARPS * (size_t)group * (size_t)(vhd + 2);
+/* 128-dim chunks of the larger head dim a lane's registers hold (1, 2 or 4), and the query heads
+ * one block takes: the whole group up to 8 at one chunk, 2 at two, 1 at four (registers: q and
+ * the accumulators are heads * chunks * 8 floats per lane). */
+static inline int atts_chunks(int hd, int vhd) {
+    const int d = hd > vhd ? hd : vhd;
+    return d <= 128 ? 1 : d <= 256 ? 2 : 4;
 }
+static inline int atts_heads_per_block(int group, int hd, int vhd) {
+    const int ch = atts_chunks(hd, vhd), cap = ch == 1 ? 8 : ch == 2 ? 2 : 1;
+    return group < cap ? group : cap;
+}
+/* Dynamic shared memory of a block with `heads` query heads: [ATTS_WARPS][heads][vhd + 2]. */
+static inline size_t atts_smem_bytes(int heads, int vhd) {
+    return sizeof(float) * (size_t)ATTS_WARPS * (size_t)heads * (size_t)(vhd + 2);
+}
+/* Whether the kernel takes the geometry: head dims multiples of 4 up to 512, any group. */
 static inline bool atts_applies(int group, int hd, int vhd) {
-    const bool two = hd > 128 || vhd > 128;
-    return group >= 1 && group <= (two ? 2 : 8) && hd % 4 == 0 && vhd % 4 == 0 && hd <= 256 &&
-           vhd <= 256 && atts_smem_bytes(group, vhd) <= 96 * 1024;
+    return group >= 1 && hd >= 4 && vhd >= 4 && hd % 4 == 0 && vhd % 4 == 0 && hd <= 512 &&
+           vhd <= 512 && atts_smem_bytes(atts_heads_per_block(group, hd, vhd), vhd) <= 96 * 1024;
+}
+/* Sets A->nsub (A's group and head dims set); the launch grid is (n_kv_heads * nsub, sequences). */
+static inline void atts_plan(atts_args *A) {
+    const int hpb = atts_heads_per_block(A->group, A->hd, A->vhd);
+    A->nsub = (A->group + hpb - 1) / hpb;
+}
+/* Calls f.template run<GM, CH, KB>() for the kernel instance of A's geometry (GM: heads per block
+ * rounded up to 1, 2, 4, 8; CH: chunks; KB: keys per warp per turn), for the launcher and the
+ * CPU emulator alike. */
+template <typename F> static inline void atts_dispatch(const atts_args &A, F &f) {
+    const int ch = atts_chunks(A.hd, A.vhd), hpb = atts_heads_per_block(A.group, A.hd, A.vhd);
+    if (ch == 4)
+        f.template run<1, 4, 2>();
+    else if (ch == 2)
+        hpb == 1 ? f.template run<1, 2, 4>() : f.template run<2, 2, 4>();
+    else if (hpb == 1)
+        f.template run<1, 1, 4>();
+    else if (hpb == 2)
+        f.template run<2, 1, 4>();
+    else if (hpb <= 4)
+        f.template run<4, 1, 4>();
+    else
+        f.template run<8, 1, 4>();
 }
 
 /* The two 16-bit cache values of a 32-bit word (low half first) as f32: bf16 or f16 (dt). */
@@ -77,16 +114,19 @@ __device__ __forceinline__ void atts_load4(const void *base, int64_t off, float 
     }
 }
 
-/* GM: the group size rounded up (1, 2, 4, 8); CH: 4-dim chunks per lane (hd, vhd <= 128 * CH); DT:
- * the cache dtype (A.kv_dtype).
- * grid (n_kv_heads, sequences), ATTS_WARPS * 32 threads; dynamic shared memory
- * atts_smem_bytes: [ATTS_WARPS][group][vhd] accumulators, then [ATTS_WARPS][group][2] (m, l). */
-template <int GM, int CH, int DT>
+/* GM: query heads per block rounded up (1, 2, 4, 8); CH: 4-dim chunks per lane (hd, vhd <= 128 *
+ * CH); KB: keys per warp per turn; DT: the cache dtype (A.kv_dtype).
+ * grid (n_kv_heads * A.nsub, sequences), ATTS_WARPS * 32 threads: block x takes KV head x / nsub
+ * and the group's heads h0 .. h0 + G - 1, h0 = (x % nsub) * GM; dynamic shared memory
+ * atts_smem_bytes(G): [ATTS_WARPS][G][vhd] accumulators, then [ATTS_WARPS][G][2] (m, l). */
+template <int GM, int CH, int KB, int DT>
 __global__ void __launch_bounds__(ATTS_WARPS * 32)
     k_attn_decode_short(const __grid_constant__ atts_args A) {
     KCU_PDL_ENTER();
     const atts_seq &S = A.s[blockIdx.y];
-    const int kvh = blockIdx.x, G = A.group, hd = A.hd, vhd = A.vhd;
+    const int kvh = (int)blockIdx.x / A.nsub, h0 = ((int)blockIdx.x - kvh * A.nsub) * GM;
+    const int G = A.group - h0 < GM ? A.group - h0 : GM, hd = A.hd, vhd = A.vhd;
+    const int head0 = kvh * A.group + h0; /* the block's first query head */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pos = A.positions ? A.positions[S.t0] : S.pos0;
     const int kbeg = A.window > 0 ? max(0, pos - A.window + 1) : 0, kend = pos + 1;
@@ -98,7 +138,7 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
 #pragma unroll
         for (int c = 0; c < CH; c++) {
             const int d0 = 4 * lane + 128 * c;
-            const float *qr = A.q + ((int64_t)S.t0 * A.n_heads + kvh * G + g) * hd + d0;
+            const float *qr = A.q + ((int64_t)S.t0 * A.n_heads + head0 + g) * hd + d0;
 #pragma unroll
             for (int e = 0; e < 4; e++) q[g][c][e] = g < G && d0 < hd ? qr[e] * A.scale : 0.0f;
         }
@@ -111,10 +151,10 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[g][c][e] = 0.0f;
     }
-    for (int j0 = kbeg + ATTS_KB * warp; j0 < kend; j0 += ATTS_KB * ATTS_WARPS) {
-        float kx[ATTS_KB][CH][4], vx[ATTS_KB][CH][4];
+    for (int j0 = kbeg + KB * warp; j0 < kend; j0 += KB * ATTS_WARPS) {
+        float kx[KB][CH][4], vx[KB][CH][4];
 #pragma unroll
-        for (int u = 0; u < ATTS_KB; u++)
+        for (int u = 0; u < KB; u++)
 #pragma unroll
             for (int c = 0; c < CH; c++) {
                 const int d0 = 4 * lane + 128 * c, j = j0 + u;
@@ -130,9 +170,9 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
 #pragma unroll
         for (int g = 0; g < GM; g++) {
             if (g >= G) break;
-            float sc[ATTS_KB];
+            float sc[KB];
 #pragma unroll
-            for (int u = 0; u < ATTS_KB; u++) {
+            for (int u = 0; u < KB; u++) {
                 float s = 0.0f;
 #pragma unroll
                 for (int c = 0; c < CH; c++)
@@ -143,19 +183,19 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-                for (int u = 0; u < ATTS_KB; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+                for (int u = 0; u < KB; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
             float mt = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < ATTS_KB; u++) {
+            for (int u = 0; u < KB; u++) {
                 if (A.softcap > 0.0f) sc[u] = A.softcap * kcu_tanh(sc[u] / A.softcap);
                 if (j0 + u >= kend) sc[u] = -INFINITY;
                 mt = fmaxf(mt, sc[u]);
             }
             const float mn = fmaxf(m[g], mt); /* finite: key j0 is visible */
             const float alpha = __expf(m[g] - mn);
-            float pu[ATTS_KB], ps = 0.0f;
+            float pu[KB], ps = 0.0f;
 #pragma unroll
-            for (int u = 0; u < ATTS_KB; u++) {
+            for (int u = 0; u < KB; u++) {
                 pu[u] = __expf(sc[u] - mn);
                 ps += pu[u];
             }
@@ -167,7 +207,7 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
                 for (int e = 0; e < 4; e++) {
                     float v = acc[g][c][e] * alpha;
 #pragma unroll
-                    for (int u = 0; u < ATTS_KB; u++) v = fmaf(pu[u], vx[u][c][e], v);
+                    for (int u = 0; u < KB; u++) v = fmaf(pu[u], vx[u][c][e], v);
                     acc[g][c][e] = v;
                 }
         }
@@ -201,7 +241,7 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
             den += sml[(w * G + g) * 2 + 1] * e;
             num += sacc[((size_t)w * G + g) * vhd + d] * e;
         }
-        A.out[((int64_t)S.t0 * A.n_heads + kvh * G + g) * vhd + d] = den > 0.0f ? num / den : 0.0f;
+        A.out[((int64_t)S.t0 * A.n_heads + head0 + g) * vhd + d] = den > 0.0f ? num / den : 0.0f;
     }
 }
 
