@@ -1507,6 +1507,31 @@ static void test_attention(void) {
     kiln_cuda_set_fa_mode(-1);
 }
 
+/* norm_add == rmsnorm of h, add to x, scale (kiln_cpu_norm_add), with and without a weight,
+ * 1 + w, a scale; h on the device unchanged or rmsnorm(h) (the op may overwrite it). */
+static void test_norm_add(void) {
+    static const int64_t dims[] = {7, 1024, 2560, 5000};
+    for (size_t d = 0; d < 4; d++)
+        for (int mode = 0; mode < 3; mode++) {
+            const int64_t n = 3, dim = dims[d];
+            const bool plus_one = mode == 1;
+            const float scale = mode == 2 ? 0.37f : 1.0f;
+            float *x = rand_f32(n * dim, 2.0f), *h = rand_f32(n * dim, 1.5f);
+            float *w = mode == 2 && d == 0 ? NULL : rand_f32(dim, 0.3f);
+            float *xref = malloc((size_t)(n * dim) * 4), *href = malloc((size_t)(n * dim) * 4);
+            memcpy(xref, x, (size_t)(n * dim) * 4), memcpy(href, h, (size_t)(n * dim) * 4);
+            kiln_cpu_norm_add(xref, href, w, n, dim, 1e-6f, plus_one, scale);
+            float *dx = dev_copy(x, (size_t)(n * dim) * 4),
+                  *dh = dev_copy(h, (size_t)(n * dim) * 4);
+            float *dw = w ? dev_copy(w, (size_t)dim * 4) : NULL;
+            be->norm_add(be, dx, dh, dw, n, dim, 1e-6f, plus_one, scale);
+            compare("norm_add x", dx, xref, n * dim, 1e-5);
+            be->free(be, dx), be->free(be, dh);
+            if (dw) be->free(be, dw);
+            free(x), free(h), free(w), free(xref), free(href);
+        }
+}
+
 /* Decode steps through the contiguous cache's store_attend_batch with the q/k prep inside
  * (kiln_attn_params.prep: attention.cu's PREP kernel, one launch for q/k RMSNorm + RoPE, the KV
  * store and attention with its split merge), for n_seq sequences with cached prefixes of
@@ -1941,6 +1966,7 @@ int main(void) {
     RUN(test_rmsnorm());
     RUN(test_rope());
     RUN(test_add_rmsnorm());
+    RUN(test_norm_add());
     RUN(test_qk_norm_rope());
     RUN(test_matmul_multi());
     RUN(test_matmul_fused());

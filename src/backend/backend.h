@@ -92,6 +92,10 @@ struct kiln_backend {
     /* x[n, dim] += h; y = rmsnorm(x) */
     void (*add_rmsnorm)(kiln_backend *be, float *x, const float *h, float *y, const float *w,
                         int64_t n, int64_t dim, float eps, bool plus_one);
+    /* x[n, dim] = (x + rmsnorm(h; w)) * scale: a post-norm residual (Gemma's sandwich norms, its
+     * layer_scalar as scale); h [n, dim] may be overwritten with rmsnorm(h) */
+    void (*norm_add)(kiln_backend *be, float *x, float *h, const float *w, int64_t n, int64_t dim,
+                     float eps, bool plus_one, float scale);
     /* per-head RMSNorm of q and k (norm weights may be NULL: skipped), then RoPE of both */
     void (*qk_norm_rope)(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
                          int n_heads, int n_kv_heads, int head_dim, int rot_dim,

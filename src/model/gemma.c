@@ -633,9 +633,9 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
             }
         }
         be->matmul(be, a.h, a.attn, T, &L->wo);
-        be->rmsnorm(be, a.h, a.h, L->post_attn_norm, T, H, s->eps, s->plus_one);
-        /* x += h; ff1 = gelu(pre_ffn_norm(x) @ gate^T) * (pre_ffn_norm(x) @ up^T): one fused op */
-        be->add(be, a.x, a.x, a.h, T * H);
+        /* x += post_attn_norm(h); ff1 = gelu(pre_ffn_norm(x) @ gate^T) * (pre_ffn_norm(x) @ up^T)
+         */
+        be->norm_add(be, a.x, a.h, L->post_attn_norm, T, H, s->eps, s->plus_one, 1.0f);
         be->matmul_norm_glu(be, a.ff1, a.x, a.h, a.ff2, T, &L->w_gate, &L->w_up, L->pre_ffn_norm,
                             s->eps, s->plus_one, KILN_GLU_GELU_TANH);
         be->matmul(be, a.h, a.ff1, T, &L->w_down);
@@ -645,17 +645,17 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
             if (st != KILN_OK) break;
             be->add(be, a.h, a.h, a.h2, T * H);
         }
-        be->rmsnorm(be, a.h, a.h, L->post_ffn_norm, T, H, s->eps, s->plus_one);
-        be->add(be, a.x, a.x, a.h, T * H);
-        if (s->ple > 0) { /* x += norm(proj(gelu(gate(x)) * pli[:, l])) */
+        /* x += post_ffn_norm(h), then (per-layer inputs) x += norm(proj(gelu(gate(x)) *
+         * pli[:, l])); the last of them also scales x by layer_scalar */
+        be->norm_add(be, a.x, a.h, L->post_ffn_norm, T, H, s->eps, s->plus_one,
+                     s->ple > 0 ? 1.0f : L->layer_scalar);
+        if (s->ple > 0) {
             be->matmul(be, a.plg, a.x, T, &L->ple_gate);
             be->copy2d(be, a.plin, PL, a.pli + (int64_t)l * PL, P, T, PL);
             be->gelu_tanh_mul(be, a.plg, a.plg, a.plin, T * PL);
             be->matmul(be, a.h2, a.plg, T, &L->ple_proj);
-            be->rmsnorm(be, a.h2, a.h2, L->ple_norm, T, H, s->eps, false);
-            be->add(be, a.x, a.x, a.h2, T * H);
+            be->norm_add(be, a.x, a.h2, L->ple_norm, T, H, s->eps, false, L->layer_scalar);
         }
-        if (L->layer_scalar != 1.0f) be->scale(be, a.x, L->layer_scalar, T * H);
     }
     if (graph && !replayed) be->graph_end(be);
     kiln_batch_kv_free(&bkv);

@@ -158,6 +158,12 @@ static void cpu_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y
     cpu_add(be, x, x, h, n * dim);
     cpu_rmsnorm(be, y, x, w, n, dim, eps, plus_one);
 }
+static void cpu_norm_add(kiln_backend *be, float *x, float *h, const float *w, int64_t n,
+                         int64_t dim, float eps, bool plus_one, float scale) {
+    cpu_rmsnorm(be, h, h, w, n, dim, eps, plus_one);
+    cpu_add(be, x, x, h, n * dim);
+    if (scale != 1.0f) cpu_scale(be, x, scale, n * dim);
+}
 static void cpu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
                              int n_heads, int n_kv_heads, int head_dim, int rot_dim,
                              const float *inv_freq, const float *q_norm, const float *k_norm,
@@ -262,6 +268,7 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->softcap = cpu_softcap;
     be->matmul_multi = cpu_matmul_multi;
     be->add_rmsnorm = cpu_add_rmsnorm;
+    be->norm_add = cpu_norm_add;
     be->matmul_norm = kiln_backend_matmul_norm_composed;
     be->matmul_add = kiln_backend_matmul_add_composed;
     be->matmul_norm_glu = kiln_backend_matmul_norm_glu_composed;

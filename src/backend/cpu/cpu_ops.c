@@ -109,6 +109,13 @@ void kiln_cpu_add_rmsnorm(float *x, const float *h, float *y, const float *w, in
     kiln_cpu_rmsnorm(y, x, w, n, dim, eps, plus_one);
 }
 
+void kiln_cpu_norm_add(float *x, float *h, const float *w, int64_t n, int64_t dim, float eps,
+                       bool plus_one, float scale) {
+    kiln_cpu_rmsnorm(h, h, w, n, dim, eps, plus_one);
+    kiln_cpu_add(x, x, h, n * dim);
+    if (scale != 1.0f) kiln_cpu_scale(x, scale, n * dim);
+}
+
 void kiln_cpu_qk_norm_rope(float *q, float *k, const int32_t *pos, int64_t n, int n_heads,
                            int n_kv_heads, int head_dim, int rot_dim, const float *inv_freq,
                            const float *q_norm, const float *k_norm, float eps) {

@@ -53,6 +53,11 @@ void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n, int n_heads, int hea
 void kiln_cpu_add_rmsnorm(float *x, const float *h, float *y, const float *w, int64_t n,
                           int64_t dim, float eps, bool plus_one);
 
+/* Post-norm residual as one op: h = rmsnorm(h) as kiln_cpu_rmsnorm (in place), x[n, dim] += h,
+ * then x *= scale unless scale is 1. */
+void kiln_cpu_norm_add(float *x, float *h, const float *w, int64_t n, int64_t dim, float eps,
+                       bool plus_one, float scale);
+
 /* The attention inputs' per-head steps as one op: q[n, n_heads, head_dim] and
  * k[n, n_kv_heads, head_dim] are RMSNorm'd per head with q_norm / k_norm [head_dim] (each skipped
  * when NULL), then rotated as kiln_cpu_rope. */

@@ -230,6 +230,12 @@ static void prof_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *
     kcu_add_rmsnorm(be, x, h, y, w, n, dim, eps, plus_one);
     kcu_prof_end(kcu_st(be), "add_rmsnorm");
 }
+static void prof_norm_add(kiln_backend *be, float *x, float *h, const float *w, int64_t n,
+                          int64_t dim, float eps, bool plus_one, float scale) {
+    kcu_prof_begin(kcu_st(be));
+    kcu_norm_add(be, x, h, w, n, dim, eps, plus_one, scale);
+    kcu_prof_end(kcu_st(be), "norm_add");
+}
 static void prof_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
                               int n_heads, int n_kv_heads, int head_dim, int rot_dim,
                               const float *inv_freq, const float *q_norm, const float *k_norm,
@@ -534,6 +540,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->softcap = kcu_softcap;
     be->matmul_multi = kcu_matmul_multi;
     be->add_rmsnorm = kcu_add_rmsnorm;
+    be->norm_add = kcu_norm_add;
     be->matmul_norm = kcu_matmul_norm;
     be->matmul_add = kcu_matmul_add;
     be->matmul_norm_glu = kcu_matmul_norm_glu;
@@ -563,6 +570,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
         be->embed = prof_embed;
         be->matmul_multi = prof_matmul_multi;
         be->add_rmsnorm = prof_add_rmsnorm;
+        be->norm_add = prof_norm_add;
         be->qk_norm_rope = prof_qk_norm_rope;
         be->matmul_norm = prof_matmul_norm;
         be->matmul_add = prof_matmul_add;

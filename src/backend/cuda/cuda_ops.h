@@ -26,6 +26,8 @@ void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x, float *h,
                          const float *norm_w, float eps, bool plus_one, kiln_glu_act act);
 void kcu_add_rmsnorm(kiln_backend *be, float *x, const float *h, float *y, const float *w,
                      int64_t n, int64_t dim, float eps, bool plus_one);
+void kcu_norm_add(kiln_backend *be, float *x, float *h, const float *w, int64_t n, int64_t dim,
+                  float eps, bool plus_one, float scale);
 void kcu_qk_norm_rope(kiln_backend *be, float *q, float *k, const int32_t *pos, int64_t n,
                       int n_heads, int n_kv_heads, int head_dim, int rot_dim, const float *inv_freq,
                       const float *q_norm, const float *k_norm, float eps);

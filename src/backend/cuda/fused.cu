@@ -1,6 +1,7 @@
 /* fused.cu — small ops of a decoder layer merged into one launch each, so a decode step has fewer
- * kernels: residual add + RMSNorm, and the per-head q/k RMSNorm + RoPE of q and k. Each has the
- * semantics of its CPU reference (kiln_cpu_add_rmsnorm, kiln_cpu_qk_norm_rope). */
+ * kernels: residual add + RMSNorm, RMSNorm + residual add (post-norm), and the per-head q/k
+ * RMSNorm + RoPE of q and k. Each has the semantics of its CPU reference (kiln_cpu_add_rmsnorm,
+ * kiln_cpu_norm_add, kiln_cpu_qk_norm_rope). */
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/norm_rope.cuh"
@@ -33,6 +34,31 @@ extern "C" void kcu_add_rmsnorm(kiln_backend *be, float *x, const float *h, floa
     if (n <= 0 || dim <= 0) return;
     int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
     KCU_LAUNCH(st, k_add_rmsnorm, (unsigned)n, threads, 0, x, h, y, w, dim, eps, plus_one ? 1 : 0);
+    KCU_LAUNCHED(st);
+}
+
+/* One block per row: x = (x + rmsnorm(h) * (w | 1+w)) * scale; h is left as it was. */
+__global__ void k_norm_add(float *x, const float *h, const float *w, int64_t dim, float eps,
+                           int plus_one, float scale) {
+    KCU_PDL_ENTER();
+    __shared__ float part[33];
+    float *xr = x + blockIdx.x * dim;
+    const float *hr = h + blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += hr[i] * hr[i];
+    const float inv = rsqrtf(kcu_block_sum(ss, part) / (float)dim + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float g = w ? (plus_one ? 1.0f + w[i] : w[i]) : 1.0f;
+        xr[i] = (xr[i] + hr[i] * inv * g) * scale;
+    }
+}
+
+extern "C" void kcu_norm_add(kiln_backend *be, float *x, float *h, const float *w, int64_t n,
+                             int64_t dim, float eps, bool plus_one, float scale) {
+    kcu_state *st = kcu_st(be);
+    if (n <= 0 || dim <= 0) return;
+    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    KCU_LAUNCH(st, k_norm_add, (unsigned)n, threads, 0, x, h, w, dim, eps, plus_one ? 1 : 0, scale);
     KCU_LAUNCHED(st);
 }
 
