@@ -1068,6 +1068,60 @@ static void test_l2norm(void) {
 
 /* conv over several calls (a prefill, decode steps, a call shorter than the window): outputs
  * and the carried state both match the CPU reference after every call */
+/* gdn_split_qkv == three copies out of the conv rows, then l2norm of q and k per head
+ * (kiln_gdn_l2norm); geometries of Qwen3.5 (16 x 128, v 32 x 128), odd ones, padding columns. */
+static void test_gdn_split_qkv(void) {
+    static const struct {
+        int64_t n;
+        int nk, dk;
+        int64_t vd, pad;
+    } cases[] = {{1, 16, 128, 4096, 0}, {5, 2, 33, 70, 3}, {3, 3, 64, 192, 0}, {2, 1, 7, 5, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t n = cases[c].n, KD = (int64_t)cases[c].nk * cases[c].dk, vd = cases[c].vd;
+        const int64_t C = 2 * KD + vd + cases[c].pad;
+        float *conv = rand_f32(n * C, 1.5f);
+        float *q = malloc((size_t)(n * KD) * 4), *k = malloc((size_t)(n * KD) * 4),
+              *v = malloc((size_t)(n * vd) * 4);
+        kiln_cpu_copy2d(q, KD, conv, C, n, KD);
+        kiln_cpu_copy2d(k, KD, conv + KD, C, n, KD);
+        kiln_cpu_copy2d(v, vd, conv + 2 * KD, C, n, vd);
+        kiln_gdn_l2norm(q, n * cases[c].nk, cases[c].dk, 1e-6f);
+        kiln_gdn_l2norm(k, n * cases[c].nk, cases[c].dk, 1e-6f);
+        float *dconv = dev_copy(conv, (size_t)(n * C) * 4);
+        float *dq = dev_poisoned(n * KD), *dk = dev_poisoned(n * KD), *dv = dev_poisoned(n * vd);
+        be->gdn_split_qkv(be, dq, dk, dv, dconv, n, C, cases[c].nk, cases[c].dk, vd, 1e-6f);
+        compare("gdn_split_qkv q", dq, q, n * KD, 1e-6);
+        compare("gdn_split_qkv k", dk, k, n * KD, 1e-6);
+        compare("gdn_split_qkv v", dv, v, n * vd, 0);
+        be->free(be, dconv), be->free(be, dq), be->free(be, dk), be->free(be, dv);
+        free(conv), free(q), free(k), free(v);
+    }
+}
+
+/* gated_rmsnorm == rmsnorm (w, or none) then silu_mul(y, z, y), in place (y = x) and not */
+static void test_gated_rmsnorm(void) {
+    static const int dims[] = {128, 7, 256, 1000};
+    for (int c = 0; c < 4; c++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            const int64_t rows = 3 + 29 * inplace, dim = dims[c];
+            float *x = rand_f32(rows * dim, 2.0f), *z = rand_f32(rows * dim, 3.0f);
+            float *w = c == 1 ? NULL : rand_f32(dim, 0.5f);
+            float *ref = malloc((size_t)(rows * dim) * 4);
+            kiln_cpu_rmsnorm_ref(ref, x, w, rows, dim, 1e-6f, false);
+            kiln_cpu_silu_mul(ref, z, ref, rows * dim);
+            float *dx = dev_copy(x, (size_t)(rows * dim) * 4),
+                  *dz = dev_copy(z, (size_t)(rows * dim) * 4);
+            float *dw = w ? dev_copy(w, (size_t)dim * 4) : NULL;
+            float *dy = inplace ? dx : dev_poisoned(rows * dim);
+            be->gated_rmsnorm(be, dy, dx, dz, dw, rows, (int)dim, 1e-6f);
+            compare("gated_rmsnorm", dy, ref, rows * dim, 1e-5);
+            be->free(be, dx), be->free(be, dz);
+            if (dw) be->free(be, dw);
+            if (!inplace) be->free(be, dy);
+            free(x), free(z), free(w), free(ref);
+        }
+}
+
 static void test_gdn_conv(void) {
     static const int cfg[][2] = {{37, 4}, {300, 4}, {1, 2}, {64, 1}, {129, 3}};
     static const int steps[] = {5, 1, 1, 2, 1, 9};
@@ -1996,6 +2050,8 @@ int main(void) {
     RUN(test_copy_zero_gate());
     RUN(test_l2norm());
     RUN(test_gdn_conv());
+    RUN(test_gdn_split_qkv());
+    RUN(test_gated_rmsnorm());
     RUN(test_gdn_gates());
     RUN(test_gdn_delta(0));
     RUN(test_gdn_delta(1));

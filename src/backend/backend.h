@@ -123,6 +123,15 @@ struct kiln_backend {
     void (*zero)(kiln_backend *be, float *x, int64_t n);
     void (*sigmoid_mul)(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
     void (*l2norm)(kiln_backend *be, float *x, int64_t rows, int dim, float eps);
+    /* The delta rule's inputs from the conv output as one op: conv [n, C] rows hold q [nk*dk] |
+     * k [nk*dk] | v [vd] (C >= 2*nk*dk + vd); q, k [n, nk*dk] get them L2-normalized per dk
+     * head (as l2norm), v [n, vd] a copy. */
+    void (*gdn_split_qkv)(kiln_backend *be, float *q, float *k, float *v, const float *conv,
+                          int64_t n, int64_t C, int nk, int dk, int64_t vd, float eps);
+    /* Gated RMSNorm (the DeltaNet output norm): y [rows, dim] = rmsnorm(x; w) * silu(z), as
+     * rmsnorm then silu_mul(y, z, y); y may alias x. */
+    void (*gated_rmsnorm)(kiln_backend *be, float *y, const float *x, const float *z,
+                          const float *w, int64_t rows, int dim, float eps);
     /* Gated DeltaNet pieces (hybrid qwen3_next / qwen3_5 layers). gdn_conv and gdn_delta take a
      * batch of n_seqs sequences whose tokens lie stacked in the activations: sequence i owns
      * n_tokens[i] rows (0 allowed) after those of sequences 0..i-1, and carries its own state

@@ -421,15 +421,10 @@ static void linear_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln_ba
     be->gdn_conv(be, a->conv, a->mixed, n_entries, b->n_tokens, (int)C, L->conv_w, s->conv_k,
                  conv_st);
     /* split q | k | v into contiguous [T, nk, dk], [T, nk, dk], [T, nv, dv]; L2-norm q and k */
-    be->copy2d(be, a->qn, KD, a->conv, C, T, KD);
-    be->copy2d(be, a->kn, KD, a->conv + KD, C, T, KD);
-    be->copy2d(be, a->vn, VD, a->conv + 2 * KD, C, T, VD);
-    be->l2norm(be, a->qn, T * nk, dk, 1e-6f);
-    be->l2norm(be, a->kn, T * nk, dk, 1e-6f);
+    be->gdn_split_qkv(be, a->qn, a->kn, a->vn, a->conv, T, C, nk, dk, VD, 1e-6f);
     be->gdn_delta(be, d, n_entries, b->n_tokens, a->qn, a->kn, a->vn, a->g, a->beta, S, a->attn);
     /* gated RMSNorm per value head: norm(o) * w * silu(z) */
-    be->rmsnorm(be, a->attn, a->attn, L->gnorm, T * nv, dv, s->eps, false);
-    be->silu_mul(be, a->attn, a->z, a->attn, T * VD);
+    be->gated_rmsnorm(be, a->attn, a->attn, a->z, L->gnorm, T * nv, dv, s->eps);
 }
 
 /* Full attention (gated in qwen3_next / 3.5) for T stacked tokens: rmsnorm(x; attn_norm) ->

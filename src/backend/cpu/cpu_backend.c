@@ -194,6 +194,21 @@ static void cpu_sample(kiln_backend *be, int32_t *ids, float *logits, int64_t vo
 static void cpu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps) {
     kiln_gdn_l2norm(x, rows, dim, eps);
 }
+/* the two fused DeltaNet ops as the unfused ones in order (bit for bit) */
+static void cpu_gdn_split_qkv(kiln_backend *be, float *q, float *k, float *v, const float *conv,
+                              int64_t n, int64_t C, int nk, int dk, int64_t vd, float eps) {
+    const int64_t KD = (int64_t)nk * dk;
+    kiln_cpu_copy2d(q, KD, conv, C, n, KD);
+    kiln_cpu_copy2d(k, KD, conv + KD, C, n, KD);
+    kiln_cpu_copy2d(v, vd, conv + 2 * KD, C, n, vd);
+    kiln_gdn_l2norm(q, n * nk, dk, eps);
+    kiln_gdn_l2norm(k, n * nk, dk, eps);
+}
+static void cpu_gated_rmsnorm(kiln_backend *be, float *y, const float *x, const float *z,
+                              const float *w, int64_t rows, int dim, float eps) {
+    cpu_rmsnorm(be, y, x, w, rows, dim, eps, false);
+    cpu_silu_mul(be, y, z, y, rows * dim);
+}
 /* the batched DeltaNet ops run the single-sequence kernels sequence by sequence */
 static void cpu_gdn_conv(kiln_backend *be, float *out, const float *x, int n_seqs,
                          const int *n_tokens, int channels, const float *w, int kernel,
@@ -278,6 +293,8 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->zero = cpu_zero;
     be->sigmoid_mul = cpu_sigmoid_mul;
     be->l2norm = cpu_l2norm;
+    be->gdn_split_qkv = cpu_gdn_split_qkv;
+    be->gated_rmsnorm = cpu_gated_rmsnorm;
     be->gdn_conv = cpu_gdn_conv;
     be->gdn_gates = cpu_gdn_gates;
     be->gdn_delta = cpu_gdn_delta;

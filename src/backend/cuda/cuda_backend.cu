@@ -551,6 +551,8 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->sigmoid_mul = kcu_sigmoid_mul;
     be->sample = kcu_sample;
     be->l2norm = kcu_l2norm;
+    be->gdn_split_qkv = kcu_gdn_split_qkv;
+    be->gated_rmsnorm = kcu_gated_rmsnorm;
     be->gdn_conv = kcu_gdn_conv;
     be->gdn_gates = kcu_gdn_gates;
     be->gdn_delta = kcu_gdn_delta;

@@ -45,6 +45,10 @@ void kcu_copy3d(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, co
 void kcu_zero(kiln_backend *be, float *x, int64_t n);
 void kcu_sigmoid_mul(kiln_backend *be, float *y, const float *x, const float *gate, int64_t n);
 void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, float eps);
+void kcu_gdn_split_qkv(kiln_backend *be, float *q, float *k, float *v, const float *conv, int64_t n,
+                       int64_t C, int nk, int dk, int64_t vd, float eps);
+void kcu_gated_rmsnorm(kiln_backend *be, float *y, const float *x, const float *z, const float *w,
+                       int64_t rows, int dim, float eps);
 void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int n_seqs, const int *n_tokens,
                   int channels, const float *w, int kernel, float *const *states);
 void kcu_gdn_gates(kiln_backend *be, float *g, float *beta, const float *a, const float *b,

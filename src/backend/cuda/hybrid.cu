@@ -84,6 +84,59 @@ extern "C" void kcu_l2norm(kiln_backend *be, float *x, int64_t rows, int dim, fl
     KCU_LAUNCHED(st);
 }
 
+/* One block per token: its warps take the 2*nk q and k heads in turn (sum of squares by warp,
+ * each head scaled by 1/sqrt(ss + eps) as k_l2norm), then all threads copy v. */
+__global__ void k_gdn_split_qkv(float *q, float *k, float *v, const float *conv, int64_t C, int nk,
+                                int dk, int64_t vd, float eps) {
+    KCU_PDL_ENTER();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int64_t KD = (int64_t)nk * dk, t = blockIdx.x;
+    const float *src = conv + t * C;
+    for (int h = warp; h < 2 * nk; h += nw) {
+        const float *x = src + (int64_t)h * dk; /* q heads, then k heads */
+        float *y = (h < nk ? q : k) + t * KD + (int64_t)(h % nk) * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss += x[i] * x[i];
+        const float inv = 1.0f / sqrtf(kcu_warp_sum(ss) + eps);
+        for (int i = lane; i < dk; i += 32) y[i] = x[i] * inv;
+    }
+    for (int64_t i = threadIdx.x; i < vd; i += blockDim.x) v[t * vd + i] = src[2 * KD + i];
+}
+
+extern "C" void kcu_gdn_split_qkv(kiln_backend *be, float *q, float *k, float *v, const float *conv,
+                                  int64_t n, int64_t C, int nk, int dk, int64_t vd, float eps) {
+    kcu_state *st = kcu_st(be);
+    if (n <= 0 || nk <= 0 || dk <= 0) return;
+    KCU_LAUNCH(st, k_gdn_split_qkv, (unsigned)n, 256, 0, q, k, v, conv, C, nk, dk, vd, eps);
+    KCU_LAUNCHED(st);
+}
+
+/* One block (128 threads) per row: y = x * rsqrt(mean x^2 + eps) * w, then * silu(z) (k_rmsnorm
+ * and k_silu_mul's arithmetic). */
+__global__ void k_gated_rmsnorm(float *y, const float *x, const float *z, const float *w, int dim,
+                                float eps) {
+    KCU_PDL_ENTER();
+    __shared__ float part[33];
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * dim, *zr = z + r * dim;
+    float *yr = y + r * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    const float inv = rsqrtf(kcu_block_sum(ss, part) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float n = xr[i] * inv * (w ? w[i] : 1.0f), g = zr[i];
+        yr[i] = g / (1.0f + __expf(-g)) * n;
+    }
+}
+
+extern "C" void kcu_gated_rmsnorm(kiln_backend *be, float *y, const float *x, const float *z,
+                                  const float *w, int64_t rows, int dim, float eps) {
+    kcu_state *st = kcu_st(be);
+    if (rows <= 0 || dim <= 0) return;
+    KCU_LAUNCH(st, k_gated_rmsnorm, (unsigned)rows, 128, 0, y, x, z, w, dim, eps);
+    KCU_LAUNCHED(st);
+}
+
 /* One launch of each conv kernel (gdn_recurrent.cuh) per GDN_MAX_SEQ sequences: the outputs of
  * every row, then each sequence's state roll (after the outputs have read the old state). */
 extern "C" void kcu_gdn_conv(kiln_backend *be, float *out, const float *x, int n_seqs,
