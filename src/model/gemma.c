@@ -282,7 +282,10 @@ static kiln_status load_layer(kiln_model *m, gemma_state *s, int i, int first_sh
                 {"self_attn.q_norm", &L->q_norm, L->head_dim}};
     for (size_t j = 0; j < sizeof vecs / sizeof vecs[0]; j++) {
         snprintf(n, sizeof n, "%s.%s.weight", p, vecs[j].name);
-        KILN_TRY(kiln_weights_vector(m, n, vecs[j].n, false, vecs[j].dst));
+        /* the q / k norms hold 1 + w where the model's norms are (1 + w) (the same f32 value the
+         * norm would form), so qk_norm_rope, which takes plain weights, serves every layer */
+        const bool qk = vecs[j].dst == &L->q_norm;
+        KILN_TRY(kiln_weights_vector(m, n, vecs[j].n, qk && s->plus_one, vecs[j].dst));
     }
     snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
     KILN_TRY(kiln_weights_matrix(m, n, qd, H, c->attention_bias, &L->wq));
@@ -290,7 +293,7 @@ static kiln_status load_layer(kiln_model *m, gemma_state *s, int i, int first_sh
     KILN_TRY(kiln_weights_matrix(m, n, H, qd, c->attention_bias, &L->wo));
     if (L->kv_src == i) {
         snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
-        KILN_TRY(kiln_weights_vector(m, n, L->head_dim, false, &L->k_norm));
+        KILN_TRY(kiln_weights_vector(m, n, L->head_dim, s->plus_one, &L->k_norm));
         snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
         KILN_TRY(kiln_weights_matrix(m, n, kvd, H, c->attention_bias, &L->wk));
         if (!L->k_eq_v) {
@@ -609,16 +612,12 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         be->matmul_norm(be, n_proj, qkv_out, a.x, a.h, T, qkv_w, L->attn_norm, s->eps, s->plus_one);
         if (own && L->k_eq_v) /* values are the raw key projection (before k_norm and RoPE) */
             be->copy2d(be, a.v, kvd, a.k, kvd, T, kvd);
-        if (own && !s->plus_one) { /* q / k norm + RoPE as one op (its norms weight w, not 1+w) */
+        if (own) { /* q / k norm (weights 1 + w already where plus_one) + RoPE as one op */
             be->qk_norm_rope(be, a.q, a.k, a.pos, T, s->n_heads, L->n_kv_heads, hd, L->rot,
                              L->inv_freq, L->q_norm, L->k_norm, s->eps);
         } else {
-            be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, hd, s->eps, s->plus_one);
+            be->rmsnorm(be, a.q, a.q, L->q_norm, T * s->n_heads, hd, s->eps, false);
             be->rope(be, a.q, a.pos, T, s->n_heads, hd, L->rot, L->inv_freq);
-            if (own) {
-                be->rmsnorm(be, a.k, a.k, L->k_norm, T * L->n_kv_heads, hd, s->eps, s->plus_one);
-                be->rope(be, a.k, a.pos, T, L->n_kv_heads, hd, L->rot, L->inv_freq);
-            }
         }
         if (own && s->g4) be->rmsnorm(be, a.v, a.v, NULL, T * L->n_kv_heads, hd, s->eps, false);
         if (batch_kv) { /* KV-shared: attend only, to layer kv_src (k NULL: kv_cache.h) */

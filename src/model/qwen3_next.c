@@ -196,9 +196,10 @@ static kiln_status load_layer(kiln_model *m, qn_state *s, int i) {
     if (!L->linear) {
         int qd = s->n_heads * s->head_dim, kvd = s->n_kv_heads * s->head_dim;
         snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
-        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, false, &L->q_norm));
+        /* 1 + w already where the norms are (1 + w): qk_norm_rope takes plain weights */
+        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, s->norm_plus_one, &L->q_norm));
         snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
-        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, false, &L->k_norm));
+        KILN_TRY(kiln_weights_vector(m, n, s->head_dim, s->norm_plus_one, &L->k_norm));
         snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
         KILN_TRY(
             kiln_weights_matrix(m, n, qd * (s->gated_attn ? 2 : 1), H, c->attention_bias, &L->wq));
@@ -443,15 +444,18 @@ static void attention_mixer(kiln_model *m, qn_state *s, qn_layer *L, int l, kiln
         be->copy2d(be, a->q, hd, a->qg, 2 * hd, T * s->n_heads, hd);
         be->copy2d(be, a->gate, hd, a->qg + hd, 2 * hd, T * s->n_heads, hd);
     }
-    be->rmsnorm(be, a->q, a->q, L->q_norm, T * s->n_heads, s->head_dim, s->eps, s->norm_plus_one);
-    be->rmsnorm(be, a->k, a->k, L->k_norm, T * s->n_kv_heads, s->head_dim, s->eps,
-                s->norm_plus_one);
-    be->rope(be, a->q, a->pos, T, s->n_heads, s->head_dim, s->rot, s->inv_freq);
-    be->rope(be, a->k, a->pos, T, s->n_kv_heads, s->head_dim, s->rot, s->inv_freq);
+    /* q / k norm (weights 1 + w already where the norms are) + RoPE: inside the cache's store +
+     * attention for decode steps on caches that take it (the CUDA contiguous cache), else one op */
+    const kiln_qk_prep prep = {L->q_norm, L->k_norm, s->inv_freq, s->rot, s->eps};
+    const bool prep_inside = kvs && kvs[0]->vt->prep_inside && T == n_entries;
+    if (!prep_inside)
+        be->qk_norm_rope(be, a->q, a->k, a->pos, T, s->n_heads, s->n_kv_heads, s->head_dim, s->rot,
+                         s->inv_freq, L->q_norm, L->k_norm, s->eps);
     const kiln_attn_params ap = {.n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim)},
                            apb = {.n_heads = s->n_heads,
                                   .scale = 1.0f / sqrtf((float)s->head_dim),
-                                  .positions = a->pos};
+                                  .positions = a->pos,
+                                  .prep = prep_inside ? &prep : NULL};
     if (kvs) {
         kvs[0]->vt->store_attend_batch(kvs, kv_n, n_entries, l, a->k, a->v, a->q, a->attn, &apb,
                                        be->pool);
