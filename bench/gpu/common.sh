@@ -15,9 +15,15 @@ build_kiln() {
     KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
     stamp "built"
 }
-make_model() { # shape: random weights in $M/shape (bench/make_random_model.py)
-    [ -f "$M/$1/model.safetensors" ] ||
-        python3 bench/make_random_model.py --shape "$1" --out "$M/$1" >/dev/null 2>&1
+make_model() { # shape: random weights in $M/shape (bench/make_random_model.py; Qwen3.5 and
+    # Gemma 4 shapes by bench/make_family_model.py from the carried fixtures)
+    [ -f "$M/$1/config.json" ] && ls "$M/$1"/*.safetensors >/dev/null 2>&1 && return 0
+    case $1 in
+    qwen3.5-* | gemma-4-*)
+        KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$1" \
+            --out "$M/$1" >/dev/null 2>&1 ;;
+    *) python3 bench/make_random_model.py --shape "$1" --out "$M/$1" >/dev/null 2>&1 ;;
+    esac
 }
 models_in_background() { # shape ...: make_model of each in the background; MODELS = its pid
     (for s in "$@"; do make_model "$s"; done) &

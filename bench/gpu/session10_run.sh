@@ -9,20 +9,12 @@
 # decode-only per-op profile of Gemma-4-E4B.
 LIMIT=${LIMIT:-560}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3.5-4b gemma-4-e4b; do
-        [ -f "$M/$s/config.json" ] ||
-            KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$s" \
-                --out "$M/$s" >/dev/null 2>&1
-    done
-    make_model qwen3-0.6b
-) &
-FAMILY=$!
+models_in_background qwen3.5-4b gemma-4-e4b qwen3-0.6b
 build_kiln
 TEST_TIMEOUT=240 run_tests test_cuda_ops test_parity_cuda_gemma test_parity_cuda_hybrid \
     test_parity_cuda test_kv_cuda
 stamp "tests done"
-wait $FAMILY
+wait $MODELS
 for b in 1 8; do
     stamp "qwen3.5-4b bf16 b$b"
     SHAPES="qwen3.5-4b" FORMATS="bf16" BATCH=$b PROMPT=128 GEN=64 ROUNDS=2 \

@@ -6,18 +6,11 @@
 # sdpa, static cache) on both shapes at batch 1 / 8 / 64, same call.
 LIMIT=${LIMIT:-570}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3.5-4b gemma-4-e4b; do
-        [ -f "$M/$s/config.json" ] ||
-            KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$s" \
-                --out "$M/$s" >/dev/null 2>&1
-    done
-) &
-FAMILY=$!
+models_in_background qwen3.5-4b gemma-4-e4b
 build_kiln
 TEST_TIMEOUT=200 run_tests test_cuda_ops test_parity_cuda_gemma
 stamp "tests done"
-wait $FAMILY
+wait $MODELS
 for b in 1 8; do
     stamp "gemma-4-e4b bf16 b$b"
     SHAPES="gemma-4-e4b" FORMATS="bf16" BATCH=$b PROMPT=128 GEN=64 ROUNDS=2 \

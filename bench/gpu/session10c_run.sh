@@ -6,20 +6,11 @@
 # decode-only per-op profile, and the transformers peer on the same shape.
 LIMIT=${LIMIT:-570}
 source "$(dirname "$0")/common.sh"
-(
-    [ -f "$M/qwen3.5-4b/config.json" ] ||
-        KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape qwen3.5-4b \
-            --out "$M/qwen3.5-4b" >/dev/null 2>&1
-    while [ ! -x "$B/kiln" ]; do sleep 2; done
-    "$B/kiln" convert --model "$M/qwen3.5-4b" --out "$M/qwen3.5-4b-q4" --bits 4 --group 64 --quiet \
-        >/dev/null 2>&1
-    stamp "model converted"
-) &
-FAMILY=$!
+models_converted_in_background qwen3.5-4b:4
 build_kiln
 run_tests "test_cuda_ops KILN_TEST_ONLY=gdn,gated,norm,attention" test_parity_cuda_hybrid
 stamp "tests done"
-wait $FAMILY
+wait $MODELS
 for b in 1 8; do
     stamp "qwen3.5-4b bf16 b$b"
     SHAPES="qwen3.5-4b" FORMATS="bf16" BATCH=$b PROMPT=128 GEN=64 ROUNDS=2 VARIANTS="default" ab_bench

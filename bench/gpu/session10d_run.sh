@@ -5,22 +5,11 @@
 # Qwen3.5-4B decode (bf16 b1 / b8, q4g64 b1; medians of 2) and Gemma-4-E4B bf16 b1.
 LIMIT=${LIMIT:-500}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3.5-4b gemma-4-e4b; do
-        [ -f "$M/$s/config.json" ] ||
-            KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$s" \
-                --out "$M/$s" >/dev/null 2>&1
-    done
-    while [ ! -x "$B/kiln" ]; do sleep 2; done
-    "$B/kiln" convert --model "$M/qwen3.5-4b" --out "$M/qwen3.5-4b-q4" --bits 4 --group 64 --quiet \
-        >/dev/null 2>&1
-    stamp "models ready"
-) &
-FAMILY=$!
+models_converted_in_background qwen3.5-4b:4 gemma-4-e4b
 build_kiln
 run_tests test_parity_cuda_hybrid test_parity_cuda_gemma test_parity_cuda_kv
 stamp "tests done"
-wait $FAMILY
+wait $MODELS
 for b in 1 8; do
     stamp "qwen3.5-4b bf16 b$b"
     SHAPES="qwen3.5-4b" FORMATS="bf16" BATCH=$b PROMPT=128 GEN=64 ROUNDS=2 VARIANTS="default" ab_bench

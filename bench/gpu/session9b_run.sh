@@ -6,20 +6,12 @@
 # graphs (default) and without (KILN_CUDA_GRAPH=0), interleaved.
 LIMIT=${LIMIT:-560}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3.5-4b gemma-4-e4b; do
-        [ -f "$M/$s/config.json" ] ||
-            KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$s" \
-                --out "$M/$s" >/dev/null 2>&1
-    done
-    stamp "family models made"
-) &
-FAMILY=$!
+models_in_background qwen3.5-4b gemma-4-e4b
 build_kiln
 run_tests test_parity_cuda_hybrid test_parity_cuda_gemma test_parity_cuda test_kv_cuda \
     test_parity_cuda_kv test_cuda_ops
 stamp "tests done"
-wait $FAMILY
+wait $MODELS
 for b in 1 8; do
     stamp "batch $b decode: graphs vs launched ops"
     SHAPES="qwen3.5-4b gemma-4-e4b" FORMATS="bf16" BATCH=$b PROMPT=128 GEN=64 ROUNDS=2 \

@@ -6,17 +6,10 @@
 # Gemma-4-E4B shapes; kiln bench's weight bytes per token for the % of copy.
 LIMIT=${LIMIT:-480}
 source "$(dirname "$0")/common.sh"
-(
-    for s in qwen3.5-4b gemma-4-e4b; do
-        [ -f "$M/$s/config.json" ] ||
-            KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$s" \
-                --out "$M/$s" >/dev/null 2>&1
-    done
-) &
-FAMILY=$!
+models_in_background qwen3.5-4b gemma-4-e4b
 build_kiln
 run_tests "test_parity_cuda_hybrid KILN_CUDA_GDN=2"
-wait $FAMILY
+wait $MODELS
 for s in qwen3.5-4b gemma-4-e4b; do
     stamp "$s bf16 b1: weight bytes per token, decode tok/s"
     "$B/kiln" bench --device cuda --model "$M/$s" --prompt 128 --gen 64 --runs 2 --json --quiet 2>/dev/null |
