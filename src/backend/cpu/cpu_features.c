@@ -158,7 +158,10 @@ const char *kiln_cpu_matmul_mode(void) {
     return kiln_cpu_matmul_fast_active() ? "fast" : "exact";
 }
 
+/* Fast mode runs where a level has int8 / bf16 activation kernels: AVX-512 with VNNI and BF16
+ * (every 4/8-bit and bf16 matmul), AVX2 (the 4-bit GEMV on vpmaddubsw). */
 bool kiln_cpu_matmul_fast_active(void) {
-    return matmul_mode_get() == 1 && kiln_cpu_simd_level() == KILN_SIMD_AVX512 &&
-           cpu_has_vnni_bf16();
+    if (matmul_mode_get() != 1) return false;
+    const kiln_simd_level level = kiln_cpu_simd_level();
+    return (level == KILN_SIMD_AVX512 && cpu_has_vnni_bf16()) || level == KILN_SIMD_AVX2;
 }

@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -128,9 +129,21 @@ void kiln_decode_avx2(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, 
  * call; bf16 weights split each 32-bit lane into its even (shift) and odd (mask) element against
  * the same permutation. Other formats: the generic decoder / loads with natural x. */
 
+/* out[0 .. count) = group values i .. i+count as f32, 8 at a time for f16 (F16C) and bf16 (a
+ * shift: exact) */
 static ALWAYS_INLINE float group_values_to(const void *p, kiln_dtype dt, int64_t i, int64_t count,
                                            float *out) {
-    for (int64_t j = 0; j < count; j++) out[j] = group_value(p, dt, i + j);
+    const uint16_t *h = (const uint16_t *)p + i;
+    int64_t j = 0;
+    if (dt == KILN_DT_F16)
+        for (; j + 8 <= count; j += 8)
+            _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
+    else if (dt == KILN_DT_BF16)
+        for (; j + 8 <= count; j += 8) {
+            const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + j)));
+            _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        }
+    for (; j < count; j++) out[j] = group_value(p, dt, i + j);
     return 0.0f;
 }
 
@@ -319,10 +332,108 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const kiln_gemv_x *px
     }
 }
 
-/* No fast kernels at this level (fast is ignored): group sums and permuted x as needed. */
+/* ---- 4-bit weights on int8 x (vpmaddubsw) ----
+ * x is rounded to int8 in blocks of 16 (dx = max|x| / 127; the AVX-512 level's steps): one part in
+ * fast mode, three in exact mode (x ~ dx * (q0 + q1/128 + q2/16384): 21 bits of the block's max,
+ * combined per lane as ((d0 << 7) + d1) << 7 + d2). A step is 32 bytes of codes = 64 codes: the low
+ * nibbles are codes k, k+2, ..., the high ones k+1, k+3, ..., and x is stored per 64-block as its
+ * even elements then its odd ones, so vpmaddubsw (u8 code x s8 x, pairs summed in int16: at most
+ * 2*15*127 each, 7620 for the two nibble halves) and vpmaddwd leave 32-bit lane j with codes
+ * k+8j .. k+8j+7: one group (groups are >= 32 codes), its x block's dx per lane. Rows whose codes
+ * are not whole steps, and 8-bit weights (whose codes overflow the int16 pairs), keep the f32
+ * kernel. */
+static bool q4_int8_applies(const kiln_matrix *w) {
+    return kiln_matrix_is_quantized(w) && w->bits == 4 && w->group_size >= 32 &&
+           (w->group_size & (w->group_size - 1)) == 0 && w->cols % 64 == 0;
+}
+
+/* x[n, cols] into parts int8 rows (each [cols], 64-blocks even then odd) and dl per 8-code lane. */
+static void quantize_x_q4(const float *x, int n, int64_t cols, int parts, int8_t *xq, float *xdl) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * cols;
+        int8_t *qi = xq + (int64_t)i * parts * cols;
+        float *di = xdl + i * (cols / 8);
+        for (int64_t k = 0; k < cols; k += 16) {
+            float amax = 0.0f;
+            for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(xi[k + j]));
+            const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            di[k / 8] = di[k / 8 + 1] = parts == 3 ? dx * (1.0f / 16384.0f) : dx;
+            for (int j = 0; j < 16; j++) {
+                const int64_t c = k + j, b = c & ~(int64_t)63, t = c - b;
+                const int64_t pos = b + (t & 1) * 32 + t / 2; /* even elements, then odd */
+                float v = xi[c] * inv;
+                for (int p = 0; p < parts; p++) {
+                    const float q = nearbyintf(v); /* round to nearest even, as cvtps */
+                    qi[p * cols + pos] = (int8_t)q;
+                    v = (v - q) * 128.0f; /* exact */
+                }
+            }
+        }
+    }
+}
+
+/* Lane sums of one step's codes (lo / hi nibbles) against one part of x (64 bytes at xq). */
+static ALWAYS_INLINE __m256i q4_dot_part(__m256i lo, __m256i hi, const int8_t *xq) {
+    const __m256i p =
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),
+                         _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+static ALWAYS_INLINE void gemv_q4_int8(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                       const int parts, float *y, int64_t ldy, int64_t r0,
+                                       int64_t r1) {
+    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int gsh = __builtin_ctzll((unsigned long long)gs); /* a power of two: no division */
+    const __m256i low4 = _mm256_set1_epi8(15);
+    float sbuf[512]; /* the row's scales as f32, when they fit */
+    const bool buffered = groups <= 512;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * (cols / 2);
+        const int64_t g0 = r * groups;
+        if (buffered) group_values_to(w->scales, w->scale_dtype, g0, groups, sbuf);
+        __m256 acc[KILN_GEMV_MAX_N];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < cols; k += 64) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(row + k / 2));
+            const __m256i lo = _mm256_and_si256(v, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            __m256 s; /* lanes 0-3: codes k..k+31, lanes 4-7: k+32..k+63 */
+            if (gs >= 64 && buffered) {
+                s = _mm256_broadcast_ss(sbuf + (k >> gsh));
+            } else if (gs >= 64) {
+                s = _mm256_set1_ps(group_value(w->scales, w->scale_dtype, g0 + (k >> gsh)));
+            } else {
+                const float s0 =
+                    buffered ? sbuf[k >> 5] : group_value(w->scales, w->scale_dtype, g0 + (k >> 5));
+                const float s1 = buffered
+                                     ? sbuf[(k >> 5) + 1]
+                                     : group_value(w->scales, w->scale_dtype, g0 + (k >> 5) + 1);
+                s = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s0)), _mm_set1_ps(s1),
+                                         1);
+            }
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                const int8_t *xq = px->xq + i * px->xq_stride + k;
+                __m256i d = q4_dot_part(lo, hi, xq);
+                if (parts == 3) {
+                    d = _mm256_add_epi32(_mm256_slli_epi32(d, 7),
+                                         q4_dot_part(lo, hi, xq + px->xq_part));
+                    d = _mm256_add_epi32(_mm256_slli_epi32(d, 7),
+                                         q4_dot_part(lo, hi, xq + 2 * px->xq_part));
+                }
+                const __m256 dl = _mm256_loadu_ps(px->xdl + i * px->xdl_stride + k / 8);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(s, dl), acc[i]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            hsum8(acc[i]) + bias_term(w, r, px->xsum + i * groups, groups);
+    }
+}
+
+/* Group sums for 4/8-bit weights; 4-bit weights in whole 64-code steps get int8 x (one part in
+ * fast mode, three in exact mode), other 4-bit and bf16 weights x permuted to their code order. */
 size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool fast,
                               kiln_gemv_x *px, void *scratch) {
-    (void)fast;
     const int64_t cols = w->cols;
     size_t off = 0;
     kiln_gemv_x p = {.x = x, .n = n};
@@ -333,7 +444,17 @@ size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool 
         if (scratch) kiln_group_sums(x, n, cols, w->group_size, xsum);
         p.xsum = xsum;
     }
-    if ((q48 && w->bits == 4) || w->dtype == KILN_DT_BF16) {
+    if (q4_int8_applies(w)) {
+        p.fast = fast;
+        p.xq_parts = fast ? 1 : 3;
+        p.xq_part = cols;
+        p.xq_stride = p.xq_parts * cols;
+        p.xdl_stride = cols / 8;
+        int8_t *xq = kiln_scratch_take(scratch, &off, (size_t)(n * p.xq_stride));
+        float *xdl = kiln_scratch_take(scratch, &off, (size_t)(n * p.xdl_stride) * sizeof(float));
+        if (scratch) quantize_x_q4(x, n, cols, p.xq_parts, xq, xdl);
+        p.xq = xq, p.xdl = xdl;
+    } else if ((q48 && w->bits == 4) || w->dtype == KILN_DT_BF16) {
         float *xp = kiln_scratch_take(scratch, &off, (size_t)(n * cols) * sizeof(float));
         if (scratch) permute_even_odd16(x, n, cols, xp);
         p.xp = xp;
@@ -359,13 +480,18 @@ size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool 
         break;                                                                                     \
     }
 #define Q48(N, B)   gemv_q48(w, px, N, B, y, ldy, r0, r1)
+#define Q4I8(N, P)  gemv_q4_int8(w, px, N, P, y, ldy, r0, r1)
 #define QGEN(N, _)  gemv_quant(w, px->x, N, y, ldy, r0, r1)
 #define DENSE(N, _) gemv_dense(w, px, N, y, ldy, r0, r1)
 
 void kiln_gemv_avx2(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy, int64_t r0,
                     int64_t r1) {
     if (kiln_matrix_is_quantized(w)) {
-        if (w->bits == 4) {
+        if (px->xq && px->xq_parts == 1) {
+            EACH_N(Q4I8, 1)
+        } else if (px->xq) {
+            EACH_N(Q4I8, 3)
+        } else if (w->bits == 4) {
             EACH_N(Q48, 4)
         } else if (w->bits == 8) {
             EACH_N(Q48, 8)
