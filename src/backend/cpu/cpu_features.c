@@ -1,8 +1,9 @@
 /* cpu_features.c — which SIMD level the CPU kernels run at: detected once from the CPU
  * (__builtin_cpu_supports), overridable by env KILN_SIMD=scalar|avx2|avx512 or by
  * kiln_cpu_simd_force (tests and benchmarks walk every level this way); and the matmul mode:
- * "exact" (default, f32 activations) or "fast" (int8 / bf16 activations on VNNI / BF16 units),
- * from env KILN_MATMUL or kiln_cpu_matmul_mode_set. */
+ * "exact" (default, f32 activations) or "fast" (int8 / bf16 activations where a level has such
+ * kernels: AVX-512 with VNNI and BF16, AVX2 for the 4-bit GEMV), from env KILN_MATMUL or
+ * kiln_cpu_matmul_mode_set. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
 
