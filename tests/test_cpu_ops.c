@@ -455,6 +455,30 @@ static void test_matmul_fast(kiln_threadpool *pool) {
         if (err > worst) worst = err;
         free_matrix(&w);
     }
+    /* whole 64-code steps over more than 512 groups (the AVX2 int8 GEMV's scale buffer): against
+     * the int8 model where the level takes it, and in exact mode against the reference */
+    {
+        kiln_matrix w = make_matrix(6, 32 * 514, 0, 4, 32, KILN_DT_BF16, true);
+        double err = check_matmul(pool, &w, "fast wide q4g32, 514 groups");
+        if (err > worst) worst = err;
+        if (fast_gemv_int8(&w)) {
+            float *x = rand_vec(w.cols, 1.0f), *y = malloc(sizeof(float) * (size_t)w.rows);
+            float *m32 = malloc(sizeof(float) * (size_t)w.rows);
+            double *model = malloc(sizeof(double) * (size_t)w.rows);
+            kiln_cpu_matmul(pool, y, x, 1, &w);
+            fast_model(&w, x, model);
+            for (int64_t r = 0; r < w.rows; r++) m32[r] = (float)model[r];
+            double merr = test_rel_l2(y, m32, (size_t)w.rows);
+            CHECK_MSG(merr <= 1e-5, "514 groups: fast GEMV vs its int8 model: rel err %g", merr);
+            free(x), free(y), free(m32), free(model);
+        }
+        CHECK(kiln_cpu_matmul_mode_set("exact") == 0);
+        matmul_tol = 1e-5;
+        check_matmul(pool, &w, "exact wide q4g32, 514 groups");
+        matmul_tol = 2e-2;
+        CHECK(kiln_cpu_matmul_mode_set("fast") == 0);
+        free_matrix(&w);
+    }
     static const int64_t shapes[][2] = {{37, 96}, {70, 160}, {33, 320}, {5, 17}, {41, 131}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         kiln_matrix w = make_matrix(shapes[s][0], shapes[s][1], KILN_DT_BF16, 0, 0, 0, s % 2);
