@@ -131,8 +131,8 @@ void kiln_decode_avx2(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, 
 
 /* out[0 .. count) = group values i .. i+count as f32, 8 at a time for f16 (F16C) and bf16 (a
  * shift: exact) */
-static ALWAYS_INLINE float group_values_to(const void *p, kiln_dtype dt, int64_t i, int64_t count,
-                                           float *out) {
+static ALWAYS_INLINE void group_values_to(const void *p, kiln_dtype dt, int64_t i, int64_t count,
+                                          float *out) {
     const uint16_t *h = (const uint16_t *)p + i;
     int64_t j = 0;
     if (dt == KILN_DT_F16)
@@ -144,7 +144,6 @@ static ALWAYS_INLINE float group_values_to(const void *p, kiln_dtype dt, int64_t
             _mm256_storeu_ps(out + j, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
         }
     for (; j < count; j++) out[j] = group_value(p, dt, i + j);
-    return 0.0f;
 }
 
 /* sum_g biases[r, g] * xsum[g] over the row's groups. */
