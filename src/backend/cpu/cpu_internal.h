@@ -155,6 +155,12 @@ typedef struct kiln_cpu_kernels {
                      int64_t n);
     void (*axpy_rows)(float *y, const float *coef, const float *rows, int64_t stride, int64_t count,
                       int64_t n);
+    /* The panel GEMM's x transpose and tile store with register transposes (NULL: scalar loops):
+     * xt[k*XP + i] = x[i*cols + k] for i < np (0 for np <= i < XP); y[i*ldy + j] = c[j*XP + i]
+     * (+ bias[j]) for i < np, j < nr. */
+    void (*pack_x)(const float *x, int64_t np, int64_t cols, float *xt);
+    void (*store_tile)(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
+                       int64_t ldy);
 } kiln_cpu_kernels;
 
 /* The kernels of the active level. */
@@ -177,6 +183,10 @@ size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool 
 void kiln_gemv_avx2(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy, int64_t r0,
                     int64_t r1);
 void kiln_tile_avx2(int64_t kc, const float *const *xrows, const float *wp, float *c);
+void kiln_tile_t_avx2(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
+void kiln_pack_x_avx2(const float *x, int64_t np, int64_t cols, float *xt);
+void kiln_store_tile_avx2(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
+                          int64_t ldy);
 float kiln_dot_avx2(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx2(float *y, float a, const float *x, int64_t n);
 

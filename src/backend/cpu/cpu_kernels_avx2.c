@@ -527,6 +527,93 @@ void kiln_tile_avx2(int64_t kc, const float *const *xrows, const float *wp, floa
     }
 }
 
+/* The panel tile (prefill): c[j*XP + i] = sum_k wd[j*ldw + k] * xt[k*XP + i] for the 12 weight
+ * rows by 32 x rows, as 2 x 2 passes of 6 weight rows by 16 x rows over the full depth: per k,
+ * 6 weight broadcasts and 2 x loads feed 12 FMAs into 12 accumulators (enough to cover the FMA
+ * latency on two pipes). The 6 rows of a pass stay in L1/L2 across its two x halves. */
+void kiln_tile_t_avx2(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c) {
+    _Static_assert(KILN_GEMM_WR == 12 && KILN_GEMM_XP == 32, "tile shape");
+    for (int j0 = 0; j0 < 12; j0 += 6) {
+        const float *w0 = wd + j0 * ldw; /* [6][ldw] */
+        for (int i0 = 0; i0 < 32; i0 += 16) {
+            __m256 acc[6][2];
+            _Pragma("GCC unroll 6") for (int j = 0; j < 6; j++) acc[j][0] = acc[j][1] =
+                _mm256_setzero_ps();
+            const float *xk = xt + i0; /* [cols][XP], this pass's 16 columns */
+            for (int64_t k = 0; k < cols; k++, xk += KILN_GEMM_XP) {
+                __m256 x0 = _mm256_load_ps(xk), x1 = _mm256_load_ps(xk + 8);
+                _Pragma("GCC unroll 6") for (int j = 0; j < 6; j++) {
+                    __m256 wv = _mm256_broadcast_ss(w0 + j * ldw + k);
+                    acc[j][0] = _mm256_fmadd_ps(wv, x0, acc[j][0]);
+                    acc[j][1] = _mm256_fmadd_ps(wv, x1, acc[j][1]);
+                }
+            }
+            _Pragma("GCC unroll 6") for (int j = 0; j < 6; j++) {
+                _mm256_store_ps(c + (j0 + j) * KILN_GEMM_XP + i0, acc[j][0]);
+                _mm256_store_ps(c + (j0 + j) * KILN_GEMM_XP + i0 + 8, acc[j][1]);
+            }
+        }
+    }
+}
+
+/* r[i] = column i of the 8 x 8 block whose rows are r[0..7] (in place). */
+static ALWAYS_INLINE void transpose8(__m256 *r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+void kiln_pack_x_avx2(const float *x, int64_t np, int64_t cols, float *xt) {
+    const int64_t full = cols / 8 * 8;
+    for (int64_t k0 = 0; k0 < full; k0 += 8)
+        for (int i0 = 0; i0 < KILN_GEMM_XP; i0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] =
+                    i0 + i < np ? _mm256_loadu_ps(x + (i0 + i) * cols + k0) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int c = 0; c < 8; c++) _mm256_store_ps(xt + (k0 + c) * KILN_GEMM_XP + i0, r[c]);
+        }
+    for (int64_t k = full; k < cols; k++) {
+        float *dst = xt + k * KILN_GEMM_XP;
+        int64_t i = 0;
+        for (; i < np; i++) dst[i] = x[i * cols + k];
+        for (; i < KILN_GEMM_XP; i++) dst[i] = 0.0f;
+    }
+}
+
+void kiln_store_tile_avx2(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
+                          int64_t ldy) {
+    _Static_assert(KILN_GEMM_WR <= 16 && KILN_GEMM_XP == 32, "tile store shape");
+    for (int j0 = 0; j0 < KILN_GEMM_WR && j0 < nr; j0 += 8) {
+        const int64_t cnt = nr - j0 < 8 ? nr - j0 : 8;
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), lane);
+        const __m256 b = bias ? _mm256_maskload_ps(bias + j0, m) : _mm256_setzero_ps();
+        for (int i0 = 0; i0 < KILN_GEMM_XP && i0 < np; i0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++)
+                r[j] = j0 + j < KILN_GEMM_WR ? _mm256_load_ps(c + (j0 + j) * KILN_GEMM_XP + i0)
+                                             : _mm256_setzero_ps();
+            transpose8(r); /* r[i] = c[j0..j0+7][i0 + i] */
+            for (int i = 0; i < 8 && i0 + i < np; i++)
+                _mm256_maskstore_ps(y + (i0 + i) * ldy + j0, m, _mm256_add_ps(r[i], b));
+        }
+    }
+}
+
 float kiln_dot_avx2(const float *a, const float *b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;

@@ -134,8 +134,8 @@ static void pack_x_slice(void *ctx, int64_t p0, int64_t p1, int thread) {
         int64_t np =
             job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
         const float *xp = job->x + p * KILN_GEMM_XP * cols;
-        if (job->kernels->tile_t == kiln_tile_t_avx512) { /* 16x16 register transposes */
-            kiln_pack_x_avx512(xp, np, cols, xt);
+        if (job->kernels->pack_x) { /* register transposes */
+            job->kernels->pack_x(xp, np, cols, xt);
             continue;
         }
         /* k outer: each xt line is written whole; the np source rows stay in L1 across 16 k */
@@ -197,9 +197,9 @@ static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
             job->kernels->tile_t(cols, job->xt + p * cols * KILN_GEMM_XP, wd, ldw, c);
             int64_t np =
                 job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
-            if (job->kernels->tile_t == kiln_tile_t_avx512) { /* transposed in registers */
-                kiln_store_tile_avx512(c, np, nr, w->bias ? w->bias + r0 : NULL,
-                                       job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
+            if (job->kernels->store_tile) { /* transposed in registers */
+                job->kernels->store_tile(c, np, nr, w->bias ? w->bias + r0 : NULL,
+                                         job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
                 continue;
             }
             for (int64_t i = 0; i < np; i++) {
