@@ -172,8 +172,8 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
         if (dn > worst_noise) worst_noise = dn;
         CHECK_MSG(d <= b,
                   "%s --kv %s: decode step %d logits rel err %.3g (bound %.2g: tol %.1g, codec "
-                  "noise %.3g)",
-                  name, label, s, d, b, tol, dn);
+                  "noise %.3g; cuda vs the exact cache %.3g)",
+                  name, label, s, d, b, tol, dn, test_rel_l2(lg, lx, (size_t)V));
         shift = max_abs_diff(lc, lx, V);
         tc = argmax(lc, V);
         tg = argmax(lg, V);
