@@ -8,7 +8,7 @@
 #
 # The GPU machine has no network: llama.cpp's source comes as a tarball made on the dev machine
 # from the git bundle inside the npm package node-llama-cpp@3.21.1 (see docs/gpu.md: `git archive`
-# of CMakeLists.txt cmake common ggml include src tools vendor gguf-py) and carried in the ignored
+# of CMakeLists.txt cmake common ggml include src tools vendor gguf-py app LICENSE licenses) and carried in the ignored
 # .gpu-data/ folder ($LCPP_TGZ). It is unpacked and built OUTSIDE the repository ($PEER_DIR, default
 # /tmp/kiln-peer-cuda), CUDA on, for sm_90a only, tools llama-bench, llama-batched-bench,
 # llama-quantize. Never commit any of it.
@@ -52,7 +52,7 @@ if has build; then
         mkdir -p "$L" && tar xzf "$TGZ" -C "$L" || exit 1
         cmake -S "$L" -B "$L/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
             -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF \
-            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
             -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_FA="$FA_BUILD" \
             >"$O/lcpp_configure.log" 2>&1 || { tail -30 "$O/lcpp_configure.log"; exit 1; }
         cmake --build "$L/build" -j"$(nproc)" --target llama-bench llama-batched-bench llama-quantize \

@@ -3,7 +3,8 @@
 # last run in the fifth session). Call 1 (this script, PART=1): build kiln and, in the background,
 # llama.cpp (bench/peer_llamacpp_cuda.sh build stage) and the random-weight models; run
 # test_parity_cuda_kv (its failure message now also gives the device's distance to the exact
-# cache); convert the models (GGUF, Q8_0 / Q4_0, kiln's q8g64 / q4g64); then the peer on
+# cache; KILN_S11_TESTS=0 skips it); the models (kiln's q8g64 / q4g64 conversions run in parallel
+# from the start: kiln convert is one thread), GGUF, Q8_0 / Q4_0; then the peer on
 # Qwen3-0.6B if 200 s are left. Call 2 (PART=2, on the still-warm machine): the peer on SHAPES
 # (default Llama-3-8B). Logs stay in /tmp; summaries go to stdout.
 LIMIT=${LIMIT:-560}
@@ -14,13 +15,13 @@ if [ "$PART" = 1 ]; then
     (KILN_PEER_STAGES=build bash bench/peer_llamacpp_cuda.sh >/tmp/peer_build.log 2>&1
         echo "rc=$?" >>/tmp/peer_build.log) &
     BUILD_PID=$!
-    models_in_background qwen3-0.6b llama-3-8b
+    models_converted_in_background qwen3-0.6b:8 qwen3-0.6b:4 llama-3-8b:8 llama-3-8b:4
     build_kiln
-    run_tests "test_parity_cuda_kv"
+    [ "${KILN_S11_TESTS:-1}" = 0 ] || run_tests "test_parity_cuda_kv"
     wait $BUILD_PID
     tail -2 /tmp/peer_build.log
     wait $MODELS
-    stamp "models made; GGUF, Q8_0 / Q4_0 and kiln conversions"
+    stamp "models made and converted; GGUF, Q8_0 / Q4_0"
     SHAPES="qwen3-0.6b llama-3-8b" KILN_PEER_STAGES=models bash bench/peer_llamacpp_cuda.sh 2>&1 |
         grep -E "\[t=|failed|rror" | cut -c1-220
     if left 200; then # nothing else runs while the peer measures
