@@ -9,8 +9,9 @@
  *  - MoE routers (`*.mlp.gate`, `*.shared_expert_gate`) are quantized at 8 bits / group 64 and
  *    recorded as per-module overrides, as mlx-lm's quantization predicate does;
  *  - tied models get no lm_head.
- * Model-specific reshaping (stacking per-expert weights into switch_mlp, Qwen3-Next's 1+w norms)
- * is not done here: tensors keep their source names and shapes.
+ * Quantization runs on all cores (rows split across a thread pool); the output is the same whatever
+ * the thread count. Model-specific reshaping (stacking per-expert weights into switch_mlp,
+ * Qwen3-Next's 1+w norms) is not done here: tensors keep their source names and shapes.
  */
 #include "convert/convert.h"
 
@@ -19,6 +20,7 @@
 #include "format/safetensors.h"
 #include "util/half.h"
 #include "util/status.h"
+#include "util/threadpool.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -112,25 +114,62 @@ static kiln_status copy_file_if_present(const char *src_dir, const char *dst_dir
     return KILN_OK;
 }
 
+/* One tensor's quantization, split by rows across the pool: rows [r0, r1) of the source are
+ * converted to f32 and quantized into their own slices of words / scales / biases. */
+typedef struct {
+    const kiln_st_tensor *t;
+    int64_t cols, words_per_row, groups;
+    int bits, group;
+    float *f;       /* [threads][rows_per_slice * cols] f32 scratch */
+    int64_t f_rows; /* rows of scratch per thread */
+    uint32_t *words;
+    uint16_t *scales, *biases;
+    kiln_status st[64]; /* per thread */
+} quant_job;
+
+static void quant_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    quant_job *q = ctx;
+    float *f = q->f + (int64_t)thread * q->f_rows * q->cols;
+    const size_t esz = kiln_dtype_size(q->t->dtype);
+    for (int64_t a = r0; a < r1 && q->st[thread] == KILN_OK; a += q->f_rows) {
+        int64_t nr = r1 - a < q->f_rows ? r1 - a : q->f_rows;
+        to_f32((const char *)q->t->data + (size_t)(a * q->cols) * esz, q->t->dtype, nr * q->cols,
+               f);
+        q->st[thread] = kiln_quant_quantize(f, nr, q->cols, q->bits, q->group, KILN_DT_F16,
+                                            q->words + a * q->words_per_row,
+                                            q->scales + a * q->groups, q->biases + a * q->groups);
+    }
+}
+
 /* Quantizes one tensor [.., rows, cols] and adds <module>.weight/.scales/.biases to w. */
-static kiln_status add_quantized(kiln_st_writer *w, const kiln_st_tensor *t, const char *module,
-                                 int bits, int group) {
+static kiln_status add_quantized(kiln_st_writer *w, kiln_threadpool *pool, const kiln_st_tensor *t,
+                                 const char *module, int bits, int group) {
     int64_t cols = t->shape[t->ndim - 1];
     int64_t rows = t->numel / cols;
     int64_t words_per_row = cols * bits / 32;
     int64_t groups = cols / group;
-    float *f = malloc((size_t)t->numel * sizeof *f);
-    uint32_t *words = calloc((size_t)(rows * words_per_row), sizeof *words);
-    uint16_t *scales = malloc((size_t)(rows * groups) * sizeof *scales);
-    uint16_t *biases = malloc((size_t)(rows * groups) * sizeof *biases);
-    if (!f || !words || !scales || !biases) {
-        free(f), free(words), free(scales), free(biases);
+    int threads = pool ? kiln_threadpool_size(pool) : 1;
+    if (threads > 64) threads = 64;
+    int64_t f_rows = (1 << 16) / cols > 0 ? (1 << 16) / cols : 1; /* ~256 KB of f32 per thread */
+    quant_job q = {t,    cols,   words_per_row, groups, bits, group,
+                   NULL, f_rows, NULL,          NULL,   NULL, {0}};
+    q.f = malloc((size_t)(threads * f_rows * cols) * sizeof *q.f);
+    q.words = calloc((size_t)(rows * words_per_row), sizeof *q.words);
+    q.scales = malloc((size_t)(rows * groups) * sizeof *q.scales);
+    q.biases = malloc((size_t)(rows * groups) * sizeof *q.biases);
+    uint32_t *words = q.words;
+    uint16_t *scales = q.scales, *biases = q.biases;
+    if (!q.f || !words || !scales || !biases) {
+        free(q.f), free(words), free(scales), free(biases);
         return kiln_error(KILN_ERR_OOM, "tensor '%s': out of memory quantizing", t->name);
     }
-    to_f32(t->data, t->dtype, t->numel, f);
-    kiln_status st =
-        kiln_quant_quantize(f, rows, cols, bits, group, KILN_DT_F16, words, scales, biases);
-    free(f);
+    /* argument errors (bits, group, cols) are the same for every slice: check them once */
+    kiln_status st = kiln_quant_quantize(NULL, 0, cols, bits, group, KILN_DT_F16, NULL, NULL, NULL);
+    if (st == KILN_OK) {
+        kiln_parallel_for(threads > 1 ? pool : NULL, rows, 1, quant_rows, &q);
+        for (int i = 0; i < threads && st == KILN_OK; i++) st = q.st[i];
+    }
+    free(q.f);
     if (st != KILN_OK) {
         free(words), free(scales), free(biases);
         return kiln_error_wrap(st, "tensor '%s'", t->name);
@@ -239,6 +278,8 @@ kiln_status kiln_convert(const kiln_convert_options *o) {
     kiln_st_archive *ar = NULL;
     KILN_TRY(kiln_st_open_dir(o->src_dir, &ar));
     kiln_st_writer *w = NULL;
+    kiln_threadpool *pool = NULL; /* NULL (one thread) when no pool can be made */
+    if (kiln_threadpool_new(0, &pool) != KILN_OK) pool = NULL;
     cJSON *overrides = cJSON_CreateObject();
     kiln_status st = overrides ? kiln_st_writer_new(&w) : kiln_error(KILN_ERR_OOM, "out of memory");
     int n = kiln_st_count(ar);
@@ -263,7 +304,7 @@ kiln_status kiln_convert(const kiln_convert_options *o) {
         }
         if (bits && is_float_dtype(t->dtype) &&
             kiln_convert_is_quantizable(t->name, t->ndim, t->shape, group)) {
-            st = add_quantized(w, t, module, bits, group);
+            st = add_quantized(w, pool, t, module, bits, group);
         } else if (o->cast && is_float_dtype(t->dtype) && t->dtype != o->dtype) {
             void *data = cast_tensor(t, o->dtype);
             st = data ? kiln_st_writer_add(w, t->name, o->dtype, t->ndim, t->shape, data, true)
@@ -277,6 +318,7 @@ kiln_status kiln_convert(const kiln_convert_options *o) {
     if (st == KILN_OK) st = kiln_st_writer_set_metadata(w, "format", "mlx");
     if (st == KILN_OK) st = kiln_st_writer_finish(w, path);
     kiln_st_writer_free(w);
+    kiln_threadpool_free(pool);
     kiln_st_close(ar);
     if (st == KILN_OK) st = write_config(o, overrides);
     cJSON_Delete(overrides);
