@@ -752,14 +752,20 @@ static int tc_dense_max(void) {
     return g_tc_dense_max;
 }
 
-static int g_tc_quant_min = -1;
-static int tc_quant_min(void) { /* fewest tokens for quantized weights (below: dp4a GEMV) */
+/* Fewest tokens for quantized weights (below: the dp4a GEMV, up to GEMV_MAX_N = 8 tokens).
+ * Measured on the H200 (Llama-3-8B q4g64 / q8g64, Qwen3-0.6B q4g64, aggregate decode tok/s): at
+ * batch 4 the GEMV beats this GEMM in both modes (8B q4 exact 591 -> 875, fast 592 -> 1089); at
+ * batch 8 only in fast mode (1170 -> 1402; exact 1169 vs 1071, its three x digits cost more).
+ * So from 5 tokens in exact mode and 9 in fast mode; env KILN_CUDA_TC_QUANT_MIN_N overrides. */
+static int g_tc_quant_min = -1; /* the env's value; 0 = not set */
+static int tc_quant_min(void) {
     if (g_tc_quant_min < 0) {
         const char *e = getenv("KILN_CUDA_TC_QUANT_MIN_N");
-        g_tc_quant_min = e && *e ? atoi(e) : 2;
-        if (g_tc_quant_min < 2) g_tc_quant_min = 2;
+        g_tc_quant_min = e && *e ? atoi(e) : 0;
+        if (e && *e && g_tc_quant_min < 2) g_tc_quant_min = 2;
     }
-    return g_tc_quant_min;
+    if (g_tc_quant_min > 0) return g_tc_quant_min;
+    return kcu_fast_math() ? 9 : 5;
 }
 
 /* Largest bf16 matrix (rows * cols) that takes the tensor-core GEMM up to 64 tokens: measured on
