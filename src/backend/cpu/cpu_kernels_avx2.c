@@ -97,6 +97,13 @@ static ALWAYS_INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static ALWAYS_INLINE float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 void kiln_decode_avx2(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, float *out) {
     if (!kiln_matrix_is_quantized(w)) {
         int64_t k = 0;
@@ -346,26 +353,40 @@ static bool q4_int8_applies(const kiln_matrix *w) {
            (w->group_size & (w->group_size - 1)) == 0 && w->cols % 64 == 0;
 }
 
-/* x[n, cols] into parts int8 rows (each [cols], 64-blocks even then odd) and dl per 8-code lane. */
+/* x[n, cols] into parts int8 rows (each [cols], 64-blocks even then odd) and dl per 8-code lane.
+ * Per 16-element block: dx = max|x| / 127; part p holds round(v_p) (nearest even, as cvtps), with
+ * v_0 = x / dx and v_{p+1} = (v_p - round(v_p)) * 128 (exact); the block's 8 even elements go to
+ * bytes b + t/2 and its 8 odd ones to b + 32 + t/2 of their 64-block b (t = offset in it). */
 static void quantize_x_q4(const float *x, int n, int64_t cols, int parts, int8_t *xq, float *xdl) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), c128 = _mm256_set1_ps(128.0f);
     for (int i = 0; i < n; i++) {
         const float *xi = x + i * cols;
         int8_t *qi = xq + (int64_t)i * parts * cols;
         float *di = xdl + i * (cols / 8);
         for (int64_t k = 0; k < cols; k += 16) {
-            float amax = 0.0f;
-            for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(xi[k + j]));
+            const __m256 a = _mm256_loadu_ps(xi + k), b = _mm256_loadu_ps(xi + k + 8);
+            const float amax =
+                hmax8(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)));
             const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
             di[k / 8] = di[k / 8 + 1] = parts == 3 ? dx * (1.0f / 16384.0f) : dx;
-            for (int j = 0; j < 16; j++) {
-                const int64_t c = k + j, b = c & ~(int64_t)63, t = c - b;
-                const int64_t pos = b + (t & 1) * 32 + t / 2; /* even elements, then odd */
-                float v = xi[c] * inv;
-                for (int p = 0; p < parts; p++) {
-                    const float q = nearbyintf(v); /* round to nearest even, as cvtps */
-                    qi[p * cols + pos] = (int8_t)q;
-                    v = (v - q) * 128.0f; /* exact */
-                }
+            /* evens (0, 2, .., 14) and odds of the block, in order */
+            const __m256 vi = _mm256_set1_ps(inv);
+            __m256 ev = _mm256_castpd_ps(
+                _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+            __m256 od = _mm256_castpd_ps(
+                _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+            ev = _mm256_mul_ps(ev, vi), od = _mm256_mul_ps(od, vi);
+            const int64_t blk = k & ~(int64_t)63, t = k - blk;
+            for (int p = 0; p < parts; p++) {
+                const __m256i qe = _mm256_cvtps_epi32(ev), qo = _mm256_cvtps_epi32(od);
+                /* int16 [e0..e3 o0..o3 | e4..e7 o4..o7] -> [e0..e7 | o0..o7] -> int8 */
+                __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi32(qe, qo), 0xD8);
+                h = _mm256_packs_epi16(h, h);
+                int8_t *dst = qi + p * cols + blk + t / 2;
+                _mm_storel_epi64((__m128i *)dst, _mm256_castsi256_si128(h));
+                _mm_storel_epi64((__m128i *)(dst + 32), _mm256_extracti128_si256(h, 1));
+                ev = _mm256_mul_ps(_mm256_sub_ps(ev, _mm256_cvtepi32_ps(qe)), c128); /* exact */
+                od = _mm256_mul_ps(_mm256_sub_ps(od, _mm256_cvtepi32_ps(qo)), c128);
             }
         }
     }
