@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -28,24 +29,35 @@ typedef struct {
     int bits;
 } code_decoder;
 
-static code_decoder make_decoder(const kiln_matrix *w) {
-    uint8_t shuffle[2][32];
-    uint32_t shift[2][8];
-    for (int code = 0; code < 16; code++) {
-        int bit = code * w->bits, half = code / 8, lane = code % 8;
-        for (int t = 0; t < 4; t++) {
-            int byte = (bit >> 3) + t;
-            shuffle[half][lane * 4 + t] = byte < 16 ? (uint8_t)byte : 0x80;
+/* The shuffle / shift tables of each code width, built once (make_decoder runs per decoded row). */
+static code_decoder decoder_of_bits[9];
+static pthread_once_t decoders_once = PTHREAD_ONCE_INIT;
+
+static void build_decoders(void) {
+    for (int bits = 1; bits <= 8; bits++) {
+        uint8_t shuffle[2][32];
+        uint32_t shift[2][8];
+        for (int code = 0; code < 16; code++) {
+            int bit = code * bits, half = code / 8, lane = code % 8;
+            for (int t = 0; t < 4; t++) {
+                int byte = (bit >> 3) + t;
+                shuffle[half][lane * 4 + t] = byte < 16 ? (uint8_t)byte : 0x80;
+            }
+            shift[half][lane] = (uint32_t)(bit & 7);
         }
-        shift[half][lane] = (uint32_t)(bit & 7);
+        code_decoder *d = &decoder_of_bits[bits];
+        d->shuffle_lo = _mm256_loadu_si256((const __m256i *)shuffle[0]);
+        d->shuffle_hi = _mm256_loadu_si256((const __m256i *)shuffle[1]);
+        d->shift_lo = _mm256_loadu_si256((const __m256i *)shift[0]);
+        d->shift_hi = _mm256_loadu_si256((const __m256i *)shift[1]);
+        d->mask = _mm256_set1_epi32((1 << bits) - 1);
+        d->bits = bits;
     }
-    code_decoder d;
-    d.shuffle_lo = _mm256_loadu_si256((const __m256i *)shuffle[0]);
-    d.shuffle_hi = _mm256_loadu_si256((const __m256i *)shuffle[1]);
-    d.shift_lo = _mm256_loadu_si256((const __m256i *)shift[0]);
-    d.shift_hi = _mm256_loadu_si256((const __m256i *)shift[1]);
-    d.mask = _mm256_set1_epi32((1 << w->bits) - 1);
-    d.bits = w->bits;
+}
+
+static code_decoder make_decoder(const kiln_matrix *w) {
+    pthread_once(&decoders_once, build_decoders);
+    code_decoder d = decoder_of_bits[w->bits];
     d.safe_end = (const uint8_t *)w->data + w->rows * kiln_matrix_row_code_bytes(w) - 16;
     return d;
 }
@@ -619,18 +631,30 @@ void kiln_store_tile_avx2(const float *c, int64_t np, int64_t nr, const float *b
                           int64_t ldy) {
     _Static_assert(KILN_GEMM_WR <= 16 && KILN_GEMM_XP == 32, "tile store shape");
     for (int j0 = 0; j0 < KILN_GEMM_WR && j0 < nr; j0 += 8) {
+        /* full 8-wide stores, or a copy of the first cnt lanes (vmaskmovps stores are slow on
+         * AMD: microcoded) */
         const int64_t cnt = nr - j0 < 8 ? nr - j0 : 8;
-        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), lane);
-        const __m256 b = bias ? _mm256_maskload_ps(bias + j0, m) : _mm256_setzero_ps();
+        _Alignas(32) float bb[8] = {0};
+        if (bias) memcpy(bb, bias + j0, (size_t)cnt * sizeof *bb);
+        const __m256 b = _mm256_load_ps(bb);
         for (int i0 = 0; i0 < KILN_GEMM_XP && i0 < np; i0 += 8) {
             __m256 r[8];
             for (int j = 0; j < 8; j++)
                 r[j] = j0 + j < KILN_GEMM_WR ? _mm256_load_ps(c + (j0 + j) * KILN_GEMM_XP + i0)
                                              : _mm256_setzero_ps();
             transpose8(r); /* r[i] = c[j0..j0+7][i0 + i] */
-            for (int i = 0; i < 8 && i0 + i < np; i++)
-                _mm256_maskstore_ps(y + (i0 + i) * ldy + j0, m, _mm256_add_ps(r[i], b));
+            for (int i = 0; i < 8 && i0 + i < np; i++) {
+                float *dst = y + (i0 + i) * ldy + j0;
+                if (cnt == 8) {
+                    _mm256_storeu_ps(dst, _mm256_add_ps(r[i], b));
+                } else if (cnt == 4) { /* the last 4 rows of a full 12-row tile */
+                    _mm_storeu_ps(dst, _mm256_castps256_ps128(_mm256_add_ps(r[i], b)));
+                } else {
+                    _Alignas(32) float t[8];
+                    _mm256_store_ps(t, _mm256_add_ps(r[i], b));
+                    memcpy(dst, t, (size_t)cnt * sizeof *dst);
+                }
+            }
         }
     }
 }
