@@ -258,6 +258,44 @@ static void test_gemv_batch_invariant(kiln_threadpool *pool) {
     }
 }
 
+/* kiln_cpu_matmul_multi (q/k/v, gate/up at decode: one prepared x, one loop over all rows) gives
+ * each matrix exactly what kiln_cpu_matmul gives it alone, for n = 1..4, with biases, row counts
+ * that split 16-row slices across matrices, and mixed formats (which fall back to one matmul
+ * each); and at n = 40 (prefill) too. */
+static void test_matmul_multi(kiln_threadpool *pool) {
+    static const int bits_list[] = {0, 4, 8, 3};
+    for (size_t b = 0; b < sizeof bits_list / sizeof *bits_list; b++) {
+        const int bits = bits_list[b];
+        kiln_matrix ws[3] = {
+            make_matrix(37, 256, KILN_DT_BF16, bits, 64, KILN_DT_F16, true),
+            make_matrix(21, 256, KILN_DT_BF16, bits, 64, KILN_DT_F16, false),
+            make_matrix(50, 256, KILN_DT_BF16, bits ? 0 : 4, 64, KILN_DT_F16, true)};
+        const kiln_matrix *wp[3] = {&ws[0], &ws[1], &ws[2]};
+        float *x = rand_vec(40 * 256, 1.0f);
+        for (int count = 2; count <= 3; count++) /* 3: the last one has another format */
+            for (int n = 1; n <= 40; n = n == 4 ? 40 : n + 1) {
+                float *ys[3], *ref[3];
+                for (int m = 0; m < count; m++) {
+                    ys[m] = malloc(sizeof(float) * (size_t)(n * wp[m]->rows));
+                    ref[m] = malloc(sizeof(float) * (size_t)(n * wp[m]->rows));
+                    for (int64_t i = 0; i < n * wp[m]->rows; i++) ys[m][i] = NAN;
+                    kiln_cpu_matmul(pool, ref[m], x, n, wp[m]);
+                }
+                kiln_cpu_matmul_multi(pool, count, ys, x, n, wp);
+                for (int m = 0; m < count; m++) {
+                    CHECK_MSG(!memcmp(ys[m], ref[m], sizeof(float) * (size_t)(n * wp[m]->rows)),
+                              "[%s %s] matmul_multi bits=%d count=%d n=%d: matrix %d differs from "
+                              "its own matmul",
+                              kiln_cpu_simd_name(), kiln_cpu_matmul_mode(), bits, count, n, m);
+                    free(ys[m]), free(ref[m]);
+                }
+                matmul_cases++;
+            }
+        free(x);
+        for (int m = 0; m < 3; m++) free_matrix(&ws[m]);
+    }
+}
+
 /* The fast GEMV's model of the arithmetic: x rounded to int8 in blocks of 16 (dx = max|x|/127),
  * y = sum_g s_g * sum_j q_j * xhat_j + b_g * sum_j x_j in double, for row i = 0 of x. */
 static void fast_model(const kiln_matrix *w, const float *x, double *out) {
@@ -685,6 +723,8 @@ int main(void) {
                "%.2e of rms\n",
                kiln_cpu_simd_name(), prefill_l2, prefill_worst);
         test_gemv_batch_invariant(pools[1]);
+        test_matmul_multi(pools[1]);
+        test_matmul_multi(NULL);
         printf("level %s: exact quantized matmul worst rel err %.2e\n", kiln_cpu_simd_name(),
                quant_worst);
         test_matmul_fast(pools[1]);

@@ -149,7 +149,7 @@ static void cpu_softcap(kiln_backend *be, float *x, float cap, int64_t n) {
 }
 static void cpu_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
                              int64_t n, const kiln_matrix *const *ws) {
-    for (int i = 0; i < count; i++) kiln_cpu_matmul(be->pool, ys[i], x, n, ws[i]);
+    kiln_cpu_matmul_multi(be->pool, count, ys, x, n, ws);
 }
 /* The fused ops run the unfused ones in order (so on the pool at prefill sizes): the CPU gains
  * nothing from fusing them and keeps its results bit for bit. */

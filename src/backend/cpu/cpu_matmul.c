@@ -496,3 +496,66 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
         kiln_parallel_for(pool, blocks, 1, gemm_slice, &job);
     }
 }
+
+/* ---- several matrices on one x (decode: q/k/v, gate/up) -------------------------------------- */
+
+typedef struct {
+    const kiln_cpu_kernels *kernels;
+    int count;
+    float *const *ys;
+    const kiln_matrix *const *ws;
+    int64_t first[KILN_MATMUL_MULTI_MAX + 1]; /* global index of each matrix's first row */
+    int64_t n;
+    const kiln_gemv_x *px;
+} multi_job;
+
+static void multi_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const multi_job *job = ctx;
+    for (int m = 0; m < job->count; m++) {
+        int64_t a = r0 > job->first[m] ? r0 : job->first[m];
+        int64_t b = r1 < job->first[m + 1] ? r1 : job->first[m + 1];
+        if (a >= b) continue;
+        const kiln_matrix *w = job->ws[m];
+        a -= job->first[m], b -= job->first[m];
+        job->kernels->gemv(w, job->px, job->ys[m], w->rows, a, b);
+        if (w->bias)
+            for (int64_t i = 0; i < job->n; i++)
+                for (int64_t r = a; r < b; r++) job->ys[m][i * w->rows + r] += w->bias[r];
+    }
+}
+
+/* Whether x prepared for a can feed b's GEMV: the same storage format and width. */
+static bool same_format(const kiln_matrix *a, const kiln_matrix *b) {
+    return a->cols == b->cols && a->dtype == b->dtype && a->bits == b->bits &&
+           kiln_matrix_is_quantized(a) == kiln_matrix_is_quantized(b) &&
+           (!kiln_matrix_is_quantized(a) ||
+            (a->group_size == b->group_size && a->scale_dtype == b->scale_dtype));
+}
+
+void kiln_cpu_matmul_multi(kiln_threadpool *pool, int count, float *const *ys, const float *x,
+                           int64_t n, const kiln_matrix *const *ws) {
+    bool one = count >= 2 && count <= KILN_MATMUL_MULTI_MAX && n >= 1 && n <= KILN_GEMV_MAX_N;
+    for (int m = 1; one && m < count; m++) one = same_format(ws[0], ws[m]);
+    for (int m = 0; one && m < count; m++) one = ws[m]->rows > 0 && ws[m]->cols > 0;
+    if (!one) {
+        for (int m = 0; m < count; m++) kiln_cpu_matmul(pool, ys[m], x, n, ws[m]);
+        return;
+    }
+    multi_job job = {kiln_cpu_kernels_active(), count, ys, ws, {0}, n, NULL};
+    for (int m = 0; m < count; m++) job.first[m + 1] = job.first[m] + ws[m]->rows;
+    const kiln_matrix *w = ws[0];
+    bool fast = kiln_cpu_matmul_fast_active();
+    kiln_gemv_x px;
+    _Alignas(64) unsigned char stack[32768];
+    size_t need = job.kernels->prepare(w, x, (int)n, fast, NULL, NULL);
+    void *scratch = stack;
+    if (need > sizeof stack && !(scratch = aligned_alloc(64, (need + 63) & ~(size_t)63))) {
+        for (int m = 0; m < count; m++) kiln_cpu_matmul(pool, ys[m], x, n, ws[m]);
+        return;
+    }
+    job.kernels->prepare(w, x, (int)n, fast, &px, scratch);
+    job.px = &px;
+    kiln_parallel_for(pool, job.first[count], 16, multi_slice, &job);
+    if (scratch != stack) free(scratch);
+}

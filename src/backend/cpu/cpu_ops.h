@@ -32,6 +32,12 @@ const char *kiln_cpu_matmul_mode(void);
 /* y[n, w->rows] = x[n, w->cols] @ W^T (+ w->bias). Any kiln_matrix format. */
 void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
                      const kiln_matrix *w);
+/* ys[m][n, ws[m]->rows] = x @ ws[m]^T for count matrices on one x: at decode sizes (n <= 4) with
+ * matrices of one format, x is prepared once and one parallel loop runs all their rows (same
+ * results bit for bit as one kiln_cpu_matmul each, which it falls back to otherwise). */
+#define KILN_MATMUL_MULTI_MAX 8
+void kiln_cpu_matmul_multi(kiln_threadpool *pool, int count, float *const *ys, const float *x,
+                           int64_t n, const kiln_matrix *const *ws);
 void kiln_cpu_matmul_ref(float *y, const float *x, int64_t n, const kiln_matrix *w);
 
 /* out[n, w->cols] = rows ids[i] of W, dequantized / converted to f32 (embedding lookup). */
