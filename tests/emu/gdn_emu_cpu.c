@@ -8,7 +8,6 @@ const kiln_cpu_kernels *kiln_cpu_kernels_active(void) {
     static const kiln_cpu_kernels scalar = {.decode = kiln_decode_scalar,
                                             .prepare = kiln_gemv_prepare_scalar,
                                             .gemv = kiln_gemv_scalar,
-                                            .tile = kiln_tile_scalar,
                                             .dot = kiln_dot_scalar,
                                             .axpy = kiln_axpy_scalar,
                                             .tile_t = kiln_tile_t_scalar};

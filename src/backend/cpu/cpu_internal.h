@@ -33,11 +33,6 @@ bool kiln_cpu_matmul_fast_active(void);
  * three int8 parts (vpdpbusd); without it, on the f32 dequantizing kernel. */
 bool kiln_cpu_has_vnni(void);
 
-/* GEMM blocking shared by every level: MR rows of x by NR weight rows, KC deep. KC is a multiple
- * of every group size so a quantized block never splits a group. */
-#define KILN_GEMM_MR 8
-#define KILN_GEMM_NR 32
-#define KILN_GEMM_KC 128
 /* The panel GEMM (levels with a tile_t kernel): x is transposed once per call into panels of
  * XP rows ([cols][XP] f32, zero rows past n), each weight row is decoded to f32 once per call, and
  * a WR x XP tile c[j][i] = W[r0 + j, :] . x[p*XP + i, :] runs over the full depth (WR broadcasts of
@@ -135,8 +130,6 @@ typedef size_t (*kiln_gemv_prepare_fn)(const kiln_matrix *w, const float *x, int
  * (no output bias; the driver adds it). */
 typedef void (*kiln_gemv_fn)(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                              int64_t r0, int64_t r1);
-/* c[MR][NR] = sum_k xrows[i][k] * wp[k*NR + j], k < kc (overwrites c). */
-typedef void (*kiln_tile_fn)(int64_t kc, const float *const *xrows, const float *wp, float *c);
 /* c[j*XP + i] = sum_k wd[j*ldw + k] * xt[k*XP + i], j < WR, i < XP, k < cols (overwrites c). */
 typedef void (*kiln_tile_t_fn)(int64_t cols, const float *xt, const float *wd, int64_t ldw,
                                float *c);
@@ -145,10 +138,9 @@ typedef struct kiln_cpu_kernels {
     kiln_decode_fn decode;
     kiln_gemv_prepare_fn prepare;
     kiln_gemv_fn gemv;
-    kiln_tile_fn tile;
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n);
-    kiln_tile_t_fn tile_t; /* NULL: the packed-block GEMM with tile */
+    kiln_tile_t_fn tile_t; /* NULL: GEMV passes */
     /* Many dots / axpys in one call, bit for bit what dot / axpy give row by row (NULL: that
      * loop): the attention inner loops. */
     void (*dot_rows)(float *out, const float *a, const float *rows, int64_t stride, int64_t count,
@@ -172,7 +164,6 @@ size_t kiln_gemv_prepare_scalar(const kiln_matrix *w, const float *x, int n, boo
                                 kiln_gemv_x *px, void *scratch);
 void kiln_gemv_scalar(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1);
-void kiln_tile_scalar(int64_t kc, const float *const *xrows, const float *wp, float *c);
 void kiln_tile_t_scalar(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
 float kiln_dot_scalar(const float *a, const float *b, int64_t n);
 void kiln_axpy_scalar(float *y, float a, const float *x, int64_t n);
@@ -182,7 +173,6 @@ size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool 
                               kiln_gemv_x *px, void *scratch);
 void kiln_gemv_avx2(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy, int64_t r0,
                     int64_t r1);
-void kiln_tile_avx2(int64_t kc, const float *const *xrows, const float *wp, float *c);
 void kiln_tile_t_avx2(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
 void kiln_pack_x_avx2(const float *x, int64_t np, int64_t cols, float *xt);
 void kiln_store_tile_avx2(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
@@ -195,7 +185,6 @@ size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, boo
                                 kiln_gemv_x *px, void *scratch);
 void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy,
                       int64_t r0, int64_t r1);
-void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, float *c);
 void kiln_tile_t_avx512(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c);
 float kiln_dot_avx512(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx512(float *y, float a, const float *x, int64_t n);

@@ -535,31 +535,6 @@ void kiln_gemv_avx2(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64
     }
 }
 
-/* The 8 x 32 tile as four 4 x 16 passes (8 accumulators each) over the L1-resident block. */
-void kiln_tile_avx2(int64_t kc, const float *const *xrows, const float *wp, float *c) {
-    _Static_assert(KILN_GEMM_MR == 8 && KILN_GEMM_NR == 32, "tile shape");
-    for (int i0 = 0; i0 < 8; i0 += 4) {
-        for (int j0 = 0; j0 < 32; j0 += 16) {
-            __m256 acc[4][2];
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] =
-                _mm256_setzero_ps();
-            for (int64_t k = 0; k < kc; k++) {
-                __m256 w0 = _mm256_load_ps(wp + k * 32 + j0);
-                __m256 w1 = _mm256_load_ps(wp + k * 32 + j0 + 8);
-                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                    __m256 xv = _mm256_broadcast_ss(xrows[i0 + i] + k);
-                    acc[i][0] = _mm256_fmadd_ps(xv, w0, acc[i][0]);
-                    acc[i][1] = _mm256_fmadd_ps(xv, w1, acc[i][1]);
-                }
-            }
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                _mm256_storeu_ps(c + (i0 + i) * 32 + j0, acc[i][0]);
-                _mm256_storeu_ps(c + (i0 + i) * 32 + j0 + 8, acc[i][1]);
-            }
-        }
-    }
-}
-
 /* The panel tile (prefill): c[j*XP + i] = sum_k wd[j*ldw + k] * xt[k*XP + i] for the 12 weight
  * rows by 32 x rows, as 2 x 2 passes of 6 weight rows by 16 x rows over the full depth: per k,
  * 6 weight broadcasts and 2 x loads feed 12 FMAs into 12 accumulators (enough to cover the FMA

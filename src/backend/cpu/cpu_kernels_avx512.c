@@ -737,25 +737,6 @@ void kiln_gemv_avx512(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int
     }
 }
 
-/* 8 x 32 micro-tile: 16 accumulators, per k two weight vectors and 8 broadcasts of x. */
-void kiln_tile_avx512(int64_t kc, const float *const *xrows, const float *wp, float *c) {
-    _Static_assert(KILN_GEMM_MR == 8 && KILN_GEMM_NR == 32, "tile shape");
-    __m512 acc[8][2];
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < kc; k++) {
-        __m512 w0 = _mm512_load_ps(wp + k * 32), w1 = _mm512_load_ps(wp + k * 32 + 16);
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            __m512 xv = _mm512_set1_ps(xrows[i][k]);
-            acc[i][0] = _mm512_fmadd_ps(xv, w0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(xv, w1, acc[i][1]);
-        }
-    }
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        _mm512_storeu_ps(c + i * 32, acc[i][0]);
-        _mm512_storeu_ps(c + i * 32 + 16, acc[i][1]);
-    }
-}
-
 /* WR x XP panel tile: WR*XP/16 accumulators; per k XP/16 x vectors and WR weight broadcasts. */
 void kiln_tile_t_avx512(int64_t cols, const float *xt, const float *wd, int64_t ldw, float *c) {
     enum { WR = KILN_GEMM_WR, XV = KILN_GEMM_XP / 16 };

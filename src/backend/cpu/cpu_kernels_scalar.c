@@ -30,11 +30,12 @@ void kiln_gemv_scalar(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int
                       int64_t r0, int64_t r1) {
     const float *x = px->x;
     const int n = px->n;
-    float wrow[KILN_GEMM_KC]; /* one KC-long segment of a weight row */
+    enum { SEG = 128 }; /* a multiple of every group size: a segment never splits a group */
+    float wrow[SEG];    /* one segment of a weight row */
     for (int64_t r = r0; r < r1; r++) {
         float acc[KILN_GEMV_MAX_N][4] = {{0}};
-        for (int64_t k0 = 0; k0 < w->cols; k0 += KILN_GEMM_KC) {
-            int64_t len = w->cols - k0 < KILN_GEMM_KC ? w->cols - k0 : KILN_GEMM_KC;
+        for (int64_t k0 = 0; k0 < w->cols; k0 += SEG) {
+            int64_t len = w->cols - k0 < SEG ? w->cols - k0 : SEG;
             kiln_decode_scalar(w, r, k0, len, wrow);
             for (int i = 0; i < n; i++) {
                 const float *xi = x + i * w->cols + k0;
@@ -46,18 +47,6 @@ void kiln_gemv_scalar(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int
         }
         for (int i = 0; i < n; i++)
             y[i * ldy + r] = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
-    }
-}
-
-void kiln_tile_scalar(int64_t kc, const float *const *xrows, const float *wp, float *c) {
-    for (int i = 0; i < KILN_GEMM_MR * KILN_GEMM_NR; i++) c[i] = 0.0f;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *wk = wp + k * KILN_GEMM_NR;
-        for (int i = 0; i < KILN_GEMM_MR; i++) {
-            float xv = xrows[i][k];
-            float *ci = c + i * KILN_GEMM_NR;
-            for (int j = 0; j < KILN_GEMM_NR; j++) ci[j] += xv * wk[j];
-        }
     }
 }
 

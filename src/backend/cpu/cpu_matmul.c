@@ -1,11 +1,11 @@
 /* cpu_matmul.c — y = x @ W^T for every weight format: the reference and the threaded driver.
  * n <= KILN_GEMV_MAX_N (decode) prepares the activations once (the level's prepare: group sums,
  * permuted / quantized x), then streams each weight row once and splits the output rows across
- * the pool. Larger n (prefill) is a blocked GEMM: each thread takes blocks of NR weight
- * rows, converts a KC-deep slab of them to f32 once into a packed [KC][NR] buffer and runs MR x NR
- * micro-tiles over all n rows of x against it; levels with a tile_t kernel run the panel GEMM
- * (rows decoded to f32 once per call), and 4/8-bit weights on AVX512-VNNI the integer panel GEMM
- * (x in three int8 digits, codes as bytes; gemm_q_vnni). The per-level pieces come from
+ * the pool. Larger n (prefill) is the panel GEMM: x transposed once into panels of XP rows, each
+ * weight row decoded to f32 once per call, WR x XP tiles over the full depth (the level's tile_t,
+ * pack_x, store_tile); 4/8-bit weights on AVX512-VNNI take the integer panel GEMM (x in three
+ * int8 digits, codes as bytes; gemm_q_vnni), bf16 in fast mode on AVX512-BF16 vdpbf16ps. Without
+ * memory for the panels, GEMV passes of KILN_GEMV_MAX_N tokens. The per-level pieces come from
  * cpu_internal.h. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
@@ -58,58 +58,6 @@ static void gemv_slice(void *ctx, int64_t r0, int64_t r1, int thread) {
     if (w->bias)
         for (int64_t i = 0; i < job->n; i++)
             for (int64_t r = r0; r < r1; r++) job->y[i * w->rows + r] += w->bias[r];
-}
-
-/* ---- GEMM (prefill) ------------------------------------------------------------------------- */
-
-/* Packs rows [r0, r0+NR) x cols [k0, k0+kc) of W as f32 into wp[kc][NR] (missing rows = 0). */
-static void pack_weight_block(const kiln_cpu_kernels *kernels, const kiln_matrix *w, int64_t r0,
-                              int64_t k0, int64_t kc, float *wp) {
-    float seg[KILN_GEMM_KC];
-    for (int j = 0; j < KILN_GEMM_NR; j++) {
-        int64_t r = r0 + j;
-        if (r < w->rows) {
-            kernels->decode(w, r, k0, kc, seg);
-            for (int64_t k = 0; k < kc; k++) wp[k * KILN_GEMM_NR + j] = seg[k];
-        } else {
-            for (int64_t k = 0; k < kc; k++) wp[k * KILN_GEMM_NR + j] = 0.0f;
-        }
-    }
-}
-
-/* Blocks [b0, b1) of NR weight rows each. */
-static void gemm_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
-    (void)thread;
-    const matmul_job *job = ctx;
-    const kiln_matrix *w = job->w;
-    _Alignas(64) float wp[KILN_GEMM_KC * KILN_GEMM_NR];
-    _Alignas(64) float c[KILN_GEMM_MR * KILN_GEMM_NR];
-    for (int64_t b = b0; b < b1; b++) {
-        int64_t r0 = b * KILN_GEMM_NR;
-        int64_t nr = w->rows - r0 < KILN_GEMM_NR ? w->rows - r0 : KILN_GEMM_NR;
-        for (int64_t k0 = 0; k0 < w->cols; k0 += KILN_GEMM_KC) {
-            int64_t kc = w->cols - k0 < KILN_GEMM_KC ? w->cols - k0 : KILN_GEMM_KC;
-            pack_weight_block(job->kernels, w, r0, k0, kc, wp);
-            for (int64_t i0 = 0; i0 < job->n; i0 += KILN_GEMM_MR) {
-                int64_t mr = job->n - i0 < KILN_GEMM_MR ? job->n - i0 : KILN_GEMM_MR;
-                const float *xrows[KILN_GEMM_MR];
-                for (int i = 0; i < KILN_GEMM_MR; i++) /* rows past n repeat row i0 (discarded) */
-                    xrows[i] = job->x + (i0 + (i < mr ? i : 0)) * w->cols + k0;
-                job->kernels->tile(kc, xrows, wp, c);
-                for (int64_t i = 0; i < mr; i++) {
-                    float *yi = job->y + (i0 + i) * w->rows + r0;
-                    const float *ci = c + i * KILN_GEMM_NR;
-                    if (k0 == 0)
-                        memcpy(yi, ci, (size_t)nr * sizeof *yi);
-                    else
-                        for (int64_t j = 0; j < nr; j++) yi[j] += ci[j];
-                }
-            }
-        }
-        if (w->bias)
-            for (int64_t i = 0; i < job->n; i++)
-                for (int64_t j = 0; j < nr; j++) job->y[i * w->rows + r0 + j] += w->bias[r0 + j];
-    }
 }
 
 /* ---- panel GEMM (prefill, levels with tile_t) ------------------------------------------------ */
@@ -492,8 +440,11 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
         if (gemm_bf16_fast(pool, y, x, n, w)) return;
         if (gemm_q_vnni(pool, y, x, n, w)) return;
         if (job.kernels->tile_t && gemm_panels(pool, job.kernels, y, x, n, w)) return;
-        int64_t blocks = (w->rows + KILN_GEMM_NR - 1) / KILN_GEMM_NR;
-        kiln_parallel_for(pool, blocks, 1, gemm_slice, &job);
+        /* no memory for the x panels or decoded rows: GEMV passes, which need little */
+        for (int64_t i0 = 0; i0 < n; i0 += KILN_GEMV_MAX_N) {
+            int64_t nc = n - i0 < KILN_GEMV_MAX_N ? n - i0 : KILN_GEMV_MAX_N;
+            kiln_cpu_matmul(pool, y + i0 * w->rows, x + i0 * w->cols, nc, w);
+        }
     }
 }
 
