@@ -105,30 +105,29 @@ static void weight_rows_span(const kiln_matrix *w, int64_t r0, int64_t nr, const
     *bytes = nr * row_bytes;
 }
 
-/* Blocks [b0, b1) of WR weight rows: decode the block's rows once, then one tile per x panel.
- * While the tiles of one block run, the next block's weights are prefetched a slice per panel
- * (decoding reads them straight from memory otherwise: one stream, no compute to hide it). */
-static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
-    (void)thread;
-    panel_job *job = ctx;
-    const kiln_matrix *w = job->w;
-    /* rows of wd one cache line more than a multiple of 64 bytes apart: at a multiple of 4 KB
-     * (cols = 1024, 2048, ...) the WR weights the tile reads per k all fall in one L1 set, which
-     * holds fewer lines than that with x streaming through it (164 -> 220 GFLOP/s per core) */
-    const int64_t cols = w->cols, ldw = ((cols + 15) & ~(int64_t)15) + 16;
-    const int64_t panels = (job->n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
-    float *wd = aligned_alloc(64, (size_t)(KILN_GEMM_WR * ldw) * sizeof(float));
-    if (!wd) {
-        job->failed = true;
-        return;
-    }
+/* Rows of a decoded weight block lie one cache line more than a multiple of 64 bytes apart: at a
+ * multiple of 4 KB (cols = 1024, 2048, ...) the WR weights the tile reads per k would all fall in
+ * one L1 set, which holds fewer lines than that with x streaming through it (164 -> 220 GFLOP/s
+ * per core). */
+static int64_t decoded_row_stride(int64_t cols) {
+    return ((cols + 15) & ~(int64_t)15) + 16;
+}
+
+/* Blocks [b0, b1) of WR rows of w against the x panels xt (n rows): decode the block's rows once
+ * into wd ([WR][decoded_row_stride]), then one tile per x panel. While the tiles of one block
+ * run, the next block's weights are prefetched a slice per panel (decoding reads them straight
+ * from memory otherwise: one stream, no compute to hide it). */
+static void panel_blocks(const kiln_cpu_kernels *kernels, const kiln_matrix *w, const float *xt,
+                         int64_t n, float *y, int64_t b0, int64_t b1, float *wd) {
+    const int64_t cols = w->cols, ldw = decoded_row_stride(cols);
+    const int64_t panels = (n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
     _Alignas(64) float c[KILN_GEMM_WR * KILN_GEMM_XP];
     for (int64_t b = b0; b < b1; b++) {
         int64_t r0 = b * KILN_GEMM_WR;
         int64_t nr = w->rows - r0 < KILN_GEMM_WR ? w->rows - r0 : KILN_GEMM_WR;
         for (int64_t j = 0; j < KILN_GEMM_WR; j++) {
             if (j < nr)
-                job->kernels->decode(w, r0 + j, 0, cols, wd + j * ldw);
+                kernels->decode(w, r0 + j, 0, cols, wd + j * ldw);
             else
                 memset(wd + j * ldw, 0, (size_t)cols * sizeof *wd);
         }
@@ -142,21 +141,32 @@ static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
         for (int64_t p = 0; p < panels; p++) {
             for (int64_t o = next_bytes * p / panels; o < next_bytes * (p + 1) / panels; o += 64)
                 __builtin_prefetch(next + o);
-            job->kernels->tile_t(cols, job->xt + p * cols * KILN_GEMM_XP, wd, ldw, c);
-            int64_t np =
-                job->n - p * KILN_GEMM_XP < KILN_GEMM_XP ? job->n - p * KILN_GEMM_XP : KILN_GEMM_XP;
-            if (job->kernels->store_tile) { /* transposed in registers */
-                job->kernels->store_tile(c, np, nr, w->bias ? w->bias + r0 : NULL,
-                                         job->y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
+            kernels->tile_t(cols, xt + p * cols * KILN_GEMM_XP, wd, ldw, c);
+            int64_t np = n - p * KILN_GEMM_XP < KILN_GEMM_XP ? n - p * KILN_GEMM_XP : KILN_GEMM_XP;
+            if (kernels->store_tile) { /* transposed in registers */
+                kernels->store_tile(c, np, nr, w->bias ? w->bias + r0 : NULL,
+                                    y + p * KILN_GEMM_XP * w->rows + r0, w->rows);
                 continue;
             }
             for (int64_t i = 0; i < np; i++) {
-                float *yi = job->y + (p * KILN_GEMM_XP + i) * w->rows + r0;
+                float *yi = y + (p * KILN_GEMM_XP + i) * w->rows + r0;
                 for (int64_t j = 0; j < nr; j++)
                     yi[j] = c[j * KILN_GEMM_XP + i] + (w->bias ? w->bias[r0 + j] : 0.0f);
             }
         }
     }
+}
+
+static void panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    panel_job *job = ctx;
+    float *wd = aligned_alloc(64, (size_t)(KILN_GEMM_WR * decoded_row_stride(job->w->cols)) *
+                                      sizeof(float));
+    if (!wd) {
+        job->failed = true;
+        return;
+    }
+    panel_blocks(job->kernels, job->w, job->xt, job->n, job->y, b0, b1, wd);
     free(wd);
 }
 
@@ -484,8 +494,66 @@ static bool same_format(const kiln_matrix *a, const kiln_matrix *b) {
             (a->group_size == b->group_size && a->scale_dtype == b->scale_dtype));
 }
 
+/* Prefill: the x panels packed once, one parallel loop over every matrix's row blocks. */
+typedef struct {
+    const kiln_cpu_kernels *kernels;
+    int count;
+    float *const *ys;
+    const kiln_matrix *const *ws;
+    int64_t first[KILN_MATMUL_MULTI_MAX + 1]; /* global index of each matrix's first row block */
+    int64_t n;
+    const float *xt;
+    bool failed;
+} multi_panel_job;
+
+static void multi_panel_slice(void *ctx, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    multi_panel_job *job = ctx;
+    float *wd = aligned_alloc(64, (size_t)(KILN_GEMM_WR * decoded_row_stride(job->ws[0]->cols)) *
+                                      sizeof(float));
+    if (!wd) {
+        job->failed = true;
+        return;
+    }
+    for (int m = 0; m < job->count; m++) {
+        int64_t a = b0 > job->first[m] ? b0 : job->first[m];
+        int64_t b = b1 < job->first[m + 1] ? b1 : job->first[m + 1];
+        if (a < b)
+            panel_blocks(job->kernels, job->ws[m], job->xt, job->n, job->ys[m], a - job->first[m],
+                         b - job->first[m], wd);
+    }
+    free(wd);
+}
+
+/* Returns false (nothing or part written) when it does not apply or is out of memory. Only the
+ * f32 panel GEMM shares its x panels: where the AVX-512 level has its own prefill paths (VNNI
+ * integer GEMM, bf16 in fast mode) each matrix takes them alone. */
+static bool matmul_multi_panels(kiln_threadpool *pool, int count, float *const *ys, const float *x,
+                                int64_t n, const kiln_matrix *const *ws) {
+    const kiln_cpu_kernels *kernels = kiln_cpu_kernels_active();
+    if (!kernels->tile_t || kiln_cpu_simd_level() == KILN_SIMD_AVX512) return false;
+    const int64_t cols = ws[0]->cols, panels = (n + KILN_GEMM_XP - 1) / KILN_GEMM_XP;
+    for (int m = 1; m < count; m++)
+        if (ws[m]->cols != cols) return false;
+    float *xt = aligned_alloc(64, (size_t)(panels * cols * KILN_GEMM_XP) * sizeof(float));
+    if (!xt) return false;
+    panel_job pack = {kernels, ws[0], x, NULL, n, xt, false};
+    kiln_parallel_for(pool, panels, 1, pack_x_slice, &pack);
+    multi_panel_job job = {kernels, count, ys, ws, {0}, n, xt, false};
+    for (int m = 0; m < count; m++)
+        job.first[m + 1] = job.first[m] + (ws[m]->rows + KILN_GEMM_WR - 1) / KILN_GEMM_WR;
+    kiln_parallel_for(pool, job.first[count], 1, multi_panel_slice, &job);
+    free(xt);
+    return !job.failed;
+}
+
 void kiln_cpu_matmul_multi(kiln_threadpool *pool, int count, float *const *ys, const float *x,
                            int64_t n, const kiln_matrix *const *ws) {
+    if (count >= 2 && count <= KILN_MATMUL_MULTI_MAX && n > KILN_GEMV_CHUNKED_MAX_N) {
+        bool ok = true;
+        for (int m = 0; ok && m < count; m++) ok = ws[m]->rows > 0 && ws[m]->cols > 0;
+        if (ok && matmul_multi_panels(pool, count, ys, x, n, ws)) return;
+    }
     bool one = count >= 2 && count <= KILN_MATMUL_MULTI_MAX && n >= 1 && n <= KILN_GEMV_MAX_N;
     for (int m = 1; one && m < count; m++) one = same_format(ws[0], ws[m]);
     for (int m = 0; one && m < count; m++) one = ws[m]->rows > 0 && ws[m]->cols > 0;
