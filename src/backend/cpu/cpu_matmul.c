@@ -458,7 +458,7 @@ void kiln_cpu_matmul(kiln_threadpool *pool, float *y, const float *x, int64_t n,
     }
 }
 
-/* ---- several matrices on one x (decode: q/k/v, gate/up) -------------------------------------- */
+/* ---- several matrices on one x (q/k/v, gate/up): decode and prefill ------------------------ */
 
 typedef struct {
     const kiln_cpu_kernels *kernels;
