@@ -39,6 +39,8 @@ if [ "${1:-}" = "--asan" ]; then
   build_dir=build-asan
   cmake_args=(-DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DKILN_CUDA=OFF)
 fi
+# the team's data folder the tests read: ../shared beside the repository, or $KILN_SHARED
+if [ -n "${KILN_SHARED:-}" ]; then cmake_args+=(-DKILN_SHARED_DIR="$KILN_SHARED"); fi
 cmake -S . -B "$build_dir" "${cmake_args[@]}" >/dev/null
 cmake --build "$build_dir" -j"$(nproc)"
 echo "setup: built $build_dir/kiln"

@@ -6,6 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
+# The parity tests read the team's data (fixtures, tokenizers, models): say so once, clearly,
+# instead of a dozen failing tests, when it is not where the build looks for it.
+shared=$(sed -n 's/^KILN_SHARED_DIR:PATH=//p' build/CMakeCache.txt 2>/dev/null || true)
+if [ -z "$shared" ] || [ ! -d "$shared/fixtures" ]; then
+  echo "test: the team's shared/ folder is missing (looked for ${shared:-../shared}/fixtures)." >&2
+  echo "test: put it beside the repository as ../shared, or run with KILN_SHARED=/path/to/shared" >&2
+  echo "test: (scripts/setup.sh then records it in the build)." >&2
+  exit 1
+fi
+
 echo "== Release tests =="
 ctest --test-dir build --output-on-failure -j"$jobs"
 
