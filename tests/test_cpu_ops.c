@@ -606,6 +606,29 @@ static void test_dot_axpy_rows(void) {
         }
 }
 
+/* f16 / bf16 rows to f32: every one of the 65536 bit patterns, at lengths that leave a scalar
+ * tail, equal to util/half.h's conversion (NaNs only need to stay NaN: F16C quiets them). */
+static void test_half_rows(void) {
+    const int64_t n = 65536 + 5;
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
+    float *out = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)(i * 40503u); /* odd: a permutation */
+    int bad16 = 0, badbf = 0;
+    kiln_cpu_f16_to_f32(h, n, out);
+    for (int64_t i = 0; i < n; i++) {
+        float e = kiln_f16_to_f32(h[i]);
+        bad16 += isnan(e) ? !isnan(out[i]) : memcmp(&e, out + i, sizeof e) != 0;
+    }
+    kiln_cpu_bf16_to_f32(h + 1, n - 1, out); /* an odd start and length */
+    for (int64_t i = 0; i < n - 1; i++) {
+        float e = kiln_bf16_to_f32(h[i + 1]);
+        badbf += memcmp(&e, out + i, sizeof e) != 0;
+    }
+    CHECK_MSG(bad16 == 0 && badbf == 0, "half rows [%s]: f16 %d, bf16 %d differ",
+              kiln_cpu_simd_name(), bad16, badbf);
+    free(h), free(out);
+}
+
 static void test_rmsnorm(void) {
     /* closed form on a small vector: mean(x^2) = 7.5 */
     float x4[4] = {1, 2, 3, 4}, w4[4] = {0.5f, -1, 2, 0}, y4[4];
@@ -733,6 +756,7 @@ int main(void) {
         test_embed();
         test_dot_axpy();
         test_dot_axpy_rows();
+        test_half_rows();
         test_rmsnorm();
         test_activations();
         test_rope();

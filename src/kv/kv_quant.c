@@ -1,6 +1,7 @@
 /* kv_quant.c — plain and affine-quantized KV rows: f32, f16, bf16 and per-group affine codes
  * (group along head_dim, f16 scale and bias per group, 2..8-bit codes packed little-endian), plus
  * the row codec dispatch shared by every paged cache kind. */
+#include "backend/cpu/cpu_ops.h"
 #include "kv/hadamard.h"
 #include "kv/kv_codec.h"
 #include "util/half.h"
@@ -123,19 +124,11 @@ void kv_codec_decode(const kv_codec *c, const uint8_t *in, int dim, float *out) 
     case KV_CODEC_F32:
         memcpy(out, in, (size_t)dim * 4);
         break;
-    case KV_CODEC_F16:
-        for (int i = 0; i < dim; i++) {
-            uint16_t h;
-            memcpy(&h, in + 2 * i, 2);
-            out[i] = kiln_f16_to_f32(h);
-        }
+    case KV_CODEC_F16: /* records are 2-byte aligned (offsets are multiples of their size) */
+        kiln_cpu_f16_to_f32((const uint16_t *)(const void *)in, dim, out);
         break;
     case KV_CODEC_BF16:
-        for (int i = 0; i < dim; i++) {
-            uint16_t h;
-            memcpy(&h, in + 2 * i, 2);
-            out[i] = kiln_bf16_to_f32(h);
-        }
+        kiln_cpu_bf16_to_f32((const uint16_t *)(const void *)in, dim, out);
         break;
     case KV_CODEC_AFFINE:
         kv_affine_decode(in, dim, c->bits, c->group, out);

@@ -25,6 +25,10 @@ static const kiln_cpu_kernels kernels_by_level[] = {
                         .dot = kiln_dot_avx2,
                         .axpy = kiln_axpy_avx2,
                         .tile_t = kiln_tile_t_avx2,
+                        .dot_rows = kiln_dot_rows_avx2,
+                        .axpy_rows = kiln_axpy_rows_avx2,
+                        .f16_to_f32 = kiln_f16_to_f32_avx2,
+                        .bf16_to_f32 = kiln_bf16_to_f32_avx2,
                         .pack_x = kiln_pack_x_avx2,
                         .store_tile = kiln_store_tile_avx2},
     [KILN_SIMD_AVX512] = {.decode = kiln_decode_avx512,
@@ -35,6 +39,8 @@ static const kiln_cpu_kernels kernels_by_level[] = {
                           .tile_t = kiln_tile_t_avx512,
                           .dot_rows = kiln_dot_rows_avx512,
                           .axpy_rows = kiln_axpy_rows_avx512,
+                          .f16_to_f32 = kiln_f16_to_f32_avx2, /* the AVX-512 level has AVX2 */
+                          .bf16_to_f32 = kiln_bf16_to_f32_avx2,
                           .pack_x = kiln_pack_x_avx512,
                           .store_tile = kiln_store_tile_avx512},
 };

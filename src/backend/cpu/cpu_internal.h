@@ -153,6 +153,10 @@ typedef struct kiln_cpu_kernels {
     void (*pack_x)(const float *x, int64_t np, int64_t cols, float *xt);
     void (*store_tile)(const float *c, int64_t np, int64_t nr, const float *bias, float *y,
                        int64_t ldy);
+    /* out[i] = the f16 / bf16 in[i] as f32, i < n (NULL: the scalar conversion of util/half.h;
+     * conversions are exact, so every level gives the same floats): f16 / bf16 KV rows. */
+    void (*f16_to_f32)(const uint16_t *in, int64_t n, float *out);
+    void (*bf16_to_f32)(const uint16_t *in, int64_t n, float *out);
 } kiln_cpu_kernels;
 
 /* The kernels of the active level. */
@@ -179,6 +183,12 @@ void kiln_store_tile_avx2(const float *c, int64_t np, int64_t nr, const float *b
                           int64_t ldy);
 float kiln_dot_avx2(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx2(float *y, float a, const float *x, int64_t n);
+void kiln_f16_to_f32_avx2(const uint16_t *in, int64_t n, float *out);
+void kiln_bf16_to_f32_avx2(const uint16_t *in, int64_t n, float *out);
+void kiln_dot_rows_avx2(float *out, const float *a, const float *rows, int64_t stride,
+                        int64_t count, int64_t n);
+void kiln_axpy_rows_avx2(float *y, const float *coef, const float *rows, int64_t stride,
+                         int64_t count, int64_t n);
 
 void kiln_decode_avx512(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, float *out);
 size_t kiln_gemv_prepare_avx512(const kiln_matrix *w, const float *x, int n, bool fast,

@@ -656,3 +656,92 @@ void kiln_axpy_avx2(float *y, float a, const float *x, int64_t n) {
                          _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
+
+/* Up to four kiln_dot_avx2 at once: per row the same two chains, tail and reduction, so each
+ * result is bit for bit dot's; the rows' chains and reductions overlap instead of running back to
+ * back, and there is no call per key. */
+static ALWAYS_INLINE void dot4_avx2(float *out, const float *a, const float *const *b, const int R,
+                                    int64_t n) {
+    __m256 acc0[4], acc1[4];
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc0[q] = acc1[q] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            acc0[q] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b[q] + i), acc0[q]);
+            acc1[q] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b[q] + i + 8), acc1[q]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a0 = _mm256_loadu_ps(a + i);
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) acc0[q] =
+            _mm256_fmadd_ps(a0, _mm256_loadu_ps(b[q] + i), acc0[q]);
+    }
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+        float s = hsum8(_mm256_add_ps(acc0[q], acc1[q]));
+        for (int64_t t = i; t < n; t++) s += a[t] * b[q][t];
+        out[q] = s;
+    }
+}
+
+void kiln_dot_rows_avx2(float *out, const float *a, const float *rows, int64_t stride,
+                        int64_t count, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        const float *b[4] = {rows + i * stride, rows + (i + 1) * stride, rows + (i + 2) * stride,
+                             rows + (i + 3) * stride};
+        dot4_avx2(out + i, a, b, 4, n);
+    }
+    for (; i < count; i++) {
+        const float *b[1] = {rows + i * stride};
+        dot4_avx2(out + i, a, b, 1, n);
+    }
+}
+
+/* y[c0 .. c0 + 8*NV) += coef[i] * rows[i] for every row in order, y held in registers: per
+ * element the same FMA in the same order as kiln_axpy_avx2 row by row (whole 8-lane vectors
+ * only; the caller does the last n % 8 elements as axpy's scalar tail does). */
+static ALWAYS_INLINE void axpy_rows_chunk_avx2(float *y, const float *coef, const float *rows,
+                                               int64_t stride, int64_t count, int64_t c0,
+                                               const int NV) {
+    __m256 acc[8];
+    _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[v] = _mm256_loadu_ps(y + c0 + 8 * v);
+    for (int64_t i = 0; i < count; i++) {
+        const __m256 av = _mm256_set1_ps(coef[i]);
+        const float *r = rows + i * stride + c0;
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[v] =
+            _mm256_fmadd_ps(av, _mm256_loadu_ps(r + 8 * v), acc[v]);
+    }
+    _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) _mm256_storeu_ps(y + c0 + 8 * v, acc[v]);
+}
+
+void kiln_axpy_rows_avx2(float *y, const float *coef, const float *rows, int64_t stride,
+                         int64_t count, int64_t n) {
+    int64_t c0 = 0;
+    for (; c0 + 64 <= n; c0 += 64) axpy_rows_chunk_avx2(y, coef, rows, stride, count, c0, 8);
+    for (; c0 + 8 <= n; c0 += 8) axpy_rows_chunk_avx2(y, coef, rows, stride, count, c0, 1);
+    for (int64_t i = 0; i < count && c0 < n; i++) /* axpy's scalar tail, row by row */
+        for (int64_t t = c0; t < n; t++) y[t] += coef[i] * rows[i * stride + t];
+}
+
+/* f16 KV rows to f32 with F16C (vcvtph2ps: exact; NaNs stay NaN, quieted). */
+void kiln_f16_to_f32_avx2(const uint16_t *in, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
+    for (; i < n; i++) out[i] = _cvtsh_ss(in[i]);
+}
+
+/* bf16 KV rows to f32: the bits shifted into the high half (exact for every value). */
+void kiln_bf16_to_f32_avx2(const uint16_t *in, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_si256(
+            (__m256i *)(out + i),
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(in + i))),
+                              16));
+    for (; i < n; i++) {
+        const uint32_t u = (uint32_t)in[i] << 16;
+        memcpy(out + i, &u, sizeof u);
+    }
+}

@@ -161,6 +161,24 @@ void kiln_cpu_axpy_rows(float *y, const float *coef, const float *rows, int64_t 
     for (int64_t i = 0; i < count; i++) k->axpy(y, coef[i], rows + i * stride, n);
 }
 
+void kiln_cpu_f16_to_f32(const uint16_t *in, int64_t n, float *out) {
+    const kiln_cpu_kernels *k = kiln_cpu_kernels_active();
+    if (k->f16_to_f32) {
+        k->f16_to_f32(in, n, out);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = kiln_f16_to_f32(in[i]);
+}
+
+void kiln_cpu_bf16_to_f32(const uint16_t *in, int64_t n, float *out) {
+    const kiln_cpu_kernels *k = kiln_cpu_kernels_active();
+    if (k->bf16_to_f32) {
+        k->bf16_to_f32(in, n, out);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = kiln_bf16_to_f32(in[i]);
+}
+
 void kiln_cpu_softmax(float *x, int64_t n) {
     if (n <= 0) return;
     float max = x[0];

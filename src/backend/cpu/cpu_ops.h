@@ -92,6 +92,10 @@ void kiln_cpu_dot_rows(float *out, const float *a, const float *rows, int64_t st
  * bit (attention value sums; y stays in registers across the rows). */
 void kiln_cpu_axpy_rows(float *y, const float *coef, const float *rows, int64_t stride,
                         int64_t count, int64_t n);
+/* out[i] = in[i] (IEEE half / bfloat16 bits) as f32 for i < n: exact, the same floats at every
+ * level as kiln_f16_to_f32 / kiln_bf16_to_f32 of util/half.h (f16 / bf16 KV rows). */
+void kiln_cpu_f16_to_f32(const uint16_t *in, int64_t n, float *out);
+void kiln_cpu_bf16_to_f32(const uint16_t *in, int64_t n, float *out);
 /* In-place softmax over x[n]; returns nothing. */
 void kiln_cpu_softmax(float *x, int64_t n);
 
