@@ -68,7 +68,7 @@ void kiln_load_options_default(kiln_load_options *opts);
 /* CPU matmul precision for every model in the process: "exact" (default; f32 activations, logits
  * match the reference to ~1e-6) or "fast" (int8 / bf16 activations, ~1e-2 relative per matmul,
  * like llama.cpp's quantized dot products: every 4/8-bit and bf16 matmul on VNNI / AVX512-BF16
- * CPUs, the 4-bit GEMV on AVX2-only ones). */
+ * CPUs, the 4/8-bit GEMV on AVX2-only ones). */
 kiln_status kiln_set_cpu_matmul_mode(const char *mode);
 /* The same switch for every backend of the process: the CPU as above, and CUDA's GEMMs ("exact":
  * x as a bf16 hi + lo pair, quantized/f16 weights as a pair too; "fast": one bf16 product, like

@@ -360,7 +360,7 @@ static bool fast_gemv_int8(const kiln_matrix *w) {
     const bool pow2 = (w->group_size & (w->group_size - 1)) == 0;
     if (!strcmp(kiln_cpu_simd_name(), "avx512"))
         return (w->bits == 4 || w->bits == 8) && w->group_size >= 16 && pow2;
-    return w->bits == 4 && w->group_size >= 32 && pow2 && w->cols % 64 == 0;
+    return (w->bits == 4 || w->bits == 8) && w->group_size >= 32 && pow2 && w->cols % 64 == 0;
 }
 
 /* Fast GEMM (n = 40: two x panels, the second partial) on bf16 / 4-bit / 8-bit weights: within

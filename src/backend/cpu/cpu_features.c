@@ -2,7 +2,7 @@
  * (__builtin_cpu_supports), overridable by env KILN_SIMD=scalar|avx2|avx512 or by
  * kiln_cpu_simd_force (tests and benchmarks walk every level this way); and the matmul mode:
  * "exact" (default, f32 activations) or "fast" (int8 / bf16 activations where a level has such
- * kernels: AVX-512 with VNNI and BF16, AVX2 for the 4-bit GEMV), from env KILN_MATMUL or
+ * kernels: AVX-512 with VNNI and BF16, AVX2 for the 4/8-bit GEMV), from env KILN_MATMUL or
  * kiln_cpu_matmul_mode_set. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_ops.h"
@@ -183,7 +183,7 @@ const char *kiln_cpu_matmul_mode(void) {
 }
 
 /* Fast mode runs where a level has int8 / bf16 activation kernels: AVX-512 with VNNI and BF16
- * (every 4/8-bit and bf16 matmul), AVX2 (the 4-bit GEMV on vpmaddubsw). */
+ * (every 4/8-bit and bf16 matmul), AVX2 (the 4-bit and 8-bit GEMV on vpmaddubsw). */
 bool kiln_cpu_matmul_fast_active(void) {
     if (matmul_mode_get() != 1) return false;
     const kiln_simd_level level = kiln_cpu_simd_level();

@@ -119,7 +119,8 @@ typedef struct kiln_gemv_x {
     int xq_parts;       /* 1: fast, x ~ dx*q0; 3: exact split, x ~ dx*(q0*2^14 + q1*2^7 + q2) */
     int64_t xq_part;    /* elements from one part of a row of xq to the next */
     int64_t xq_stride;  /* elements per row of xq (xq_parts * xq_part) */
-    int64_t xdl_stride; /* elements per row of xdl */
+    int64_t xdl_stride; /* elements per row of xdl (and of xc) */
+    const int32_t *xc;  /* AVX2 fast 8-bit: [n, cols/4] 128 * the sum of each 4-code lane's xq */
 } kiln_gemv_x;
 
 /* Fills *px for x[n, w->cols] using scratch; with scratch == NULL only returns the bytes of

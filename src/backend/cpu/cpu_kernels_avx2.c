@@ -148,6 +148,11 @@ void kiln_decode_avx2(const kiln_matrix *w, int64_t r, int64_t k0, int64_t len, 
  * call; bf16 weights split each 32-bit lane into its even (shift) and odd (mask) element against
  * the same permutation. Other formats: the generic decoder / loads with natural x. */
 
+/* Bytes ahead of the weight stream that the GEMVs prefetch in software (one prefetch per 64
+ * bytes of codes): a thread's rows are one sequential stream, but the hardware prefetcher stops
+ * at every 4 KiB page (Qwen3-0.6B-shape decode on Zen 2: 8-bit fast +25%, 4-bit exact +15%). */
+#define GEMV_PREFETCH_AVX2 2048
+
 /* out[0 .. count) = group values i .. i+count as f32, 8 at a time for f16 (F16C) and bf16 (a
  * shift: exact) */
 static ALWAYS_INLINE void group_values_to(const void *p, kiln_dtype dt, int64_t i, int64_t count,
@@ -247,6 +252,9 @@ static ALWAYS_INLINE void gemv_q48(const kiln_matrix *w, const kiln_gemv_x *px, 
             int64_t j = 0;
             for (; j + 2 <= cnt; j += 2) {
                 int64_t g = g0 + j;
+                for (int64_t o = 0; o < 2 * group_bytes; o += 64)
+                    _mm_prefetch((const char *)(row + g * group_bytes + o) + GEMV_PREFETCH_AVX2,
+                                 _MM_HINT_T0);
                 __m256 d0[KILN_GEMV_MAX_N], d1[KILN_GEMV_MAX_N];
                 group_dot(row + g * group_bytes, xv, cols, g * gs, gs, n, bits, d0);
                 group_dot(row + (g + 1) * group_bytes, xv, cols, (g + 1) * gs, gs, n, bits, d1);
@@ -308,6 +316,7 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const kiln_gemv_x *px
     const int64_t cols = w->cols;
     const float *x = px->x;
     const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    const size_t esz = kiln_dtype_size(w->dtype);
     for (int64_t r = r0; r < r1; r++) {
         __m256 acc[KILN_GEMV_MAX_N][2];
         _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
@@ -316,6 +325,7 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const kiln_gemv_x *px
         if (w->dtype == KILN_DT_BF16) {
             const uint16_t *row = (const uint16_t *)w->data + base;
             for (; k + 16 <= cols; k += 16) {
+                if (k & 16) _mm_prefetch((const char *)(row + k) + GEMV_PREFETCH_AVX2, _MM_HINT_T0);
                 __m256i v = _mm256_loadu_si256((const __m256i *)(row + k));
                 __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
                 __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, high));
@@ -327,7 +337,9 @@ static ALWAYS_INLINE void gemv_dense(const kiln_matrix *w, const kiln_gemv_x *px
                 }
             }
         }
+        const char *bytes = (const char *)w->data + base * (int64_t)esz;
         for (; k + 16 <= cols; k += 16) {
+            _mm_prefetch(bytes + k * (int64_t)esz + GEMV_PREFETCH_AVX2, _MM_HINT_T0);
             __m256 w0 = load_dense8(w->data, w->dtype, base + k);
             __m256 w1 = load_dense8(w->data, w->dtype, base + k + 8);
             _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
@@ -427,6 +439,7 @@ static ALWAYS_INLINE void gemv_q4_int8(const kiln_matrix *w, const kiln_gemv_x *
         __m256 acc[KILN_GEMV_MAX_N];
         _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t k = 0; k < cols; k += 64) {
+            if (k & 64) _mm_prefetch((const char *)(row + k / 2) + GEMV_PREFETCH_AVX2, _MM_HINT_T0);
             const __m256i v = _mm256_loadu_si256((const __m256i *)(row + k / 2));
             const __m256i lo = _mm256_and_si256(v, low4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
@@ -462,8 +475,103 @@ static ALWAYS_INLINE void gemv_q4_int8(const kiln_matrix *w, const kiln_gemv_x *
     }
 }
 
+/* ---- 8-bit weights on int8 x (fast mode) ----
+ * x is rounded to int8 in blocks of 16 in natural order (dx = max|x| / 127, as for 4-bit). The
+ * codes c (0..255) become signed w' = c - 128 and vpmaddubsw multiplies |w'| by x carrying w''s
+ * sign (vpsignb), at most 2*128*127 per int16 pair, so nothing saturates; vpmaddwd leaves 32-bit
+ * lane j of a 32-code step with codes k+4j .. k+4j+3, and adding 128 * the sum of those four x
+ * (xc, once per call) gives sum(c * x) exactly in int32. A lane lies in one x block and one
+ * group (groups are >= 32 codes). */
+static bool q8_int8_applies(const kiln_matrix *w) {
+    return kiln_matrix_is_quantized(w) && w->bits == 8 && w->group_size >= 32 &&
+           (w->group_size & (w->group_size - 1)) == 0 && w->cols % 64 == 0;
+}
+
+/* x[n, cols] into int8 rows xq [n, cols] (natural order), dl [n, cols/4] (each 4-code lane's
+ * dx) and xc [n, cols/4] (128 * the lane's sum of xq). */
+static void quantize_x_q8(const float *x, int n, int64_t cols, int8_t *xq, float *xdl,
+                          int32_t *xc) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + i * cols;
+        int8_t *qi = xq + (int64_t)i * cols;
+        float *di = xdl + i * (cols / 4);
+        int32_t *ci = xc + i * (cols / 4);
+        for (int64_t k = 0; k < cols; k += 16) {
+            const __m256 a = _mm256_loadu_ps(xi + k), b = _mm256_loadu_ps(xi + k + 8);
+            const float amax =
+                hmax8(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)));
+            const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const __m256 vi = _mm256_set1_ps(inv);
+            const __m256i qa = _mm256_cvtps_epi32(_mm256_mul_ps(a, vi));
+            const __m256i qb = _mm256_cvtps_epi32(_mm256_mul_ps(b, vi));
+            /* int16 [a0..a3 b0..b3 | a4..a7 b4..b7] -> [a0..a7 | b0..b7] -> int8 */
+            __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi32(qa, qb), 0xD8);
+            h = _mm256_packs_epi16(h, h);
+            _mm_storel_epi64((__m128i *)(qi + k), _mm256_castsi256_si128(h));
+            _mm_storel_epi64((__m128i *)(qi + k + 8), _mm256_extracti128_si256(h, 1));
+            for (int l = 0; l < 4; l++) {
+                const int8_t *q4 = qi + k + 4 * l;
+                di[k / 4 + l] = dx;
+                ci[k / 4 + l] = 128 * (q4[0] + q4[1] + q4[2] + q4[3]);
+            }
+        }
+    }
+}
+
+static ALWAYS_INLINE void gemv_q8_int8(const kiln_matrix *w, const kiln_gemv_x *px, const int n,
+                                       float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const int gsh = __builtin_ctzll((unsigned long long)gs); /* a power of two: no division */
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    float sbuf[512]; /* the row's scales as f32, when they fit */
+    const bool buffered = groups <= 512;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * cols;
+        const int64_t g0 = r * groups;
+        if (buffered) group_values_to(w->scales, w->scale_dtype, g0, groups, sbuf);
+        __m256 acc[KILN_GEMV_MAX_N][2];
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] =
+            _mm256_setzero_ps();
+        for (int64_t k = 0; k < cols; k += 64) { /* two 32-code steps: two chains */
+            _mm_prefetch((const char *)(row + k) + GEMV_PREFETCH_AVX2, _MM_HINT_T0);
+            const __m256i v0 =
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + k)), flip);
+            const __m256i v1 =
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + k + 32)), flip);
+            const __m256i a0 = _mm256_abs_epi8(v0), a1 = _mm256_abs_epi8(v1);
+            const int64_t ga = k >> gsh, gb = (k + 32) >> gsh;
+            const __m256 s0 = _mm256_set1_ps(
+                buffered ? sbuf[ga] : group_value(w->scales, w->scale_dtype, g0 + ga));
+            const __m256 s1 = _mm256_set1_ps(
+                buffered ? sbuf[gb] : group_value(w->scales, w->scale_dtype, g0 + gb));
+            _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) {
+                const int8_t *xq = px->xq + i * px->xq_stride + k;
+                const int32_t *xc = px->xc + i * px->xdl_stride + k / 4;
+                const float *dl = px->xdl + i * px->xdl_stride + k / 4;
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)xq);
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
+                const __m256i d0 = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x0, v0)), ones),
+                    _mm256_loadu_si256((const __m256i *)xc));
+                const __m256i d1 = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x1, v1)), ones),
+                    _mm256_loadu_si256((const __m256i *)(xc + 8)));
+                acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0),
+                                            _mm256_mul_ps(s0, _mm256_loadu_ps(dl)), acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1),
+                                            _mm256_mul_ps(s1, _mm256_loadu_ps(dl + 8)), acc[i][1]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < n; i++) y[i * ldy + r] =
+            hsum8(_mm256_add_ps(acc[i][0], acc[i][1])) +
+            bias_term(w, r, px->xsum + i * groups, groups);
+    }
+}
+
 /* Group sums for 4/8-bit weights; 4-bit weights in whole 64-code steps get int8 x (one part in
- * fast mode, three in exact mode), other 4-bit and bf16 weights x permuted to their code order. */
+ * fast mode, three in exact mode), and so do 8-bit ones in fast mode (one part, natural order);
+ * other 4-bit and bf16 weights x permuted to their code order. */
 size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool fast,
                               kiln_gemv_x *px, void *scratch) {
     const int64_t cols = w->cols;
@@ -476,7 +584,17 @@ size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool 
         if (scratch) kiln_group_sums(x, n, cols, w->group_size, xsum);
         p.xsum = xsum;
     }
-    if (q4_int8_applies(w)) {
+    if (fast && q8_int8_applies(w)) {
+        p.fast = true;
+        p.xq_parts = 1;
+        p.xq_part = p.xq_stride = cols;
+        p.xdl_stride = cols / 4;
+        int8_t *xq = kiln_scratch_take(scratch, &off, (size_t)(n * cols));
+        float *xdl = kiln_scratch_take(scratch, &off, (size_t)(n * cols / 4) * sizeof(float));
+        int32_t *xc = kiln_scratch_take(scratch, &off, (size_t)(n * cols / 4) * sizeof(int32_t));
+        if (scratch) quantize_x_q8(x, n, cols, xq, xdl, xc);
+        p.xq = xq, p.xdl = xdl, p.xc = xc;
+    } else if (q4_int8_applies(w)) {
         p.fast = fast;
         p.xq_parts = fast ? 1 : 3;
         p.xq_part = cols;
@@ -513,13 +631,16 @@ size_t kiln_gemv_prepare_avx2(const kiln_matrix *w, const float *x, int n, bool 
     }
 #define Q48(N, B)   gemv_q48(w, px, N, B, y, ldy, r0, r1)
 #define Q4I8(N, P)  gemv_q4_int8(w, px, N, P, y, ldy, r0, r1)
+#define Q8I8(N, _)  gemv_q8_int8(w, px, N, y, ldy, r0, r1)
 #define QGEN(N, _)  gemv_quant(w, px->x, N, y, ldy, r0, r1)
 #define DENSE(N, _) gemv_dense(w, px, N, y, ldy, r0, r1)
 
 void kiln_gemv_avx2(const kiln_matrix *w, const kiln_gemv_x *px, float *y, int64_t ldy, int64_t r0,
                     int64_t r1) {
     if (kiln_matrix_is_quantized(w)) {
-        if (px->xq && px->xq_parts == 1) {
+        if (px->xc) {
+            EACH_N(Q8I8, 0)
+        } else if (px->xq && px->xq_parts == 1) {
             EACH_N(Q4I8, 1)
         } else if (px->xq) {
             EACH_N(Q4I8, 3)
