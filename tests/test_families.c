@@ -6,6 +6,7 @@
  * recurrent state gives each sequence the logits it gets alone. Also checks the layer pattern. */
 #include "fixture_parity.h"
 #include "kiln.h"
+#include "model/moe.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -96,7 +97,44 @@ static void check_gemma4_moe(void) {
     kiln_model_free(m);
 }
 
+/* The routing log: a line worked out by hand, then the lines the MoE fixtures' CPU runs wrote
+ * (KILN_MOE_LOG, set before the first model loads): parseable, distinct experts, margin >= 0. */
+static void check_route_log(const char *path) {
+    const float logits[4] = {0.5f, 2.0f, 1.0f, 3.0f};
+    int idx[2];
+    float w[2];
+    kiln_moe_route(logits, 4, 2, false, idx, w);
+    char buf[128] = {0};
+    FILE *mem = fmemopen(buf, sizeof buf - 1, "w");
+    kiln_moe_route_print(mem, "cpu", 7, 5, logits, 4, 2, idx);
+    fclose(mem);
+    CHECK_MSG(strcmp(buf, "moe cpu 7 5 3,1 1\n") == 0, "route log line: '%s'", buf);
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "KILN_MOE_LOG %s was not written", path);
+    if (!f) return;
+    char line[256];
+    int lines = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        char run[64];
+        long call, t;
+        int e0, e1, used = 0;
+        double margin;
+        lines++;
+        if (sscanf(line, "moe %63s %ld %ld %d,%d %lf%n", run, &call, &t, &e0, &e1, &margin,
+                   &used) != 6 ||
+            strncmp(run, "cpu#", 4) != 0 || e0 < 0 || e1 < 0 || e0 == e1 || margin < 0 ||
+            call < 0 || t < 0)
+            bad++;
+    }
+    fclose(f);
+    CHECK_MSG(lines > 0 && bad == 0, "route log: %d lines, %d malformed", lines, bad);
+}
+
 int main(void) {
+    char route_log[512];
+    snprintf(route_log, sizeof route_log, "%s/moe_routes.log", test_tmpdir());
+    remove(route_log);
+    setenv("KILN_MOE_LOG", route_log, 1);
     const fixture_parity_opts o = {.device = KILN_DEVICE_CPU, .tol = 1e-4, .allow_near_tie = false};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
         fixture_parity_check(fixtures[i], &o);
@@ -108,5 +146,6 @@ int main(void) {
     check_pattern("gemma3_text", "S F S F");
     check_pattern("gemma4_text", "S S S F");
     check_gemma4_moe();
+    check_route_log(route_log);
     return test_finish();
 }

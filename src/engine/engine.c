@@ -9,6 +9,7 @@
 #include "util/status.h"
 
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -128,6 +129,8 @@ kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln
     double t0 = now_ms();
     kiln_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ERR_OOM, "out of memory");
+    static _Atomic long models_loaded;
+    m->serial = atomic_fetch_add(&models_loaded, 1) + 1;
     m->dir = strdup(dir);
     m->kv_opts = opts->kv;
     kiln_status st = kiln_config_load(dir, &m->cfg);

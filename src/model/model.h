@@ -35,6 +35,7 @@ typedef struct kiln_scratch {
 
 struct kiln_model {
     char *dir;
+    long serial; /* 1, 2, .. in load order in the process (names a model in diagnostic logs) */
     kiln_config cfg;
     kiln_st_archive *archive;
     kiln_backend *be;

@@ -8,6 +8,7 @@
 #include "util/status.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +164,48 @@ void kiln_moe_route(const float *logits, int E, int k, bool norm_topk, int *idx,
     }
 }
 
+/* The routing log (env KILN_MOE_LOG=FILE, read once): one line per token of every MoE call,
+ * "moe <run> <call> <t> <e1>,<e2>,.. <margin>": run = backend#n for the process's n-th loaded
+ * model, call = a process-wide count (a run's calls in file order are its layers,
+ * step after step), margin = the k-th chosen logit minus the best logit left out (how near the
+ * choice was to flipping). Two runs of the same tokens (CPU and CUDA, say) line up call by call. */
+static FILE *route_log(void) {
+    static FILE *f;
+    static bool opened;
+    if (!opened) {
+        opened = true;
+        const char *path = getenv("KILN_MOE_LOG");
+        if (path && *path) f = fopen(path, "a");
+    }
+    return f;
+}
+
+void kiln_moe_route_print(FILE *f, const char *run, long call, int64_t t, const float *logits,
+                          int E, int k, const int *idx) {
+    float left = -INFINITY; /* the best logit not chosen */
+    for (int e = 0; e < E; e++) {
+        bool taken = false;
+        for (int j = 0; j < k; j++) taken |= idx[j] == e;
+        if (!taken && logits[e] > left) left = logits[e];
+    }
+    fprintf(f, "moe %s %ld %lld ", run, call, (long long)t);
+    for (int j = 0; j < k; j++) fprintf(f, "%s%d", j ? "," : "", idx[j]);
+    fprintf(f, " %.6g\n", k < E ? (double)(logits[idx[k - 1]] - left) : 0.0);
+}
+
+static void route_log_call(const kiln_model *m, int64_t T, const float *logits, int E, int k,
+                           const int *sel) {
+    static _Atomic long calls;
+    FILE *f = route_log();
+    if (!f) return;
+    char run[64];
+    snprintf(run, sizeof run, "%s#%ld", m->be->name, m->serial);
+    const long call = atomic_fetch_add(&calls, 1);
+    for (int64_t t = 0; t < T; t++)
+        kiln_moe_route_print(f, run, call, t, logits + t * E, E, k, sel + t * k);
+    fflush(f);
+}
+
 kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const float *x, int64_t T,
                              kiln_scratch *work) {
     kiln_backend *be = m->be;
@@ -192,6 +235,7 @@ kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const f
     be->download(be, h_logits, logits, (size_t)(T * E + (o->shared_ffn > 0 ? T : 0)) * 4);
     for (int64_t t = 0; t < T; t++)
         kiln_moe_route(h_logits + t * E, (int)E, (int)K, o->norm_topk, sel + t * K, wsel + t * K);
+    route_log_call(m, T, h_logits, (int)E, (int)K, sel);
     /* bucket the (token, weight) pairs per expert, tokens ascending inside a bucket */
     int64_t nr = 0;
     for (int64_t e = 0; e < E; e++) {

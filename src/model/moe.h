@@ -9,6 +9,8 @@
 
 #include "model/model.h"
 
+#include <stdio.h>
+
 typedef struct kiln_moe {
     int hidden, n_experts, top_k, ffn, shared_ffn; /* shared_ffn 0 = no shared expert */
     bool norm_topk;
@@ -38,5 +40,10 @@ kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *moe, float *y, const
  * idx[k] with weights w[k] (renormalised if norm_topk). Exposed for tests. */
 void kiln_moe_route(const float *logits, int n_experts, int top_k, bool norm_topk, int *idx,
                     float *w);
+
+/* One routing-log line per token (KILN_MOE_LOG, moe.c): "moe <run> <call> <t> <experts> <margin>"
+ * with margin = logits[idx[k-1]] minus the best logit not chosen. */
+void kiln_moe_route_print(FILE *f, const char *run, long call, int64_t t, const float *logits,
+                          int n_experts, int top_k, const int *idx);
 
 #endif
