@@ -6,12 +6,14 @@
  * strings' group suffixes and their byte costs; kiln_seq_fill_synthetic (benchmarks' long
  * contexts) writes the same rows into paged and contiguous caches. */
 #include "kiln.h"
+#include "kv/kv_cache.h"
 #include "kv/kv_factory.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -417,7 +419,41 @@ done:
     free(tok);
 }
 
+/* The contiguous cache grows by doubling, past the size where its rows move to huge-page memory
+ * (util/huge_alloc.c; 700 tokens x 4 KiB): every row stored before a move must still be there.
+ * With q = 0 every key weighs the same, so each output is the mean of its value column over all
+ * N + 1 positions: t + c / 1024 for row t, column c, i.e. N / 2 + c / 1024. */
+static void test_contiguous_growth(void) {
+    enum { H = 8, HD = 128, W = H * HD, N = 700, STEP = 100 };
+    kiln_kv_layer_desc d = {
+        .n_kv_heads = H, .head_dim = HD, .v_head_dim = HD, .is_attention = true};
+    kiln_kv *kv = NULL;
+    CHECK_OK(kiln_kv_contiguous_new(&d, 1, 4096, &kv));
+    if (!kv) return;
+    float *k = calloc((size_t)STEP * W, sizeof(float)), *v = malloc(sizeof(float) * STEP * W);
+    float *q = calloc(W, sizeof(float)), *out = malloc(sizeof(float) * W);
+    for (int t0 = 0; t0 <= N; t0 += STEP) {
+        const int n = t0 == N ? 1 : (N - t0 < STEP ? N - t0 : STEP);
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < W; c++) v[i * W + c] = (float)(t0 + i) + (float)c / 1024.0f;
+        CHECK_OK(kv->vt->reserve(kv, n));
+        kv->vt->store(kv, 0, k, v, n);
+        if (t0 < N) kv->vt->commit(kv, n);
+    }
+    const kiln_attn_params p = {.n_heads = H, .scale = 1.0f};
+    kv->vt->attend(kv, 0, q, 1, out, &p, NULL); /* the query at position N sees keys 0..N */
+    double worst = 0;
+    for (int c = 0; c < W; c++) {
+        double want = N / 2.0 + c / 1024.0, err = fabs(out[c] - want) / want;
+        worst = err > worst ? err : worst;
+    }
+    CHECK_MSG(worst < 1e-5, "contiguous cache after growth: worst rel err %.3g", worst);
+    free(k), free(v), free(q), free(out);
+    kiln_kv_free(kv);
+}
+
 int main(void) {
+    test_contiguous_growth();
     test_kind_groups();
     test_cow();
     test_sliding();

@@ -3,15 +3,17 @@
  * the model's context limit; reserve() fails with KILN_ERR_CACHE_FULL beyond it. */
 #include "kv/kv_cache.h"
 
+#include "util/huge_alloc.h"
 #include "util/status.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct contiguous_layer {
-    float *k;     /* [capacity, n_kv_heads*head_dim] */
-    float *v;     /* [capacity, n_kv_heads*v_head_dim] */
-    float *state; /* [state_floats] for recurrent layers */
+    float *k;         /* [capacity, n_kv_heads*head_dim] */
+    float *v;         /* [capacity, n_kv_heads*v_head_dim] */
+    float *state;     /* [state_floats] for recurrent layers */
+    int k_cap, v_cap; /* positions k and v have room for (equal, unless a grow failed midway) */
 } contiguous_layer;
 
 typedef struct kv_contiguous {
@@ -28,12 +30,30 @@ static int64_t v_width(const kiln_kv_layer_desc *d) {
     return (int64_t)d->n_kv_heads * d->v_head_dim;
 }
 
+static size_t rows_bytes(int64_t rows, int64_t width) {
+    return (size_t)(rows * width) * sizeof(float);
+}
+
+/* A layer's K or V rows moved to room for new_cap positions (huge-page backed when large: a
+ * head's rows are read a few hundred bytes every few kilobytes, a TLB miss per row on small
+ * pages); the old buffer is freed on success. */
+static float *grow_rows(float *old, int64_t old_cap, int64_t new_cap, int64_t width) {
+    float *p = kiln_huge_alloc(rows_bytes(new_cap, width));
+    if (!p) return NULL;
+    if (old) {
+        memcpy(p, old, rows_bytes(old_cap, width));
+        kiln_huge_free(old, rows_bytes(old_cap, width));
+    }
+    return p;
+}
+
 static void contiguous_free(kiln_kv *kv) {
     kv_contiguous *c = (kv_contiguous *)kv;
     if (!c) return;
     for (int l = 0; l < kv->n_layers; l++) {
-        free(c->layer[l].k);
-        free(c->layer[l].v);
+        const kiln_kv_layer_desc *d = &kv->layers[l];
+        kiln_huge_free(c->layer[l].k, rows_bytes(c->layer[l].k_cap, k_width(d)));
+        kiln_huge_free(c->layer[l].v, rows_bytes(c->layer[l].v_cap, v_width(d)));
         free(c->layer[l].state);
     }
     free(c->layer);
@@ -56,16 +76,17 @@ static kiln_status contiguous_reserve(kiln_kv *kv, int n_new) {
     for (int l = 0; l < kv->n_layers; l++) {
         const kiln_kv_layer_desc *d = &kv->layers[l];
         if (!d->is_attention) continue;
-        float *k = realloc(c->layer[l].k, (size_t)(cap * k_width(d)) * sizeof(float));
+        contiguous_layer *L = &c->layer[l];
+        float *k = L->k_cap >= cap ? L->k : grow_rows(L->k, L->k_cap, cap, k_width(d));
         if (!k)
             return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens",
                               (long long)cap);
-        c->layer[l].k = k;
-        float *v = realloc(c->layer[l].v, (size_t)(cap * v_width(d)) * sizeof(float));
+        if (k != L->k) L->k = k, L->k_cap = (int)cap;
+        float *v = L->v_cap >= cap ? L->v : grow_rows(L->v, L->v_cap, cap, v_width(d));
         if (!v)
             return kiln_error(KILN_ERR_OOM, "KV cache: out of memory for %lld tokens",
                               (long long)cap);
-        c->layer[l].v = v;
+        if (v != L->v) L->v = v, L->v_cap = (int)cap;
     }
     c->capacity = (int)cap;
     return KILN_OK;

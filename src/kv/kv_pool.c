@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_factory.h"
+#include "util/huge_alloc.h"
 #include "util/status.h"
 
 #include <stdio.h>
@@ -91,7 +92,8 @@ kiln_status kv_pool_new_on(kiln_backend *be, const kv_device_ops *ops,
     if (p->snap_bytes_max < 8 * p->snap_floats * 4) p->snap_bytes_max = 8 * p->snap_floats * 4;
     p->n_blocks = (int32_t)nb;
     /* pages are touched as blocks are written */
-    p->data = be ? be->alloc(be, (size_t)nb * p->block_bytes) : malloc((size_t)nb * p->block_bytes);
+    p->data = be ? be->alloc(be, (size_t)nb * p->block_bytes)
+                 : kiln_huge_alloc((size_t)nb * p->block_bytes);
     p->refcount = calloc((size_t)nb, sizeof *p->refcount);
     p->free_list = malloc((size_t)nb * sizeof *p->free_list);
     p->n_buckets = (int32_t)(nb < 64 ? 64 : nb);
@@ -130,7 +132,7 @@ void kv_pool_free(kv_pool *p) {
     if (p->be) {
         if (p->data) p->be->free(p->be, p->data);
     } else {
-        free(p->data);
+        kiln_huge_free(p->data, (size_t)p->n_blocks * p->block_bytes);
     }
     free(p->refcount);
     free(p->free_list);
