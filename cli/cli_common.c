@@ -172,6 +172,10 @@ int cli_model_opts_parse(cli_model_opts *o, int argc, char **argv, int *i) {
         o->load.show_progress = false;
         return 1;
     }
+    if (strcmp(a, "--mmap") == 0 || strcmp(a, "--no-mmap") == 0) {
+        o->load.weights = a[2] == 'm' ? KILN_WEIGHTS_MMAP : KILN_WEIGHTS_MEMORY;
+        return 1;
+    }
     return 0;
 }
 
@@ -188,6 +192,9 @@ void cli_model_opts_help(FILE *f) {
            "  --kv-budget BYTES  paged KV pool size\n"
            "  --fast-math        bf16/int8 activations in the matmuls (CPU and CUDA), as\n"
            "                     llama.cpp and bf16 transformers compute; default: exact\n"
+           "  --mmap / --no-mmap map the weight files / read them into (huge-page) memory;\n"
+           "                     default: read in on the CPU when they fit in half the free\n"
+           "                     memory (faster decode), else map\n"
            "  --verbose          log what happens (loading, timings)\n"
            "  --quiet            no progress output\n");
 }

@@ -154,6 +154,23 @@ int main(void) {
     }
     kiln_load_options o;
     kiln_load_options_default(&o);
+    CHECK(o.weights == KILN_WEIGHTS_AUTO);
+    /* weights mapped and weights read into memory: the same logits, bit for bit */
+    float lw[2][3 * 512];
+    for (int mode = 0; mode < 2; mode++) {
+        o.weights = mode ? KILN_WEIGHTS_MEMORY : KILN_WEIGHTS_MMAP;
+        kiln_model *wm = NULL;
+        kiln_seq *s = NULL;
+        CHECK_OK(kiln_model_load(fixture, &o, &wm));
+        if (wm) CHECK_OK(kiln_seq_new(wm, &s));
+        int32_t ids[] = {5, 17, 3};
+        kiln_batch_entry e = {s, ids, 3, KILN_LOGITS_ALL, lw[mode]};
+        if (s) CHECK_OK(kiln_forward(wm, &e, 1));
+        kiln_seq_free(s);
+        kiln_model_free(wm);
+    }
+    CHECK_MSG(memcmp(lw[0], lw[1], sizeof lw[0]) == 0, "mapped vs in-memory weights differ");
+    o.weights = KILN_WEIGHTS_AUTO;
     CHECK_ERR(kiln_kv_options_parse("q17", &o.kv), KILN_ERR_UNSUPPORTED, "q17");
     /* the matmul mode switch of every backend: a bad name is refused and changes nothing */
     CHECK_ERR(kiln_set_matmul_mode("fastest"), KILN_ERR_INVALID_ARG, "fastest");

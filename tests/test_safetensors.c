@@ -414,11 +414,66 @@ static void test_many_tensors(void) {
     kiln_st_close(ar);
 }
 
+/* Read into memory (kiln_st_open_dir_with in_memory) vs mapped: the same tensors, byte for byte,
+ * from other addresses, for the fixtures, the sharded folder of test_sharded and a file past the
+ * 2 MiB size where the copy moves to huge-page memory (its data a pattern, not zeros). */
+static void same_archive(const char *dir) {
+    kiln_st_archive *a = NULL, *b = NULL;
+    CHECK_OK(kiln_st_open_dir_with(dir, false, &a));
+    CHECK_OK(kiln_st_open_dir_with(dir, true, &b));
+    if (a && b) {
+        CHECK_MSG(kiln_st_count(a) == kiln_st_count(b) && kiln_st_count(a) > 0,
+                  "%s: %d vs %d tensors", dir, kiln_st_count(a), kiln_st_count(b));
+        int bad = 0;
+        for (int i = 0; i < kiln_st_count(a) && i < kiln_st_count(b); i++) {
+            const kiln_st_tensor *x = kiln_st_at(a, i), *y = kiln_st_at(b, i);
+            bad += strcmp(x->name, y->name) != 0 || x->dtype != y->dtype ||
+                   x->nbytes != y->nbytes || x->data == y->data ||
+                   memcmp(x->data, y->data, x->nbytes) != 0;
+        }
+        CHECK_MSG(bad == 0, "%s: %d tensors differ between mapped and in-memory", dir, bad);
+    }
+    kiln_st_close(a);
+    kiln_st_close(b);
+}
+
+static void test_in_memory(void) {
+    for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++)
+        same_archive(test_shared(fixtures[f].dir));
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/sharded_ok", test_tmpdir());
+    same_archive(dir);
+    snprintf(dir, sizeof dir, "%s/big", test_tmpdir());
+    CHECK(mkdir(dir, 0755) == 0);
+    enum { N = 3 << 18 }; /* 3 MiB of f32 */
+    const char *hdr =
+        "{\"big\":{\"dtype\":\"F32\",\"shape\":[786432],\"data_offsets\":[0,3145728]}}";
+    size_t hl = strlen(hdr), total = 8 + hl + (size_t)N * 4;
+    uint8_t *buf = calloc(1, total);
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(buf + 8, hdr, hl);
+    for (int i = 0; i < N; i++) {
+        float v = (float)i * 0.5f;
+        memcpy(buf + 8 + hl + 4 * (size_t)i, &v, 4);
+    }
+    char path[700];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(test_write_file(path, buf, total));
+    free(buf);
+    same_archive(dir);
+    kiln_st_archive *ar = NULL;
+    CHECK_OK(kiln_st_open_dir_with(dir, true, &ar));
+    const kiln_st_tensor *t = ar ? kiln_st_find(ar, "big") : NULL;
+    CHECK(t && ((const float *)t->data)[N - 1] == (float)(N - 1) * 0.5f);
+    kiln_st_close(ar);
+}
+
 int main(void) {
     test_fixtures();
     test_writer_roundtrip();
     test_corrupt_files();
     test_sharded();
+    test_in_memory();
     test_many_tensors();
     return test_finish();
 }

@@ -8,10 +8,12 @@
 #include "util/log.h"
 #include "util/status.h"
 
-#include <stdio.h>
+#include <dirent.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static double now_ms(void) {
@@ -117,6 +119,47 @@ void kiln_model_free(kiln_model *m) {
     free(m);
 }
 
+/* Bytes of the folder's *.safetensors files (0 if it cannot be read). */
+static uint64_t safetensors_bytes(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    uint64_t total = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len <= 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0) continue;
+        struct stat sb;
+        if (fstatat(dirfd(d), e->d_name, &sb, 0) == 0) total += (uint64_t)sb.st_size;
+    }
+    closedir(d);
+    return total;
+}
+
+/* MemAvailable of /proc/meminfo in bytes (0 if unknown). */
+static uint64_t memory_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* kiln_weights_mode AUTO: read the files in for the CPU when they take at most half of the
+ * available memory. */
+static bool weights_in_memory(const char *dir, const kiln_load_options *o) {
+    if (o->weights == KILN_WEIGHTS_MMAP) return false;
+    if (o->weights == KILN_WEIGHTS_MEMORY) return true;
+    if (o->device != KILN_DEVICE_CPU) return false;
+    const uint64_t files = safetensors_bytes(dir), avail = memory_available();
+    const bool fit = files > 0 && avail > 0 && files <= avail / 2;
+    KILN_LOG_I("weights: %.1f MB of files, %.1f MB available: %s", (double)files / 1e6,
+               (double)avail / 1e6, fit ? "read into memory" : "mapped");
+    return fit;
+}
+
 kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln_model **out) {
     if (!out) return kiln_error(KILN_ERR_INVALID_ARG, "kiln_model_load: out is NULL");
     *out = NULL;
@@ -143,7 +186,8 @@ kiln_status kiln_model_load(const char *dir, const kiln_load_options *opts, kiln
                         dir, m->cfg.model_type, kiln_family_supported_types());
         goto fail;
     }
-    st = kiln_st_open_dir(dir, &m->archive);
+    const bool in_memory = weights_in_memory(dir, opts);
+    st = kiln_st_open_dir_with(dir, in_memory, &m->archive);
     if (st != KILN_OK) goto fail;
     st = kiln_backend_new(opts->device, opts->n_threads, &m->be);
     if (st != KILN_OK) goto fail;

@@ -7,6 +7,8 @@
  */
 #include "format/safetensors.h"
 
+#include "util/huge_alloc.h"
+
 #include "util/log.h"
 #include "util/status.h"
 
@@ -302,8 +304,9 @@ done:
 
 typedef struct st_file {
     char *path;
-    void *map; /* [size] read-only */
+    void *map; /* [size]: a read-only mapping, or (in_memory) a huge-page buffer holding a copy */
     size_t size;
+    bool in_memory;
     kiln_st_header header;
 } st_file;
 
@@ -320,7 +323,10 @@ void kiln_st_close(kiln_st_archive *ar) {
     for (int i = 0; i < ar->n_files; i++) {
         st_file *f = &ar->files[i];
         kiln_st_header_free(&f->header);
-        if (f->map) munmap(f->map, f->size);
+        if (f->map && f->in_memory)
+            kiln_huge_free(f->map, f->size);
+        else if (f->map)
+            munmap(f->map, f->size);
         free(f->path);
     }
     free(ar->files);
@@ -334,8 +340,32 @@ static const char *base_name(const char *path) {
     return s ? s + 1 : path;
 }
 
-/* Maps and parses one file into f. */
-static kiln_status map_file(const char *path, st_file *f) {
+/* The whole file into a huge-page buffer: pread until size bytes (a short file or a read error is
+ * an error naming the file). */
+static kiln_status read_whole(int fd, const char *path, size_t size, void **out) {
+    uint8_t *buf = kiln_huge_alloc(size);
+    if (!buf) return kiln_error(KILN_ERR_OOM, "%s: out of memory reading %zu bytes", path, size);
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            kiln_status st =
+                r < 0 ? kiln_error(KILN_ERR_IO, "%s: read failed at byte %zu: %s", path, got,
+                                   strerror(errno))
+                      : kiln_error(KILN_ERR_IO, "%s: file ended at byte %zu of %zu while reading",
+                                   path, got, size);
+            kiln_huge_free(buf, size);
+            return st;
+        }
+        got += (size_t)r;
+    }
+    *out = buf;
+    return KILN_OK;
+}
+
+/* Maps (or, in_memory, reads) and parses one file into f. */
+static kiln_status map_file(const char *path, bool in_memory, st_file *f) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path) return kiln_error(KILN_ERR_OOM, "%s: out of memory", path);
@@ -355,11 +385,22 @@ static kiln_status map_file(const char *path, st_file *f) {
         return kiln_error(KILN_ERR_FORMAT, "%s: file too small (%zu bytes) to hold a header", label,
                           f->size);
     }
-    void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        f->size = 0;
-        return kiln_error(KILN_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+    void *m = NULL;
+    if (in_memory) {
+        kiln_status rs = read_whole(fd, path, f->size, &m);
+        close(fd);
+        if (rs != KILN_OK) {
+            f->size = 0;
+            return rs;
+        }
+        f->in_memory = true;
+    } else {
+        m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED) {
+            f->size = 0;
+            return kiln_error(KILN_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+        }
     }
     f->map = m;
     return kiln_st_parse(m, f->size, label, &f->header);
@@ -390,7 +431,7 @@ static kiln_status build_index(kiln_st_archive *ar) {
     return KILN_OK;
 }
 
-static kiln_status open_paths(char **paths, int n, kiln_st_archive **out) {
+static kiln_status open_paths(char **paths, int n, bool in_memory, kiln_st_archive **out) {
     kiln_st_archive *ar = calloc(1, sizeof *ar);
     if (!ar) return kiln_error(KILN_ERR_OOM, "out of memory");
     ar->files = calloc((size_t)n + 1, sizeof *ar->files);
@@ -400,7 +441,7 @@ static kiln_status open_paths(char **paths, int n, kiln_st_archive **out) {
     }
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && st == KILN_OK; i++) {
-        st = map_file(paths[i], &ar->files[i]);
+        st = map_file(paths[i], in_memory, &ar->files[i]);
         ar->n_files = i + 1;
     }
     if (st == KILN_OK) st = build_index(ar);
@@ -412,10 +453,14 @@ static kiln_status open_paths(char **paths, int n, kiln_st_archive **out) {
     return KILN_OK;
 }
 
-kiln_status kiln_st_open_file(const char *path, kiln_st_archive **out) {
+kiln_status kiln_st_open_file_with(const char *path, bool in_memory, kiln_st_archive **out) {
     *out = NULL;
     char *p = (char *)path;
-    return open_paths(&p, 1, out);
+    return open_paths(&p, 1, in_memory, out);
+}
+
+kiln_status kiln_st_open_file(const char *path, kiln_st_archive **out) {
+    return kiln_st_open_file_with(path, false, out);
 }
 
 static char *path_join(const char *dir, const char *name) {
@@ -455,7 +500,8 @@ static char *read_text_file(const char *path, size_t *len) {
 }
 
 /* Sharded folder: model.safetensors.index.json's weight_map names the shard of every tensor. */
-static kiln_status open_indexed(const char *dir, const char *index_path, kiln_st_archive **out) {
+static kiln_status open_indexed(const char *dir, const char *index_path, bool in_memory,
+                                kiln_st_archive **out) {
     size_t len = 0;
     char *text = read_text_file(index_path, &len);
     if (!text) return kiln_error(KILN_ERR_IO, "%s: cannot read: %s", index_path, strerror(errno));
@@ -508,7 +554,7 @@ static kiln_status open_indexed(const char *dir, const char *index_path, kiln_st
             goto done;
         }
     }
-    st = open_paths(paths, n_files, out);
+    st = open_paths(paths, n_files, in_memory, out);
     if (st != KILN_OK) goto done;
     for (const cJSON *e = map->child; e; e = e->next) {
         const kiln_st_tensor *t = kiln_st_find(*out, e->string);
@@ -527,7 +573,7 @@ done:
     return st;
 }
 
-kiln_status kiln_st_open_dir(const char *dir, kiln_st_archive **out) {
+kiln_status kiln_st_open_dir_with(const char *dir, bool in_memory, kiln_st_archive **out) {
     *out = NULL;
     char *index_path = path_join(dir, "model.safetensors.index.json");
     char *single_path = path_join(dir, "model.safetensors");
@@ -535,9 +581,9 @@ kiln_status kiln_st_open_dir(const char *dir, kiln_st_archive **out) {
     if (!index_path || !single_path) {
         st = kiln_error(KILN_ERR_OOM, "out of memory");
     } else if (access(index_path, F_OK) == 0) {
-        st = open_indexed(dir, index_path, out);
+        st = open_indexed(dir, index_path, in_memory, out);
     } else if (access(single_path, F_OK) == 0) {
-        st = kiln_st_open_file(single_path, out);
+        st = kiln_st_open_file_with(single_path, in_memory, out);
     } else {
         /* fallback: every *.safetensors in the folder, in name order */
         DIR *d = opendir(dir);
@@ -572,7 +618,7 @@ kiln_status kiln_st_open_dir(const char *dir, kiln_st_archive **out) {
                                 dir);
             if (st == KILN_OK) {
                 qsort(paths, (size_t)n, sizeof *paths, str_ptr_cmp);
-                st = open_paths(paths, n, out);
+                st = open_paths(paths, n, in_memory, out);
             }
             free_paths(paths, n);
         }
@@ -580,6 +626,10 @@ kiln_status kiln_st_open_dir(const char *dir, kiln_st_archive **out) {
     free(index_path);
     free(single_path);
     return st;
+}
+
+kiln_status kiln_st_open_dir(const char *dir, kiln_st_archive **out) {
+    return kiln_st_open_dir_with(dir, false, out);
 }
 
 int kiln_st_count(const kiln_st_archive *ar) {

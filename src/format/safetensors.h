@@ -2,7 +2,9 @@
  *
  * A kiln_st_archive is every tensor of a model folder: model.safetensors, or the shards listed in
  * model.safetensors.index.json, or (fallback) every *.safetensors file in the folder. Tensor data
- * points straight into the read-only mappings; nothing is copied. All validation happens at open:
+ * points straight into the read-only mappings (nothing is copied), or, opened in_memory, into a
+ * copy of each file read into huge-page memory (util/huge_alloc.h: the CPU's GEMVs stream the
+ * weights, and on 4 KiB file pages they pay a TLB miss every page). All validation happens at open:
  * header JSON, dtype names, shapes vs byte ranges, offsets inside the file, overlapping ranges,
  * duplicate names across shards. Errors name the file and the tensor.
  */
@@ -31,6 +33,9 @@ typedef struct kiln_st_archive kiln_st_archive;
 kiln_status kiln_st_open_dir(const char *dir, kiln_st_archive **out);
 /* Opens one file. */
 kiln_status kiln_st_open_file(const char *path, kiln_st_archive **out);
+/* The same, reading the files into memory instead of mapping them when in_memory. */
+kiln_status kiln_st_open_dir_with(const char *dir, bool in_memory, kiln_st_archive **out);
+kiln_status kiln_st_open_file_with(const char *path, bool in_memory, kiln_st_archive **out);
 void kiln_st_close(kiln_st_archive *ar);
 
 int kiln_st_count(const kiln_st_archive *ar);
