@@ -377,21 +377,29 @@ static bool q4_int8_applies(const kiln_matrix *w) {
            (w->group_size & (w->group_size - 1)) == 0 && w->cols % 64 == 0;
 }
 
+/* The int8 scale of a 16-element block (a, b): dx = max|x| / 127 and its inverse (0 for an
+ * all-zero block). */
+static ALWAYS_INLINE void block16_scale(__m256 a, __m256 b, float *dx, float *inv) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const float amax = hmax8(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)));
+    *dx = amax / 127.0f;
+    *inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+}
+
 /* x[n, cols] into parts int8 rows (each [cols], 64-blocks even then odd) and dl per 8-code lane.
  * Per 16-element block: dx = max|x| / 127; part p holds round(v_p) (nearest even, as cvtps), with
  * v_0 = x / dx and v_{p+1} = (v_p - round(v_p)) * 128 (exact); the block's 8 even elements go to
  * bytes b + t/2 and its 8 odd ones to b + 32 + t/2 of their 64-block b (t = offset in it). */
 static void quantize_x_q4(const float *x, int n, int64_t cols, int parts, int8_t *xq, float *xdl) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), c128 = _mm256_set1_ps(128.0f);
+    const __m256 c128 = _mm256_set1_ps(128.0f);
     for (int i = 0; i < n; i++) {
         const float *xi = x + i * cols;
         int8_t *qi = xq + (int64_t)i * parts * cols;
         float *di = xdl + i * (cols / 8);
         for (int64_t k = 0; k < cols; k += 16) {
             const __m256 a = _mm256_loadu_ps(xi + k), b = _mm256_loadu_ps(xi + k + 8);
-            const float amax =
-                hmax8(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)));
-            const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            float dx, inv;
+            block16_scale(a, b, &dx, &inv);
             di[k / 8] = di[k / 8 + 1] = parts == 3 ? dx * (1.0f / 16384.0f) : dx;
             /* evens (0, 2, .., 14) and odds of the block, in order */
             const __m256 vi = _mm256_set1_ps(inv);
@@ -491,7 +499,6 @@ static bool q8_int8_applies(const kiln_matrix *w) {
  * dx) and xc [n, cols/4] (128 * the lane's sum of xq). */
 static void quantize_x_q8(const float *x, int n, int64_t cols, int8_t *xq, float *xdl,
                           int32_t *xc) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int i = 0; i < n; i++) {
         const float *xi = x + i * cols;
         int8_t *qi = xq + (int64_t)i * cols;
@@ -499,9 +506,8 @@ static void quantize_x_q8(const float *x, int n, int64_t cols, int8_t *xq, float
         int32_t *ci = xc + i * (cols / 4);
         for (int64_t k = 0; k < cols; k += 16) {
             const __m256 a = _mm256_loadu_ps(xi + k), b = _mm256_loadu_ps(xi + k + 8);
-            const float amax =
-                hmax8(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)));
-            const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            float dx, inv;
+            block16_scale(a, b, &dx, &inv);
             const __m256 vi = _mm256_set1_ps(inv);
             const __m256i qa = _mm256_cvtps_epi32(_mm256_mul_ps(a, vi));
             const __m256i qb = _mm256_cvtps_epi32(_mm256_mul_ps(b, vi));
