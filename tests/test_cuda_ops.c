@@ -464,7 +464,7 @@ static void test_tc_fused(void) {
             if (act == KILN_GLU_GELU_TANH)
                 kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
             else
-                kiln_cpu_silu_mul(gr, gr, ur, n * F);
+                kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
             float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
             be->matmul_norm_glu(be, dout, dx, dh, dup, n, &gt.dev, &up.dev, dnw, 1e-6f, plus_one,
                                 act);
@@ -668,7 +668,7 @@ static void test_matmul_fused(void) {
             if (act == KILN_GLU_GELU_TANH)
                 kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
             else
-                kiln_cpu_silu_mul(gr, gr, ur, n * F);
+                kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
             float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
             be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g.dev, &u.dev, dnw, 1e-6f, plus_one,
                                 act);
@@ -760,7 +760,7 @@ static void check_qfused_case(int bits, int G, kiln_dtype sdt, int64_t cols, con
     if (act == KILN_GLU_GELU_TANH)
         kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
     else
-        kiln_cpu_silu_mul(gr, gr, ur, n * F);
+        kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
     float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
     be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g.dev, &u.dev, dnw, 1e-6f, plus_one, act);
     snprintf(what, sizeof what, "matmul_norm_glu %s act %d", label, (int)act);
@@ -831,7 +831,7 @@ static void test_qgemv_fused(void) {
         kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, false);
         kiln_cpu_matmul_ref(gr, hn, n, &g.host);
         kiln_cpu_matmul_ref(ur, hn, n, &u.host);
-        kiln_cpu_silu_mul(gr, gr, ur, n * F);
+        kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
         float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
         float *dh = dev_poisoned(n * cols), *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
         be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g.dev, &u.dev, dnw, 1e-6f, false,
@@ -949,7 +949,7 @@ static void test_elementwise(void) {
         float *a = rand_f32(n, 3.0f), *b = rand_f32(n, 1.0f), *ref = malloc((size_t)n * 4);
         float *da = dev_copy(a, (size_t)n * 4), *db = dev_copy(b, (size_t)n * 4);
         float *dy = dev_poisoned(n);
-        kiln_cpu_silu_mul(ref, a, b, n);
+        kiln_cpu_silu_mul_ref(ref, a, b, n);
         be->silu_mul(be, dy, da, db, n);
         compare("silu_mul", dy, ref, n, 1e-5);
         kiln_cpu_gelu_tanh_mul(ref, a, b, n);
@@ -1108,7 +1108,7 @@ static void test_gated_rmsnorm(void) {
             float *w = c == 1 ? NULL : rand_f32(dim, 0.5f);
             float *ref = malloc((size_t)(rows * dim) * 4);
             kiln_cpu_rmsnorm_ref(ref, x, w, rows, dim, 1e-6f, false);
-            kiln_cpu_silu_mul(ref, z, ref, rows * dim);
+            kiln_cpu_silu_mul_ref(ref, z, ref, rows * dim);
             float *dx = dev_copy(x, (size_t)(rows * dim) * 4),
                   *dz = dev_copy(z, (size_t)(rows * dim) * 4);
             float *dw = w ? dev_copy(w, (size_t)dim * 4) : NULL;

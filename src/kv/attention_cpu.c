@@ -67,12 +67,8 @@ static void attn_slice(void *ctx, int64_t begin, int64_t end, int thread) {
             }
         }
         for (int r = 0; r < group; r++) {
-            float *sc = scores + (size_t)r * keys, sum = 0.0f;
-            for (int i = 0; i < cnt; i++) {
-                sc[i] = expf(sc[i] - mx[r]);
-                sum += sc[i];
-            }
-            mx[group + r] = 1.0f / sum;
+            float *sc = scores + (size_t)r * keys;
+            mx[group + r] = 1.0f / kiln_cpu_exp_sum(sc, cnt, mx[r]);
             for (int i = 0; i < cnt; i++) sc[i] *= mx[group + r]; /* the weight of key i */
             kiln_cpu_axpy_rows(o0 + (int64_t)r * j->v_head_dim, sc, v0, vstride, cnt,
                                j->v_head_dim);

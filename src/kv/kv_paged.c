@@ -333,12 +333,7 @@ static void paged_slice(void *ctx, int64_t begin, int64_t end, int thread) {
             int first = d->window > 0 ? pos - d->window + 1 : 0;
             if (first < 0) first = 0;
             float *sc = scores + (size_t)r * n_keys;
-            float sm = 0.0f;
-            for (int kp = first; kp <= pos; kp++) {
-                sc[kp] = expf(sc[kp] - mx[r]);
-                sm += sc[kp];
-            }
-            inv[r] = 1.0f / sm;
+            inv[r] = 1.0f / kiln_cpu_exp_sum(sc + first, pos - first + 1, mx[r]);
         }
         for (int kp0 = lo; kp0 <= pos_hi;) {
             const int kp1 = kp0 - kp0 % B + B - 1 < pos_hi ? kp0 - kp0 % B + B - 1 : pos_hi;

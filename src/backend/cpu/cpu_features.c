@@ -29,6 +29,8 @@ static const kiln_cpu_kernels kernels_by_level[] = {
                         .axpy_rows = kiln_axpy_rows_avx2,
                         .f16_to_f32 = kiln_f16_to_f32_avx2,
                         .bf16_to_f32 = kiln_bf16_to_f32_avx2,
+                        .exp_sum = kiln_exp_sum_avx2,
+                        .silu_mul = kiln_silu_mul_avx2,
                         .pack_x = kiln_pack_x_avx2,
                         .store_tile = kiln_store_tile_avx2},
     [KILN_SIMD_AVX512] = {.decode = kiln_decode_avx512,
@@ -41,6 +43,8 @@ static const kiln_cpu_kernels kernels_by_level[] = {
                           .axpy_rows = kiln_axpy_rows_avx512,
                           .f16_to_f32 = kiln_f16_to_f32_avx2, /* the AVX-512 level has AVX2 */
                           .bf16_to_f32 = kiln_bf16_to_f32_avx2,
+                          .exp_sum = kiln_exp_sum_avx2,
+                          .silu_mul = kiln_silu_mul_avx2,
                           .pack_x = kiln_pack_x_avx512,
                           .store_tile = kiln_store_tile_avx512},
 };

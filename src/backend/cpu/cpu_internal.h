@@ -158,6 +158,11 @@ typedef struct kiln_cpu_kernels {
      * conversions are exact, so every level gives the same floats): f16 / bf16 KV rows. */
     void (*f16_to_f32)(const uint16_t *in, int64_t n, float *out);
     void (*bf16_to_f32)(const uint16_t *in, int64_t n, float *out);
+    /* x[i] = exp(x[i] - shift), returns their sum (NULL: expf and a running sum in order): the
+     * attention softmax. */
+    float (*exp_sum)(float *x, int64_t n, float shift);
+    /* y[i] = silu(gate[i]) * up[i] (NULL: kiln_cpu_silu_mul_ref). */
+    void (*silu_mul)(float *y, const float *gate, const float *up, int64_t n);
 } kiln_cpu_kernels;
 
 /* The kernels of the active level. */
@@ -184,6 +189,8 @@ void kiln_store_tile_avx2(const float *c, int64_t np, int64_t nr, const float *b
                           int64_t ldy);
 float kiln_dot_avx2(const float *a, const float *b, int64_t n);
 void kiln_axpy_avx2(float *y, float a, const float *x, int64_t n);
+float kiln_exp_sum_avx2(float *x, int64_t n, float shift);
+void kiln_silu_mul_avx2(float *y, const float *gate, const float *up, int64_t n);
 void kiln_f16_to_f32_avx2(const uint16_t *in, int64_t n, float *out);
 void kiln_bf16_to_f32_avx2(const uint16_t *in, int64_t n, float *out);
 void kiln_dot_rows_avx2(float *out, const float *a, const float *rows, int64_t stride,

@@ -872,3 +872,62 @@ void kiln_bf16_to_f32_avx2(const uint16_t *in, int64_t n, float *out) {
         memcpy(out + i, &u, sizeof u);
     }
 }
+
+/* exp of 8 floats (Cephes' expf): n = round(x log2 e), r = x - n ln 2 in two parts, a degree-6
+ * polynomial for e^r, times 2^n built in the exponent bits. Within 2 ulp of expf on [-87, 88];
+ * exactly 0 below -87.3 (e^x would be subnormal or 0), so exp(-inf) is 0. */
+static ALWAYS_INLINE __m256 exp8_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+float kiln_exp_sum_avx2(float *x, int64_t n, float shift) {
+    const __m256 s = _mm256_set1_ps(shift);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+        _mm256_storeu_ps(x + i, v);
+        acc = _mm256_add_ps(acc, v);
+    }
+    if (i < n) { /* the tail through a buffer padded with -inf (exp: 0) */
+        _Alignas(32) float t[8];
+        for (int j = 0; j < 8; j++) t[j] = i + j < n ? x[i + j] - shift : -INFINITY;
+        const __m256 v = exp8_avx2(_mm256_load_ps(t));
+        _mm256_store_ps(t, v);
+        for (int64_t j = 0; i + j < n; j++) x[i + j] = t[j];
+        acc = _mm256_add_ps(acc, v);
+    }
+    return hsum8(acc);
+}
+
+/* SwiGLU with exp8_avx2: g / (1 + e^-g) * up (e^-g is 0 for g above 87.3, so silu(g) = g). */
+void kiln_silu_mul_avx2(float *y, const float *gate, const float *up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp8_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(
+            y + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) {
+        const float g = gate[i];
+        y[i] = (g / (1.0f + expf(-g))) * up[i];
+    }
+}

@@ -82,11 +82,16 @@ void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n, int n_heads, int hea
     }
 }
 
-void kiln_cpu_silu_mul(float *y, const float *gate, const float *up, int64_t n) {
+void kiln_cpu_silu_mul_ref(float *y, const float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
         y[i] = (g / (1.0f + expf(-g))) * up[i];
     }
+}
+
+void kiln_cpu_silu_mul(float *y, const float *gate, const float *up, int64_t n) {
+    const kiln_cpu_kernels *k = kiln_cpu_kernels_active();
+    (k->silu_mul ? k->silu_mul : kiln_cpu_silu_mul_ref)(y, gate, up, n);
 }
 
 void kiln_cpu_gelu_tanh_mul(float *y, const float *gate, const float *up, int64_t n) {
@@ -177,6 +182,20 @@ void kiln_cpu_bf16_to_f32(const uint16_t *in, int64_t n, float *out) {
         return;
     }
     for (int64_t i = 0; i < n; i++) out[i] = kiln_bf16_to_f32(in[i]);
+}
+
+float kiln_cpu_exp_sum_ref(float *x, int64_t n, float shift) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - shift);
+        sum += x[i];
+    }
+    return sum;
+}
+
+float kiln_cpu_exp_sum(float *x, int64_t n, float shift) {
+    const kiln_cpu_kernels *k = kiln_cpu_kernels_active();
+    return k->exp_sum ? k->exp_sum(x, n, shift) : kiln_cpu_exp_sum_ref(x, n, shift);
 }
 
 void kiln_cpu_softmax(float *x, int64_t n) {

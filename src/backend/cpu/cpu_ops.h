@@ -71,8 +71,10 @@ void kiln_cpu_qk_norm_rope(float *q, float *k, const int32_t *pos, int64_t n, in
                            int n_kv_heads, int head_dim, int rot_dim, const float *inv_freq,
                            const float *q_norm, const float *k_norm, float eps);
 
-/* y[i] = silu(gate[i]) * up[i] over n elements (SwiGLU). y may alias gate. */
+/* y[i] = silu(gate[i]) * up[i] over n elements (SwiGLU). y may alias gate. The reference uses
+ * expf; the AVX2 / AVX-512 levels the polynomial exp of exp_sum (within 1e-6 of it). */
 void kiln_cpu_silu_mul(float *y, const float *gate, const float *up, int64_t n);
+void kiln_cpu_silu_mul_ref(float *y, const float *gate, const float *up, int64_t n);
 /* y[i] = gelu_tanh(gate[i]) * up[i] (GeGLU, tanh approximation). */
 void kiln_cpu_gelu_tanh_mul(float *y, const float *gate, const float *up, int64_t n);
 /* y[i] = a[i] + b[i]. y may alias a. */
@@ -96,6 +98,13 @@ void kiln_cpu_axpy_rows(float *y, const float *coef, const float *rows, int64_t 
  * level as kiln_f16_to_f32 / kiln_bf16_to_f32 of util/half.h (f16 / bf16 KV rows). */
 void kiln_cpu_f16_to_f32(const uint16_t *in, int64_t n, float *out);
 void kiln_cpu_bf16_to_f32(const uint16_t *in, int64_t n, float *out);
+/* x[i] = exp(x[i] - shift) for i < n; returns the sum of the new x (the attention softmax's
+ * numerators and denominator). The scalar level uses expf and sums in order (the reference,
+ * kiln_cpu_exp_sum_ref); the AVX2 / AVX-512 levels a polynomial exp within 2 ulp of it and 8-lane
+ * partial sums. One level gives the same floats for the same inputs (the paged and contiguous
+ * attentions rely on it). */
+float kiln_cpu_exp_sum(float *x, int64_t n, float shift);
+float kiln_cpu_exp_sum_ref(float *x, int64_t n, float shift);
 /* In-place softmax over x[n]; returns nothing. */
 void kiln_cpu_softmax(float *x, int64_t n);
 
