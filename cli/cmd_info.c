@@ -13,6 +13,8 @@ int cmd_info(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_init(&mo);
     mo.load.show_progress = false;
+    mo.load.weights =
+        KILN_WEIGHTS_MMAP; /* info runs nothing: reading the files in would be waste */
     for (int i = 1; i < argc; i++) {
         int r = cli_model_opts_parse(&mo, argc, argv, &i);
         if (r < 0) return 2;
