@@ -396,6 +396,39 @@ static void test_tc_gemm(void) {
               kiln_cuda_tc_gemm_launches() - l0, k);
 }
 
+/* The int8 variant (gemm_tc_int8.cuh) in fast mode: x on steps of 1/127 of its group's max |x|
+ * (one digit), so within 2e-2 of the f32 product (~7e-3 seen in the emulator's noise model);
+ * every bit width, group and scale dtype, n across the block shapes 8/16/64/128, forced split-K,
+ * x blocks of very different magnitude. Exact mode runs test_tc_gemm / test_tc_fused. */
+static void test_tc_gemm_int8_fast(void) {
+    static const int64_t ns[] = {2, 9, 17, 64, 130};
+    const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    const long long l0 = kiln_cuda_tc_gemm_launches();
+    int k = 0;
+    kiln_cuda_set_gemm_split(0);
+    for (int b = 4; b <= 8; b += 4)
+        for (int g = 32; g <= 128; g *= 2) {
+            test_matrix m;
+            const kiln_dtype sdt = sdts[k % 3];
+            make_quant(&m, b, g, sdt, 300, 2048 + g, g == 64);
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+                char label[96];
+                snprintf(label, sizeof label, "tc int8 fast q%d g%d/%s splits=%d", b, g,
+                         kiln_dtype_name(sdt), (int)(i % 3));
+                kiln_cuda_set_tc_gemm(2, -1, 0, (int)(i % 3));
+                g_matmul_tol = 2e-2;
+                check_matmul_x(&m, ns[i], label, 0, i % 2 == 0);
+                g_matmul_tol = 0;
+                k++;
+            }
+            free_matrix(&m);
+        }
+    kiln_cuda_set_gemm_split(1);
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+    CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == k, "tc int8 gemm ran %lld of %d calls",
+              kiln_cuda_tc_gemm_launches() - l0, k);
+}
+
 /* matmul_multi and the fused ops (norm, add, norm + GLU) on the tensor-core GEMM at n = 2..64,
  * against the references in order, at the GEMV's tolerance. */
 static void test_tc_fused(void) {
@@ -2044,6 +2077,12 @@ int main(void) {
     RUN(test_gemv_bf16_rows());
     RUN(test_tc_gemm());
     RUN(test_tc_fused());
+    /* the int8 variant for 4/8-bit weights: exact mode at the same tolerances, then fast mode */
+    kiln_cuda_set_tc_int8(1);
+    RUN(test_tc_gemm());
+    RUN(test_tc_fused());
+    RUN(test_tc_gemm_int8_fast());
+    kiln_cuda_set_tc_int8(-1);
     RUN(test_attention());
     RUN(test_attention_prep());
     RUN(test_attention_tc());

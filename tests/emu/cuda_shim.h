@@ -22,6 +22,9 @@ struct uint2 {
 struct uint4 {
     unsigned x, y, z, w;
 };
+static inline uint2 make_uint2(unsigned a, unsigned b) {
+    return {a, b};
+}
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
     return {a, b, c, d};
 }

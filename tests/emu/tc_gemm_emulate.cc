@@ -129,6 +129,37 @@ static void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t 
     g_warp_bar[w]->arrive_and_wait();
 }
 
+/* mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 (the int8 variant): A 16x32 u8 from a0 (row g,
+ * k 4t..4t+3, byte i = k 4t+i), a1 (row g+8), a2 / a3 (k 16+4t..); B 32x8 s8 from b0 (k 4t..,
+ * column g), b1 (k 16+4t..); D as above, summed exactly in integers */
+static uint32_t xi[8][32][6];
+static void tc_mma_i8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const int w = t_warp, l = t_lane;
+    memcpy(xi[w][l], a, 16);
+    xi[w][l][4] = b0, xi[w][l][5] = b1;
+    g_warp_bar[w]->arrive_and_wait();
+    int A[16][32], B[32][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const int gid = lane >> 2, tig = lane & 3;
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < 4; i++) {
+                const int row = gid + (r & 1) * 8, k = 4 * tig + i + (r >> 1) * 16;
+                A[row][k] = (int)(uint8_t)(xi[w][lane][r] >> (8 * i));
+            }
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < 4; i++)
+                B[4 * tig + i + 16 * r][gid] =
+                    (int)(int8_t)(uint8_t)(xi[w][lane][4 + r] >> (8 * i));
+    }
+    for (int i = 0; i < 4; i++) {
+        const int row = (l >> 2) + (i / 2) * 8, col = 2 * (l & 3) + (i % 2);
+        int s = 0;
+        for (int k = 0; k < 32; k++) s += A[row][k] * B[k][col];
+        d[i] += s;
+    }
+    g_warp_bar[w]->arrive_and_wait();
+}
+
 /* cp.async: deferred to wait_group (g_cp_early = false) or done at issue */
 static bool g_cp_early = false;
 struct cp_op {
@@ -246,6 +277,31 @@ template <int MODE, int SS> static void run_gemm_bn(const tc_args &A, emu_dim3 g
         run_gemm<MODE, SS, 128>(A, grid);
 }
 
+template <int MODE, int SS, int DIG, int BN>
+static void run_gemm_i8(const tc_args &A, emu_dim3 grid) {
+    using C = tc_cfg<BN>;
+    run_grid(grid, TC_THREADS,
+             [&] { k_tc_gemm_i8<MODE, SS, DIG, BN, C::WM, C::WN, C::STAGES>(A); });
+}
+template <int MODE, int SS, int DIG>
+static void run_gemm_i8_bn(const tc_args &A, emu_dim3 grid, int bn) {
+    if (bn == 8)
+        run_gemm_i8<MODE, SS, DIG, 8>(A, grid);
+    else if (bn == 16)
+        run_gemm_i8<MODE, SS, DIG, 16>(A, grid);
+    else if (bn == 64 || DIG == 3)
+        run_gemm_i8<MODE, SS, DIG, 64>(A, grid);
+    else
+        run_gemm_i8<MODE, SS, DIG == 3 ? 1 : DIG, 128>(A, grid);
+}
+template <int MODE, int SS>
+static void run_gemm_i8_dig(const tc_args &A, emu_dim3 grid, int bn, int dig) {
+    if (dig == 3)
+        run_gemm_i8_bn<MODE, SS, 3>(A, grid, bn);
+    else
+        run_gemm_i8_bn<MODE, SS, 1>(A, grid, bn);
+}
+
 static uint64_t rng = 0x7c0ffee5;
 static uint64_t rnd_u64() {
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
@@ -318,6 +374,7 @@ struct spec {
     int cols, n;
     int bn, splits, n_sms; /* 0: by the plan */
     bool norm, add, bias;
+    int dig; /* the int8 variant's digits of x (1: fast mode, 3: exact), 0: the f16 kernels */
 };
 
 static void check(const spec &c) {
@@ -363,7 +420,8 @@ static void check(const spec &c) {
         ys[i] = y[i].data();
     }
     tc_plan p;
-    if (!tc_plan_make(&p, count, ws.data(), c.n, c.n_sms > 0 ? c.n_sms : 132, c.bn, c.splits)) {
+    if (!tc_plan_make(&p, count, ws.data(), c.n, c.n_sms > 0 ? c.n_sms : 132, c.bn, c.splits,
+                      c.dig)) {
         printf("FAIL plan refused\n");
         failures++;
         return;
@@ -375,14 +433,43 @@ static void check(const spec &c) {
     tc_plan_args(p, (char *)scratch.data(), count, ys.data(), x.data(), c.n, ws.data(), c.norm,
                  c.norm && !no_w ? nw.data() : NULL, 1e-6f, plus_one, c.add, &A, &P);
     const int mode = p.quant ? p.bits : 16;
-    if (!p.quant)
+    /* fast mode's reference: x rounded to the digits' steps (E = max |x| / 127 over each group) */
+    if (c.dig == 1)
+        for (int t = 0; t < c.n; t++)
+            for (int g0 = 0; g0 < c.cols; g0 += c.group) {
+                double m = 0;
+                for (int j = g0; j < g0 + c.group; j++)
+                    m = fmax(m, fabs(xr[(size_t)t * c.cols + j]));
+                for (int j = g0; j < g0 + c.group && m > 0; j++) {
+                    double &v = xr[(size_t)t * c.cols + j];
+                    v = m / 127 * nearbyint(v / (m / 127));
+                }
+            }
+    const emu_dim3 pgrid = {(unsigned)p.n_pad, 1, 1};
+    if (c.dig == 3 && p.bits == 4)
+        run_grid(pgrid, TC_THREADS, [&] { k_tc_prep_i8<3, true>(P); });
+    else if (c.dig == 3)
+        run_grid(pgrid, TC_THREADS, [&] { k_tc_prep_i8<3, false>(P); });
+    else if (c.dig == 1 && p.bits == 4)
+        run_grid(pgrid, TC_THREADS, [&] { k_tc_prep_i8<1, true>(P); });
+    else if (c.dig == 1)
+        run_grid(pgrid, TC_THREADS, [&] { k_tc_prep_i8<1, false>(P); });
+    else if (!p.quant)
         run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<false, false>(P); });
     else if (p.bits == 4)
         run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<true, true>(P); });
     else
         run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<true, false>(P); });
     const emu_dim3 grid = {(unsigned)p.tiles, (unsigned)(p.n_pad / p.bn), (unsigned)p.splits};
-    if (mode == 16)
+    if (c.dig && mode == 4 && p.group == 32)
+        run_gemm_i8_dig<TC_Q4, 2>(A, grid, p.bn, c.dig);
+    else if (c.dig && mode == 4)
+        run_gemm_i8_dig<TC_Q4, 4>(A, grid, p.bn, c.dig);
+    else if (c.dig && p.group == 32)
+        run_gemm_i8_dig<TC_Q8, 2>(A, grid, p.bn, c.dig);
+    else if (c.dig)
+        run_gemm_i8_dig<TC_Q8, 4>(A, grid, p.bn, c.dig);
+    else if (mode == 16)
         run_gemm_bn<TC_BF16, 4>(A, grid, p.bn);
     else if (mode == 4 && p.group == 32)
         run_gemm_bn<TC_Q4, 2>(A, grid, p.bn);
@@ -411,17 +498,22 @@ static void check(const spec &c) {
                 num += (got - ref) * (got - ref), den += ref * ref;
             }
         const double err = sqrt(num / (den > 0 ? den : 1));
-        const double tol = p.quant ? 2e-6 : 3e-5;
+        /* fast mode: against x on its steps; a value that rounds the other way on a tie moves
+         * one element by a step */
+        const double tol = c.dig == 1 ? 1e-4 : p.quant ? 2e-6 : 3e-5;
         if (bad || !(err <= tol)) ok = false;
         if (bad) worst = INFINITY;
         if (err > worst) worst = err;
     }
     cases++;
     failures += !ok;
-    printf("%s %s g%d %-4s rows", ok ? "ok  " : "FAIL",
+    printf("%s %s%s g%d %-4s rows", ok ? "ok  " : "FAIL",
            c.bits == 16  ? "bf16"
            : c.bits == 8 ? "q8  "
                          : "q4  ",
+           c.dig == 3   ? " int8 x3"
+           : c.dig == 1 ? " int8 x1"
+                        : "",
            c.bits == 16 ? 0 : c.group,
            c.bits == 16            ? "-"
            : c.sdt == KILN_DT_F32  ? "f32"
@@ -454,11 +546,11 @@ static void print_plans() {
                 }
                 const kiln_matrix *w = &m;
                 tc_plan p;
-                if (!tc_plan_make(&p, 1, &w, n, 132, 0, 0)) continue;
+                if (!tc_plan_make(&p, 1, &w, n, 132, 0, 0, 0)) continue;
                 printf("%s%d g%-3d %5dx%-5d n=%-4d: bn %3d, %4d row tiles x %3d token tiles x %2d "
                        "splits (%d chunks each), %d blocks/SM, scratch %.1f MB\n",
                        f[0] == 16 ? "bf" : "q", f[0], f[1], sh[0], sh[1], n, p.bn, p.tiles,
-                       p.n_pad / p.bn, p.splits, p.cps, tc_blocks_per_sm(p.bits, p.group, p.bn),
+                       p.n_pad / p.bn, p.splits, p.cps, tc_blocks_per_sm(p.bits, p.group, p.bn, 0),
                        p.bytes / 1e6);
             }
 }
@@ -471,21 +563,35 @@ int main(int argc, char **argv) {
     const bool quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     const kiln_dtype F16 = KILN_DT_F16, BF = KILN_DT_BF16, F32 = KILN_DT_F32;
     const std::vector<spec> specs = {
-        /* bits group sdt rows cols n bn splits n_sms norm add bias */
-        {4, 32, F16, {200}, 320, 5, 0, 0, 0, false, false, true},
-        {4, 64, BF, {130}, 384, 20, 0, 0, 4, false, false, false},
-        {4, 128, F32, {129}, 512, 3, 16, 2, 0, false, true, true},
-        {8, 32, F32, {77}, 96, 9, 0, 0, 0, false, false, true},
-        {8, 64, F16, {300}, 448, 130, 0, 0, 0, false, false, false},
-        {8, 128, BF, {64}, 1024, 1, 8, 4, 0, false, false, true},
-        {8, 32, BF, {40}, 160, 70, 64, 3, 0, true, true, false},
-        {4, 32, F16, {100, 30, 50}, 256, 12, 0, 0, 0, true, true, true},
-        {4, 32, F16, {64, 40}, 224, 6, 0, 0, 0, true, false, false},
-        {4, 64, F32, {136, 20}, 192, 17, 128, 0, 8, false, false, true},
-        {16, 0, F16, {150}, 200, 7, 0, 0, 0, false, false, true},
-        {16, 0, F16, {260}, 512, 70, 0, 0, 0, false, true, false},
-        {16, 0, F16, {33, 70}, 136, 16, 0, 2, 0, true, false, true},
-        {16, 0, F16, {128}, 1024, 2, 8, 0, 4, false, false, false},
+        /* bits group sdt rows cols n bn splits n_sms norm add bias dig */
+        {4, 32, F16, {200}, 320, 5, 0, 0, 0, false, false, true, 0},
+        {4, 64, BF, {130}, 384, 20, 0, 0, 4, false, false, false, 0},
+        {4, 128, F32, {129}, 512, 3, 16, 2, 0, false, true, true, 0},
+        {8, 32, F32, {77}, 96, 9, 0, 0, 0, false, false, true, 0},
+        {8, 64, F16, {300}, 448, 130, 0, 0, 0, false, false, false, 0},
+        {8, 128, BF, {64}, 1024, 1, 8, 4, 0, false, false, true, 0},
+        {8, 32, BF, {40}, 160, 70, 64, 3, 0, true, true, false, 0},
+        {4, 32, F16, {100, 30, 50}, 256, 12, 0, 0, 0, true, true, true, 0},
+        {4, 32, F16, {64, 40}, 224, 6, 0, 0, 0, true, false, false, 0},
+        {4, 64, F32, {136, 20}, 192, 17, 128, 0, 8, false, false, true, 0},
+        {16, 0, F16, {150}, 200, 7, 0, 0, 0, false, false, true, 0},
+        {16, 0, F16, {260}, 512, 70, 0, 0, 0, false, true, false, 0},
+        {16, 0, F16, {33, 70}, 136, 16, 0, 2, 0, true, false, true, 0},
+        {16, 0, F16, {128}, 1024, 2, 8, 0, 4, false, false, false, 0},
+        /* the int8 variant: exact (3 digits) and fast (1) */
+        {4, 32, F16, {200}, 320, 5, 0, 0, 0, false, false, true, 3},
+        {4, 64, BF, {130}, 384, 20, 0, 0, 4, false, false, false, 3},
+        {4, 128, F32, {129}, 512, 3, 16, 2, 0, false, true, true, 3},
+        {8, 32, F32, {77}, 96, 9, 0, 0, 0, false, false, true, 3},
+        {8, 64, F16, {300}, 448, 130, 0, 0, 0, false, false, false, 3},
+        {8, 128, BF, {64}, 1024, 1, 8, 4, 0, false, false, true, 3},
+        {8, 32, BF, {40}, 160, 70, 64, 3, 0, true, true, false, 3},
+        {4, 32, F16, {100, 30, 50}, 256, 12, 0, 0, 0, true, true, true, 3},
+        {4, 64, F32, {136, 20}, 192, 17, 64, 0, 8, true, false, true, 3},
+        {4, 64, F16, {150}, 256, 130, 0, 0, 0, false, false, true, 1},
+        {4, 32, BF, {70, 60}, 160, 9, 0, 2, 0, true, true, false, 1},
+        {8, 64, F32, {129}, 320, 40, 128, 0, 0, false, true, true, 1},
+        {8, 128, F16, {64}, 768, 16, 0, 3, 0, true, false, false, 1},
     };
     for (int pass = 0; pass < (quick ? 1 : 2); pass++) {
         g_cp_early = pass == 1;

@@ -121,6 +121,9 @@ void kiln_cuda_set_gemv_dense_variant(int variant, int split);
  * splits = split-K count (0 = by shape). A value < 0 (mode, dense_max_n) comes from env
  * KILN_CUDA_TC_GEMM / KILN_CUDA_TC_DENSE_MAX_N (defaults 1, 16). */
 void kiln_cuda_set_tc_gemm(int mode, int dense_max_n, int bn, int splits);
+/* The tensor-core GEMM's int8 variant for 4/8-bit weights (gemm_tc_int8.cuh: x as signed-byte
+ * digits, mma m16n8k32 on the codes): 1 = on, 0 = off (default), < 0 = env KILN_CUDA_TC_INT8. */
+void kiln_cuda_set_tc_int8(int on);
 /* Tensor-core GEMM calls so far (every backend of the process): tests check the path ran. */
 long long kiln_cuda_tc_gemm_launches(void);
 /* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through

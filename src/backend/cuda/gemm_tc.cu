@@ -60,6 +60,8 @@ struct tc_args {
     tc_mat m[TC_MATS];
     int count;
     const uint16_t *xh, *xl; /* [n_pad, cols_pad] 16-bit halves of x (4-bit: runs permuted) */
+    const int8_t *xd;        /* int8 variant: digits [n_pad, cols_pad / 64, DIG, 64] */
+    const float *xe;         /* int8 variant: [n_pad, cols_pad / group] steps E of the digits */
     const float *xsum;       /* quantized: [n_pad, cols_pad / group] sums of x * sigma */
     const float *inv_sigma;  /* [n_pad] 1 / sigma (1 for bf16) */
     float *part;             /* split-K: [splits, n, rows_total] partial sums, else NULL */
@@ -69,6 +71,8 @@ struct tc_args {
 struct tc_prep_args {
     const float *x;               /* [n, cols] */
     uint16_t *xh, *xl;            /* [n_pad, cols_pad] */
+    int8_t *xd;                   /* int8 variant: digits [n_pad, cols_pad / 64, DIG, 64] */
+    float *xe;                    /* int8 variant: [n_pad, cols_pad / group] */
     float *xsum, *inv_sigma;      /* [n_pad, cols_pad / group], [n_pad] */
     const float *norm_w;          /* RMSNorm weight [cols], or NULL: weight 1 */
     int n, cols, cols_pad, group; /* group: quantized only */
@@ -564,6 +568,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ 
     if (tid == 0) P.inv_sigma[tok] = inv_sigma;
 }
 
+#include "backend/cuda/gemm_tc_int8.cuh"
+
 /* ---- host side ---- */
 
 /* Block shapes by tokens per block: warps along rows x tokens, pipeline depth. */
@@ -579,10 +585,11 @@ template <int MODE, int BN> constexpr int tc_stages() {
     return MODE == TC_BF16 && BN <= 16 ? 4 : tc_cfg<BN>::STAGES;
 }
 
-/* What a call launches: block shape, split-K, and the scratch layout (byte offsets). */
+/* What a call launches: block shape, split-K, and the scratch layout (byte offsets). dig: 0 for
+ * the f16 kernels, else the int8 variant's digits of x (1 in fast mode, 3 in exact). */
 struct tc_plan {
-    int quant, bits, group, cols, cols_pad, bn, n_pad, tiles, rows_total, splits, cps, ngp;
-    size_t off_xl, off_xsum, off_isg, off_part, bytes;
+    int quant, bits, group, cols, cols_pad, bn, n_pad, tiles, rows_total, splits, cps, ngp, dig;
+    size_t off_xl, off_xe, off_xsum, off_isg, off_part, bytes;
 };
 
 /* The format the kernel takes (whatever n): 16-byte row starts, 4/8-bit codes with group
@@ -621,7 +628,28 @@ template <int MODE, int SS> static int tc_blocks_per_sm_m(int bn) {
            : bn == 64 ? tc_blocks_per_sm_t<MODE, SS, 64>()
                       : tc_blocks_per_sm_t<MODE, SS, 128>();
 }
-static int tc_blocks_per_sm(int bits, int group, int bn) {
+/* The int8 variant: its registers (three digit planes' integer fragments in exact mode) allow 2
+ * blocks of 8 or 16 tokens a SM, 1 of 64 or 128; shared memory as for group 32 (the wider x rows).
+ */
+template <int MODE, int DIG, int BN> static int tc_blocks_per_sm_i8_t(void) {
+    const int smem = (int)tc_layout_i8<MODE, 2, DIG, BN, tc_cfg<BN>::STAGES>::bytes + 1024;
+    const int by_smem = (227 << 10) / smem, by_regs = BN <= 16 ? 2 : 1;
+    const int b = by_smem < by_regs ? by_smem : by_regs;
+    return b > 0 ? b : 1;
+}
+template <int MODE, int DIG> static int tc_blocks_per_sm_i8_m(int bn) {
+    return bn == 8    ? tc_blocks_per_sm_i8_t<MODE, DIG, 8>()
+           : bn == 16 ? tc_blocks_per_sm_i8_t<MODE, DIG, 16>()
+           : bn == 64 ? tc_blocks_per_sm_i8_t<MODE, DIG, 64>()
+                      : tc_blocks_per_sm_i8_t<MODE, DIG, 128>();
+}
+static int tc_blocks_per_sm_i8(int bits, int dig, int bn) {
+    if (bits == 4)
+        return dig == 3 ? tc_blocks_per_sm_i8_m<TC_Q4, 3>(bn) : tc_blocks_per_sm_i8_m<TC_Q4, 1>(bn);
+    return dig == 3 ? tc_blocks_per_sm_i8_m<TC_Q8, 3>(bn) : tc_blocks_per_sm_i8_m<TC_Q8, 1>(bn);
+}
+static int tc_blocks_per_sm(int bits, int group, int bn, int dig) {
+    if (dig) return tc_blocks_per_sm_i8(bits, dig, bn);
     if (bits == 16) return tc_blocks_per_sm_m<TC_BF16, 4>(bn);
     if (bits == 4)
         return group == 32 ? tc_blocks_per_sm_m<TC_Q4, 2>(bn) : tc_blocks_per_sm_m<TC_Q4, 4>(bn);
@@ -629,9 +657,11 @@ static int tc_blocks_per_sm(int bits, int group, int bn) {
 }
 
 /* Plans a call over count matrices (format checked here, not n's policy); bn / splits > 0 force
- * the block's tokens (8, 16, 64, 128) / the split count. False: the kernel does not take them. */
+ * the block's tokens (8, 16, 64, 128; the int8 variant's exact mode stops at 64) / the split
+ * count; dig > 0 (1 or 3 digits, quantized W only): the int8 variant. False: the kernels do not
+ * take them. */
 static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, int64_t n, int n_sms,
-                         int bn, int splits) {
+                         int bn, int splits, int dig) {
     if (count < 1 || count > TC_MATS || n < 1 || n > (int64_t)1 << 24) return false;
     int64_t rows_total = 0;
     for (int i = 0; i < count; i++) {
@@ -642,12 +672,15 @@ static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, in
     memset(p, 0, sizeof *p);
     const kiln_matrix *w0 = ws[0];
     p->quant = kiln_matrix_is_quantized(w0);
+    if (dig != 0 && (!p->quant || (dig != 1 && dig != 3))) return false;
+    p->dig = dig;
     p->bits = p->quant ? w0->bits : 16;
     p->group = p->quant ? w0->group_size : 1;
     p->cols = (int)w0->cols;
     p->cols_pad = (p->cols + TC_BK - 1) / TC_BK * TC_BK;
     if (bn != 8 && bn != 16 && bn != 64 && bn != 128)
         bn = n <= 8 ? 8 : n <= 16 ? 16 : n <= 64 ? 64 : 128;
+    if (dig == 3 && bn == 128) bn = 64;
     p->bn = bn;
     p->n_pad = (int)((n + bn - 1) / bn * bn);
     if (p->n_pad / bn > 65535) return false;
@@ -660,7 +693,7 @@ static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, in
     const int units = (nchunks + unit - 1) / unit;
     if (splits < 1) {
         const int64_t blocks = (int64_t)p->tiles * (p->n_pad / bn);
-        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn);
+        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn, dig);
         /* split only when under 3/4 of a wave: partials cost a write and a read of y per split */
         splits = 4 * blocks < 3 * want ? (int)(want / blocks) : 1; /* within one wave */
         if (splits < 1) splits = 1;
@@ -671,14 +704,17 @@ static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, in
     if (splits > units) splits = units;
     p->cps = (units + splits - 1) / splits * unit;
     p->splits = (nchunks + p->cps - 1) / p->cps;
-    /* scratch: x hi, lo [n_pad, cols_pad] u16, xsum [n_pad, cols_pad / group] f32, 1/sigma
+    /* scratch: x hi, lo [n_pad, cols_pad] u16 (int8 variant: the digits [n_pad, cols_pad * dig]
+     * and no lo), xsum [n_pad, cols_pad / group] f32 (int8 variant: then E, the same size), 1/sigma
      * [n_pad], partials [splits, n, rows_total] f32 */
     p->ngp = p->quant ? p->cols_pad / p->group : 0;
     auto al = [](size_t b) { return (b + 255) & ~(size_t)255; };
-    const size_t xb = al((size_t)p->n_pad * p->cols_pad * 2);
-    p->off_xl = xb;
-    p->off_xsum = 2 * xb;
-    p->off_isg = p->off_xsum + al((size_t)p->n_pad * (p->ngp + 1) * 4);
+    const size_t xb = al((size_t)p->n_pad * p->cols_pad * (dig ? dig : 2));
+    const size_t gb = al((size_t)p->n_pad * (p->ngp + 1) * 4);
+    p->off_xl = dig ? 0 : xb;
+    p->off_xsum = dig ? xb : 2 * xb;
+    p->off_xe = p->off_xsum + gb;
+    p->off_isg = p->off_xe + (dig ? gb : 0);
     p->off_part = p->off_isg + al((size_t)p->n_pad * 4);
     p->bytes = p->off_part + (p->splits > 1 ? al((size_t)p->splits * n * rows_total * 4) : 0);
     return true;
@@ -707,6 +743,8 @@ static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *y
     A->count = count;
     A->xh = (const uint16_t *)scr;
     A->xl = (const uint16_t *)(scr + p.off_xl);
+    A->xd = p.dig ? (const int8_t *)scr : NULL;
+    A->xe = p.dig ? (const float *)(scr + p.off_xe) : NULL;
     A->xsum = (const float *)(scr + p.off_xsum);
     A->inv_sigma = (const float *)(scr + p.off_isg);
     A->part = p.splits > 1 ? (float *)(scr + p.off_part) : NULL;
@@ -716,6 +754,8 @@ static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *y
     P->x = x;
     P->xh = (uint16_t *)scr;
     P->xl = (uint16_t *)(scr + p.off_xl);
+    P->xd = p.dig ? (int8_t *)scr : NULL;
+    P->xe = p.dig ? (float *)(scr + p.off_xe) : NULL;
     P->xsum = (float *)(scr + p.off_xsum);
     P->inv_sigma = (float *)(scr + p.off_isg);
     P->norm = norm ? 1 : 0;
@@ -743,6 +783,19 @@ static int tc_mode(void) {
         if (k && *k) g_tc_splits = atoi(k);
     }
     return g_tc_mode;
+}
+/* The int8 variant for quantized W: KILN_CUDA_TC_INT8=1 or kiln_cuda_set_tc_int8(1) (default off
+ * until measured on the GPU). */
+static int g_tc_int8 = -1;
+extern "C" void kiln_cuda_set_tc_int8(int on) {
+    g_tc_int8 = on;
+}
+static bool tc_int8(void) {
+    if (g_tc_int8 < 0) {
+        const char *e = getenv("KILN_CUDA_TC_INT8");
+        g_tc_int8 = e && *e ? atoi(e) != 0 : 0;
+    }
+    return g_tc_int8 == 1;
 }
 static int tc_dense_max(void) {
     if (g_tc_dense_max < 0) {
@@ -809,6 +862,44 @@ static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
     KCU_LAUNCHED(st);
 }
 
+template <int MODE, int SS, int DIG, int BN>
+static void tc_launch_i8_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
+    using C = tc_cfg<BN>;
+    const size_t smem = tc_layout_i8<MODE, SS, DIG, BN, C::STAGES>::bytes;
+    static bool raised = false; /* per instantiation */
+    if (!raised) {
+        if (!KCU_CHECK(
+                st, cudaFuncSetAttribute(k_tc_gemm_i8<MODE, SS, DIG, BN, C::WM, C::WN, C::STAGES>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+            return;
+        raised = true;
+    }
+    KCU_LAUNCH(st, (k_tc_gemm_i8<MODE, SS, DIG, BN, C::WM, C::WN, C::STAGES>), grid, TC_THREADS,
+               smem, A);
+    KCU_LAUNCHED(st);
+}
+
+/* the int8 variant by digits and tokens per block (exact mode: up to 64) */
+template <int MODE, int SS>
+static void tc_launch_i8(kcu_state *st, const tc_args &A, dim3 grid, int bn, int dig) {
+    if (dig == 3) {
+        if (bn == 8)
+            tc_launch_i8_cfg<MODE, SS, 3, 8>(st, A, grid);
+        else if (bn == 16)
+            tc_launch_i8_cfg<MODE, SS, 3, 16>(st, A, grid);
+        else
+            tc_launch_i8_cfg<MODE, SS, 3, 64>(st, A, grid);
+    } else if (bn == 8) {
+        tc_launch_i8_cfg<MODE, SS, 1, 8>(st, A, grid);
+    } else if (bn == 16) {
+        tc_launch_i8_cfg<MODE, SS, 1, 16>(st, A, grid);
+    } else if (bn == 64) {
+        tc_launch_i8_cfg<MODE, SS, 1, 64>(st, A, grid);
+    } else {
+        tc_launch_i8_cfg<MODE, SS, 1, 128>(st, A, grid);
+    }
+}
+
 template <int MODE, int SS>
 static void tc_launch_bn(kcu_state *st, const tc_args &A, dim3 grid, int bn) {
     if (bn == 8)
@@ -827,7 +918,8 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     for (int i = 0; i < count; i++)
         if (!kcu_tc_gemm_applies(ws[i], n)) return false;
     tc_plan p;
-    if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits)) return false;
+    const int dig = kiln_matrix_is_quantized(ws[0]) && tc_int8() ? (kcu_fast_math() ? 1 : 3) : 0;
+    if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits, dig)) return false;
     char *scr = (char *)kcu_scratch(st, p.bytes);
     if (!scr) return true; /* the sticky error is set */
     tc_args A;
@@ -835,7 +927,15 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     tc_plan_args(p, scr, count, ys, x, n, ws, norm, norm_w, eps, plus_one, add, &A, &P);
 
     const size_t psm = TC_THREADS / 32 * sizeof(float);
-    if (!p.quant)
+    if (p.dig == 3 && p.bits == 4)
+        KCU_LAUNCH(st, (k_tc_prep_i8<3, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else if (p.dig == 3)
+        KCU_LAUNCH(st, (k_tc_prep_i8<3, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else if (p.dig == 1 && p.bits == 4)
+        KCU_LAUNCH(st, (k_tc_prep_i8<1, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else if (p.dig == 1)
+        KCU_LAUNCH(st, (k_tc_prep_i8<1, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else if (!p.quant)
         KCU_LAUNCH(st, (k_tc_prep<false, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
     else if (p.bits == 4)
         KCU_LAUNCH(st, (k_tc_prep<true, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
@@ -844,7 +944,15 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     KCU_LAUNCHED(st);
 
     const dim3 grid((unsigned)p.tiles, (unsigned)(p.n_pad / p.bn), (unsigned)p.splits);
-    if (!p.quant)
+    if (p.dig && p.bits == 4 && p.group == 32)
+        tc_launch_i8<TC_Q4, 2>(st, A, grid, p.bn, p.dig);
+    else if (p.dig && p.bits == 4)
+        tc_launch_i8<TC_Q4, 4>(st, A, grid, p.bn, p.dig);
+    else if (p.dig && p.group == 32)
+        tc_launch_i8<TC_Q8, 2>(st, A, grid, p.bn, p.dig);
+    else if (p.dig)
+        tc_launch_i8<TC_Q8, 4>(st, A, grid, p.bn, p.dig);
+    else if (!p.quant)
         tc_launch_bn<TC_BF16, 4>(st, A, grid, p.bn);
     else if (p.bits == 4 && p.group == 32)
         tc_launch_bn<TC_Q4, 2>(st, A, grid, p.bn);
