@@ -1754,7 +1754,9 @@ static void test_attention_prep(void) {
  * caches (opt-in) round K and V to bf16 too. */
 static int tc_simple; /* which tensor-core kernel (kiln_cuda_set_fa_simple) */
 
+static int tc_f32_split = 0; /* f32 caches as bf16 hi + lo pairs (kiln_cuda_set_fa_f32(2)) */
 static double tc_tol(const char *kind) {
+    if (tc_f32_split && !strcmp(kind, "f32")) return 5e-5; /* ~5e-6 in the emulator */
     return strcmp(kind, "f16") ? 1e-2 : 2e-3;
 }
 
@@ -1915,6 +1917,14 @@ static void test_attention_tc(void) {
     test_attention_tc_case("f32", 2, 4, 128, 0, 0.0f, b, 2);
     test_attention_tc_case("f32", 1, 1, 80, 30, 50.0f, a, 3);
     test_attention_tc_batch("f32", 2, 4, 64, 0, 0.0f);
+    /* ... or kept as bf16 hi + lo pairs, three products per MMA (KILN_CUDA_FA_F32=2) */
+    kiln_cuda_set_fa_f32(2);
+    tc_f32_split = 1;
+    test_attention_tc_case("f32", 2, 4, 128, 0, 0.0f, b, 2);
+    test_attention_tc_case("f32", 1, 1, 80, 30, 50.0f, a, 3);
+    test_attention_tc_case("f32", 1, 2, 256, 16, 0.0f, c, 1);
+    test_attention_tc_batch("f32", 2, 4, 64, 0, 0.0f);
+    tc_f32_split = 0;
     kiln_cuda_set_fa_f32(-1);
     /* KILN_CUDA_FA=0 equivalent: nothing launched */
     long long launches = kiln_cuda_fa_launches();

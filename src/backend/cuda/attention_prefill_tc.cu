@@ -18,8 +18,11 @@
  * cp.async (the next tile loads while this one is computed) and loads fragments with ldmatrix
  * (V through .trans); the simple one (KILN_CUDA_FA_SIMPLE=1) stages one tile through registers,
  * stores V transposed and loads fragments 32 bits at a time: a fallback with less to go wrong.
- * f32 caches (opt-in, KILN_CUDA_FA_F32=1: results then carry bf16 rounding of K and V) take the
- * simple kernel, which converts K/V tiles to bf16 as it stages them. */
+ * f32 caches (opt-in) take the simple kernel, which converts K/V tiles as it stages them:
+ * KILN_CUDA_FA_F32=1 to bf16 (results then carry bf16 rounding of K and V); KILN_CUDA_FA_F32=2 to
+ * a bf16 hi + lo pair each (SPLIT; Q and P too, hi = bf16(x), lo = bf16(x - hi)), and each MMA
+ * becomes three, lo hi + hi lo + hi hi: products kept to ~2^-16 relative, the precise mode's
+ * numerics of the cuBLAS split path. */
 /* tests/emu/fa_emulate.cc compiles the kernel on the CPU (FA_HOST_EMU) with its own shims */
 #ifndef FA_HOST_EMU
 #include "backend/cuda/attention.cuh"
@@ -122,19 +125,29 @@ template <bool TRANS> void fa_ldsm4(uint32_t r[4], const void *smem) {
  *     staged through registers, fragments loaded 32 bits at a time;
  *   fast kernel (FAST = true): Qs, then two stages of Ks [KT][D+8] and Vs [KT][D+8] (key-major)
  *     filled by cp.async while the other stage is computed on, fragments by ldmatrix. */
-template <int D, int KT, bool FAST> struct fa_smem {
+template <int D, int KT, bool FAST, bool SPLIT = false> struct fa_smem {
     static constexpr int Q = FA_ROWS * (D + FA_PAD);
     static constexpr int K = KT * (D + FA_PAD);
     static constexpr int V = FAST ? KT * (D + FA_PAD) : D * (KT + FA_PAD);
     static constexpr int STAGES = FAST ? 2 : 1;
-    static constexpr size_t bytes = (size_t)(Q + STAGES * (K + V)) * 2;
+    /* SPLIT: the lo halves of Q, K and V, HALF elements after the hi ones, in the same layout */
+    static constexpr int HALF = Q + STAGES * (K + V);
+    static constexpr size_t bytes = (size_t)HALF * 2 * (SPLIT ? 2 : 1);
 };
 
-/* F32KV (simple kernel only, BF16): the cache holds f32, rounded to bf16 as tiles are staged. */
-template <int D, int KT, bool BF16, bool FAST, bool F32KV>
+/* hi = bf16 pair of (a, b), lo = bf16 pair of the remainders (a - hi.a, b - hi.b) */
+__device__ __forceinline__ void fa_split_bf16(float a, float b, uint32_t *hi, uint32_t *lo) {
+    *hi = fa_pack<true>(a, b);
+    *lo = fa_pack<true>(a - __uint_as_float(*hi << 16), b - __uint_as_float(*hi & 0xffff0000u));
+}
+
+/* F32KV (simple kernel only, BF16): the cache holds f32, rounded to bf16 as tiles are staged;
+ * with SPLIT, staged as bf16 hi + lo pairs and multiplied as three products. */
+template <int D, int KT, bool BF16, bool FAST, bool F32KV, bool SPLIT = false>
 __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_constant__ fa_launch L) {
     KCU_PDL_ENTER();
-    using SM = fa_smem<D, KT, FAST>;
+    static_assert(!SPLIT || (F32KV && BF16 && !FAST), "the split takes f32 caches, simple kernel");
+    using SM = fa_smem<D, KT, FAST, SPLIT>;
     const fa_seq &S = L.s[blockIdx.z];
     const int G = L.group, rows_total = S.n * G;
     /* blockIdx.x = KV head (fastest, so every head's heavy tiles start first), blockIdx.y = row
@@ -184,8 +197,14 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
             x0 = src[0], x1 = src[1], x2 = src[2], x3 = src[3];
         }
         uint32_t *dst = (uint32_t *)(Qs + fa_qs_off(D, r, d));
-        dst[0] = fa_pack<BF16>(x0, x1);
-        dst[1] = fa_pack<BF16>(x2, x3);
+        if (SPLIT) {
+            uint32_t *dlo = (uint32_t *)(Qs + SM::HALF + fa_qs_off(D, r, d));
+            fa_split_bf16(x0, x1, &dst[0], &dlo[0]);
+            fa_split_bf16(x2, x3, &dst[1], &dlo[1]);
+        } else {
+            dst[0] = fa_pack<BF16>(x0, x1);
+            dst[1] = fa_pack<BF16>(x2, x3);
+        }
     }
 
     /* this thread's two rows (g and g + 8 of the warp's 16): last visible key hi (-1: dead row,
@@ -240,13 +259,23 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
         } else {
             __syncthreads(); /* Q staged / previous tile consumed */
             uint16_t *Kd = Ks0, *Vt = Vs0;
-            /* 8 dims of key `key` as 16-bit values (zeros past the block's keys: never NaN) */
-            auto load8 = [&](const void *base, int key, int d) -> uint4 {
+            /* 8 dims of key `key` as 16-bit values (zeros past the block's keys: never NaN);
+             * SPLIT: the hi halves, the lo ones in *lo */
+            auto load8 = [&](const void *base, int key, int d, uint4 *lo) -> uint4 {
+                if (SPLIT) *lo = make_uint4(0, 0, 0, 0);
                 if (key >= k1) return make_uint4(0, 0, 0, 0);
                 int64_t off = (int64_t)key * kvstride + (int64_t)kvh * D + d;
                 if (F32KV) {
                     const float4 *f = (const float4 *)((const float *)base + off);
                     float4 x = kcu_ld(f), y = kcu_ld(f + 1);
+                    if (SPLIT) {
+                        uint4 h;
+                        fa_split_bf16(x.x, x.y, &h.x, &lo->x);
+                        fa_split_bf16(x.z, x.w, &h.y, &lo->y);
+                        fa_split_bf16(y.x, y.y, &h.z, &lo->z);
+                        fa_split_bf16(y.z, y.w, &h.w, &lo->w);
+                        return h;
+                    }
                     return make_uint4(fa_pack<BF16>(x.x, x.y), fa_pack<BF16>(x.z, x.w),
                                       fa_pack<BF16>(y.x, y.y), fa_pack<BF16>(y.z, y.w));
                 }
@@ -255,18 +284,25 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
             /* K: 16 bytes (8 dims of one key) per thread and step, dims fastest (coalesced) */
             for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
                 int j = i / (D / 8), d = (i - j * (D / 8)) * 8;
-                *(uint4 *)(Kd + fa_ks_off(D, j, d)) = load8(S.k, ks + j, d);
+                uint4 lo;
+                *(uint4 *)(Kd + fa_ks_off(D, j, d)) = load8(S.k, ks + j, d, &lo);
+                if (SPLIT) *(uint4 *)(Kd + SM::HALF + fa_ks_off(D, j, d)) = lo;
             }
             /* V, transposed: keys fastest, so a warp's 16-bit stores go to 32 consecutive keys
              * of one Vt row (no bank conflicts); keys past the block's range are zero */
             for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
                 int d = (i / KT) * 8, j = i % KT;
-                uint4 u = load8(S.v, ks + j, d);
-                uint32_t w[4] = {u.x, u.y, u.z, u.w};
+                uint4 ul, u = load8(S.v, ks + j, d, &ul);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    Vt[fa_vt_off(KT, j, d + 2 * e)] = (uint16_t)(w[e] & 0xffffu);
-                    Vt[fa_vt_off(KT, j, d + 2 * e + 1)] = (uint16_t)(w[e] >> 16);
+                for (int half = 0; half < (SPLIT ? 2 : 1); half++) {
+                    const uint4 &x = half ? ul : u;
+                    uint16_t *dst = Vt + (half ? SM::HALF : 0);
+                    uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        dst[fa_vt_off(KT, j, d + 2 * e)] = (uint16_t)(w[e] & 0xffffu);
+                        dst[fa_vt_off(KT, j, d + 2 * e + 1)] = (uint16_t)(w[e] >> 16);
+                    }
                 }
             }
             __syncthreads();
@@ -299,15 +335,28 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
                         fa_mma<BF16>(s[nb + 1], af, bf + 2);
                     }
                 } else {
+                    uint32_t afl[4]; /* SPLIT: Q's lo halves */
 #pragma unroll
-                    for (int r = 0; r < 4; r++)
+                    for (int r = 0; r < 4; r++) {
                         af[r] = *(const uint32_t *)(Qs + fa_q_frag(D, warp * 16, kk, lane, r));
+                        if (SPLIT)
+                            afl[r] = *(const uint32_t *)(Qs + SM::HALF +
+                                                         fa_q_frag(D, warp * 16, kk, lane, r));
+                    }
 #pragma unroll
                     for (int nb = 0; nb < KT / 8; nb++) {
-                        uint32_t bf[2];
+                        uint32_t bf[2], bfl[2];
 #pragma unroll
-                        for (int r = 0; r < 2; r++)
+                        for (int r = 0; r < 2; r++) {
                             bf[r] = *(const uint32_t *)(Ks + fa_k_frag(D, nb, kk, lane, r));
+                            if (SPLIT)
+                                bfl[r] = *(const uint32_t *)(Ks + SM::HALF +
+                                                             fa_k_frag(D, nb, kk, lane, r));
+                        }
+                        if (SPLIT) { /* the small products first */
+                            fa_mma<BF16>(s[nb], afl, bf);
+                            fa_mma<BF16>(s[nb], af, bfl);
+                        }
                         fa_mma<BF16>(s[nb], af, bf);
                     }
                 }
@@ -356,11 +405,14 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
             /* O += P V: P's A fragments are S's accumulators, two key blocks per 16-key step */
 #pragma unroll
             for (int kk = 0; kk < KT / 16; kk++) {
-                uint32_t pf[4];
+                uint32_t pf[4], pfl[4]; /* pfl: SPLIT, P's lo halves */
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
                     const float *c = s[fa_p_nb(kk, r)];
-                    pf[r] = fa_pack<BF16>(c[fa_p_c(r)], c[fa_p_c(r) + 1]);
+                    if (SPLIT)
+                        fa_split_bf16(c[fa_p_c(r)], c[fa_p_c(r) + 1], &pf[r], &pfl[r]);
+                    else
+                        pf[r] = fa_pack<BF16>(c[fa_p_c(r)], c[fa_p_c(r) + 1]);
                 }
                 if (FAST) {
 #pragma unroll
@@ -374,10 +426,18 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
                 } else {
 #pragma unroll
                     for (int db = 0; db < D / 8; db++) {
-                        uint32_t bf[2];
+                        uint32_t bf[2], bfl[2];
 #pragma unroll
-                        for (int r = 0; r < 2; r++)
+                        for (int r = 0; r < 2; r++) {
                             bf[r] = *(const uint32_t *)(Vs + fa_v_frag(KT, db, kk, lane, r));
+                            if (SPLIT)
+                                bfl[r] = *(const uint32_t *)(Vs + SM::HALF +
+                                                             fa_v_frag(KT, db, kk, lane, r));
+                        }
+                        if (SPLIT) {
+                            fa_mma<BF16>(o[db], pfl, bf);
+                            fa_mma<BF16>(o[db], pf, bfl);
+                        }
                         fa_mma<BF16>(o[db], pf, bf);
                     }
                 }
@@ -409,18 +469,19 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
 }
 
 #ifndef FA_HOST_EMU /* host side */
-template <int D, int KT, bool BF16, bool FAST, bool F32KV = false>
+static int fa_f32(void);
+template <int D, int KT, bool BF16, bool FAST, bool F32KV = false, bool SPLIT = false>
 static void fa_launch_one(kcu_state *st, const fa_launch &L, dim3 grid) {
-    const size_t smem = fa_smem<D, KT, FAST>::bytes;
+    const size_t smem = fa_smem<D, KT, FAST, SPLIT>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised && smem > 48 * 1024) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_fa_prefill<D, KT, BF16, FAST, F32KV>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_fa_prefill<D, KT, BF16, FAST, F32KV>), grid, FA_WARPS * 32, smem, L);
+    KCU_LAUNCH(st, (k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT>), grid, FA_WARPS * 32, smem, L);
     KCU_LAUNCHED(st);
 }
 
@@ -433,7 +494,9 @@ static void fa_launch_dt(kcu_state *st, const fa_launch &L, dim3 grid) {
 }
 
 template <int D, int KT> static void fa_launch_d(kcu_state *st, const fa_launch &L, dim3 grid) {
-    if (L.a.kv_dtype == KILN_DT_F32)
+    if (L.a.kv_dtype == KILN_DT_F32 && fa_f32() == 2)
+        fa_launch_one<D, KT, true, false, true, true>(st, L, grid);
+    else if (L.a.kv_dtype == KILN_DT_F32)
         fa_launch_one<D, KT, true, false, true>(st, L, grid);
     else if (L.fast)
         fa_launch_dt<D, KT, true>(st, L, grid);
@@ -462,10 +525,11 @@ extern "C" void kiln_cuda_set_fa_f32(int on) {
     fa_f32_set = on;
 }
 
-static bool fa_f32(void) {
-    if (fa_f32_set >= 0) return fa_f32_set != 0;
+/* f32 caches: 0 = not here (CUDA-core attention), 1 = as bf16, 2 = as bf16 hi + lo pairs */
+static int fa_f32(void) {
+    if (fa_f32_set >= 0) return fa_f32_set;
     const char *e = getenv("KILN_CUDA_FA_F32");
-    return e && *e && atoi(e) != 0;
+    return e && *e ? atoi(e) : 0;
 }
 
 extern "C" long long kiln_cuda_fa_launches(void) {
@@ -482,7 +546,7 @@ static int fa_mode(void) {
 static int fa_min_tokens(const kcu_attn_args *a) {
     int mode = fa_mode();
     if (mode == 0) return -1;
-    bool f32 = a->kv_dtype == KILN_DT_F32 && fa_f32(); /* opt-in: K/V rounded to bf16 */
+    bool f32 = a->kv_dtype == KILN_DT_F32 && fa_f32() != 0; /* opt-in: as bf16 or pairs */
     if (a->kv_dtype != KILN_DT_F16 && a->kv_dtype != KILN_DT_BF16 && !f32) return -1;
     if (a->head_dim != a->v_head_dim || a->n_kv_heads <= 0 || a->p.n_heads % a->n_kv_heads)
         return -1;

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# session13_run.sh — first GPU run of what the thirteenth session wrote with no GPU (checked only
+# by the CPU emulators): the tensor-core GEMM's int8 variant (gemm_tc_int8.cuh: x as signed-byte
+# digits, mma m16n8k32 on the codes; KILN_CUDA_TC_INT8=1) and the tensor-core prefill attention
+# over f32 caches as bf16 hi + lo pairs (attention_prefill_tc.cu SPLIT; KILN_CUDA_FA_F32=2). Two
+# calls on one warm machine:
+#  PART=1: build; test_cuda_ops' tensor-core tests (GEMM: f16 kernels, then the int8 variant in
+#    exact and fast mode; prefill attention, the split among them); test_parity_cuda with each on
+#    (the attention forced onto every step, KILN_CUDA_FA=2); test_parity_cuda_kv with the MoE
+#    routing log (the qwen3_next --kv q4 case: bench/gpu/moe_route_diff.py names the first
+#    routing difference between each CPU model and the device one after it); the per-matrix
+#    times of both kernels at Llama-3-8B shapes (kiln_gpu_bench tc, 4/8-bit g64).
+#  PART=2: exact-mode prefill 512 / 4096 of Qwen3-0.6B and Llama-3-8B bf16 with the f32 cache's
+#    attention on CUDA cores (default) | as bf16 | as pairs; then decode at batch 64 (and 16) and
+#    prefill 512 on Llama-3-8B q4 / q8 and Qwen3-0.6B q4, exact and fast mode, most wanted first:
+#    the default path, the f16 codes GEMM and the int8 variant (both kept past the sizes that go
+#    to dequantize + cuBLAS by default).
+# Logs stay in /tmp; summaries go to stdout.
+LIMIT=${LIMIT:-570}
+PART=${PART:-1}
+source "$(dirname "$0")/common.sh"
+models_converted_in_background qwen3-0.6b:4 llama-3-8b:4 llama-3-8b:8
+if [ "$PART" = 1 ]; then
+    build_kiln
+    build_gpu_bench
+    run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm,test_tc_fused,test_attention_tc" \
+        "test_parity_cuda KILN_CUDA_TC_INT8=1" "test_parity_cuda KILN_CUDA_FA=2 KILN_CUDA_FA_F32=2"
+    stamp "test_parity_cuda_kv with the MoE routing log"
+    KILN_MOE_LOG=/tmp/routes.log timeout 240 "$B/test_parity_cuda_kv" >/tmp/kv.log 2>&1
+    echo "test_parity_cuda_kv rc=$? | $(grep -E "checks, " /tmp/kv.log | tail -1)"
+    grep -E "CHECK failed" /tmp/kv.log | head -4 | cut -c1-300
+    python3 bench/gpu/moe_route_diff.py --consecutive /tmp/routes.log | grep -v "same experts" |
+        head -24
+    stamp "kiln_gpu_bench tc"
+    KILN_BENCH_TC_SHAPES="14336x4096 4096x14336 6144x4096" KILN_BENCH_TC_FMTS="q4g64 q8g64" \
+        timeout 150 "$B/kiln_gpu_bench" tc 2>&1 | grep -E "copy|\[(tc|int8|int8 fast|old)\]" |
+        cut -c1-140
+else
+    [ -x "$B/kiln" ] || build_kiln
+    wait $MODELS
+    bench() { # model batch prompt gen env...: "decode prefill" tok/s (median of 2)
+        local m=$1 b=$2 p=$3 g=$4
+        shift 4
+        env "$@" "$B/kiln" bench --device cuda --model "$M/$m" --prompt "$p" --gen "$g" \
+            --batch "$b" --runs 2 --json --quiet 2>&1 |
+            grep -oE '"(prefill|decode)_tok_s":[0-9.]*' | cut -d: -f2 | tr '\n' ' '
+    }
+    # the GEMM past the sizes that go to dequantize + cuBLAS (exact from 128 tokens, fast from 32)
+    GEMM="KILN_CUDA_DEQUANT_MIN_N=100000 KILN_CUDA_DEQUANT_MIN_N_FAST=100000"
+    line() { # model mode batch prompt gen: default | the f16 codes GEMM | the int8 variant
+        left 45 || return 1
+        echo "$1 $2 batch $3 prompt $4 (prefill decode tok/s): default $(bench "$1" "$3" "$4" "$5" \
+            KILN_MATMUL=$2) | f16 codes $(bench "$1" "$3" "$4" "$5" KILN_MATMUL=$2 $GEMM) | int8 \
+$(bench "$1" "$3" "$4" "$5" KILN_MATMUL=$2 $GEMM KILN_CUDA_TC_INT8=1)"
+    }
+    line_fa() { # model prompt: exact-mode prefill, the f32 cache's attention 0 | 1 | 2
+        left 45 || return 1
+        echo "$1 exact prefill $2 (prefill decode tok/s): CUDA cores $(bench "$1" 1 "$2" 1) | bf16 \
+$(bench "$1" 1 "$2" 1 KILN_CUDA_FA_F32=1) | pairs $(bench "$1" 1 "$2" 1 KILN_CUDA_FA_F32=2)"
+    }
+    # most wanted first; each stops when under 45 s are left
+    line llama-3-8b-q4 exact 64 128 32
+    line llama-3-8b-q8 exact 64 128 32
+    line_fa qwen3-0.6b 512
+    line_fa llama-3-8b 512
+    line llama-3-8b-q4 fast 64 128 32
+    line llama-3-8b-q8 fast 64 128 32
+    line llama-3-8b-q4 exact 1 512 1
+    line_fa qwen3-0.6b 4096
+    line llama-3-8b-q4 fast 1 512 1
+    line llama-3-8b-q4 exact 16 128 32
+    line qwen3-0.6b-q4 exact 64 128 32
+    line qwen3-0.6b-q4 fast 64 128 32
+    line_fa llama-3-8b 4096
+    line llama-3-8b-q8 exact 1 512 1
+fi
+stamp "end"
