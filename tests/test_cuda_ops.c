@@ -528,6 +528,48 @@ static void test_tc_fused(void) {
     }
 }
 
+/* The prefetch hint (prefetch.cu): with a budget it launches one kernel per call (whole first
+ * matrix, a leading part of the others, a budget smaller than the first), without one nothing;
+ * the matmuls after it give the same bits as before it. */
+static void test_prefetch(void) {
+    test_matrix q4, q8, bf;
+    make_quant(&q4, 4, 64, KILN_DT_BF16, 1000, 4096, false);
+    make_quant(&q8, 8, 32, KILN_DT_F16, 1000, 4096, true);
+    make_dense(&bf, KILN_DT_BF16, 777, 4096, false);
+    const kiln_matrix *ws[3] = {&q4.dev, &q8.dev, &bf.dev};
+    float *x = rand_f32(2 * 4096, 1.0f), *dx = dev_copy(x, 2 * 4096 * 4);
+    float *y0[3], *y1[3];
+    for (int i = 0; i < 3; i++) {
+        y0[i] = dev_poisoned(2 * 1000), y1[i] = dev_poisoned(2 * 1000);
+        be->matmul(be, y0[i], dx, 2, ws[i]);
+    }
+    const int budgets[] = {0, 1, 3, 64};
+    for (int b = 0; b < 4; b++) {
+        kiln_cuda_set_prefetch_mb(budgets[b]);
+        const long long l0 = kiln_cuda_prefetch_launches();
+        be->prefetch(be, ws, 3);
+        be->prefetch(be, ws + 2, 1);
+        CHECK_MSG(kiln_cuda_prefetch_launches() - l0 == (budgets[b] ? 2 : 0),
+                  "prefetch budget %d MB: %lld launches", budgets[b],
+                  kiln_cuda_prefetch_launches() - l0);
+        for (int i = 0; i < 3; i++) {
+            be->matmul(be, y1[i], dx, 2, ws[i]);
+            float h0[2000], h1[2000];
+            const int64_t rows = ws[i]->rows;
+            be->download(be, h0, y0[i], (size_t)(2 * rows) * 4);
+            be->download(be, h1, y1[i], (size_t)(2 * rows) * 4);
+            CHECK_MSG(memcmp(h0, h1, (size_t)(2 * rows) * 4) == 0,
+                      "prefetch budget %d MB: matrix %d changed", budgets[b], i);
+        }
+    }
+    kiln_cuda_set_prefetch_mb(-1);
+    CHECK_OK(be->synchronize(be));
+    for (int i = 0; i < 3; i++) be->free(be, y0[i]), be->free(be, y1[i]);
+    be->free(be, dx);
+    free(x);
+    free_matrix(&q4), free_matrix(&q8), free_matrix(&bf);
+}
+
 static void test_embed(void) {
     test_matrix ms[4];
     make_dense(&ms[0], KILN_DT_BF16, 300, 96, false);
@@ -2068,6 +2110,7 @@ int main(void) {
     RUN(test_matmul_multi());
     RUN(test_matmul_fused());
     RUN(test_embed());
+    RUN(test_prefetch());
     RUN(test_matmul());
     /* again on the paths the tensor-core GEMM replaced by default (KILN_CUDA_TC_GEMM=0) */
     kiln_cuda_set_tc_gemm(0, -1, 0, 0);

@@ -116,6 +116,10 @@ struct kiln_backend {
     void (*matmul_norm_glu)(kiln_backend *be, float *out, const float *x, float *h, float *up,
                             int64_t n, const kiln_matrix *wg, const kiln_matrix *wu,
                             const float *norm_w, float eps, bool plus_one, kiln_glu_act act);
+    /* Optional hint (NULL: none): these matrices are read soon, after a few ops that read little
+     * (attention at a decode step); the backend may start moving part of them closer to the
+     * compute (CUDA: into L2). The first is read first; the others together. Changes no result. */
+    void (*prefetch)(kiln_backend *be, const kiln_matrix *const *ws, int count);
     void (*copy2d)(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
                    int64_t src_stride, int64_t rows, int64_t cols);
     void (*copy3d)(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,

@@ -263,6 +263,12 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         float *const qkv_out[3] = {a.q, a.k, a.v};
         const kiln_matrix *const qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         be->matmul_norm(be, 3, qkv_out, a.x, a.h, T, qkv_w, L->attn_norm, s->eps, false);
+        /* at a decode step, the o projection and the start of gate / up may move towards the
+         * compute while attention runs (a hint: CUDA prefetches into L2 when given a budget) */
+        if (be->prefetch && T == n_entries) {
+            const kiln_matrix *const next[3] = {&L->wo, &L->w_gate, &L->w_up};
+            be->prefetch(be, next, 3);
+        }
         /* decode steps on caches that take the q/k norm + RoPE into their store + attention
          * (the CUDA contiguous cache: one kernel instead of three) */
         const kiln_qk_prep prep = {L->q_norm, L->k_norm, s->inv_freq, rot, s->eps};

@@ -544,6 +544,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->matmul_norm = kcu_matmul_norm;
     be->matmul_add = kcu_matmul_add;
     be->matmul_norm_glu = kcu_matmul_norm_glu;
+    be->prefetch = kcu_prefetch;
     be->qk_norm_rope = kcu_qk_norm_rope;
     be->copy2d = kcu_copy2d;
     be->copy3d = kcu_copy3d;

@@ -21,6 +21,7 @@ void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, const float 
                      bool plus_one);
 void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
                     const kiln_matrix *w);
+void kcu_prefetch(kiln_backend *be, const kiln_matrix *const *ws, int count);
 void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x, float *h, float *up,
                          int64_t n, const kiln_matrix *wg, const kiln_matrix *wu,
                          const float *norm_w, float eps, bool plus_one, kiln_glu_act act);
@@ -124,6 +125,11 @@ void kiln_cuda_set_tc_gemm(int mode, int dense_max_n, int bn, int splits);
 /* The tensor-core GEMM's int8 variant for 4/8-bit weights (gemm_tc_int8.cuh: x as signed-byte
  * digits, mma m16n8k32 on the codes): 1 = on, 0 = off (default), < 0 = env KILN_CUDA_TC_INT8. */
 void kiln_cuda_set_tc_int8(int on);
+/* The prefetch hint's budget in MB (prefetch.cu; 0 = off, the default); < 0 = env
+ * KILN_CUDA_PREFETCH_MB. */
+void kiln_cuda_set_prefetch_mb(int mb);
+/* Prefetch kernels launched so far (tests check the hint ran). */
+long long kiln_cuda_prefetch_launches(void);
 /* Tensor-core GEMM calls so far (every backend of the process): tests check the path ran. */
 long long kiln_cuda_tc_gemm_launches(void);
 /* cuBLAS path for 16-bit/quantized weights: x as bf16 (0, fast) or as a bf16 hi+lo pair through
