@@ -181,6 +181,148 @@ template <int H> __device__ __forceinline__ uint32_t tc_byte2(uint32_t w) {
 
 extern __shared__ uint4 tc_sm_raw[];
 
+/* ---- what the f16 kernel and the int8 variant (gemm_tc_int8.cuh) share ---- */
+
+/* A block's matrix (block x picks it from the table), its first row and token and its chunks
+ * [kc0, kc0 + nk) of 64 columns (split-K: grid z). */
+struct tc_block {
+    const tc_mat *M;
+    int rows, row0, tok0, kc0, nk;
+};
+__device__ __forceinline__ tc_block tc_block_of(const tc_args &A, int bn) {
+    int mi = 0;
+    while (mi + 1 < A.count && (int)blockIdx.x >= A.m[mi + 1].first) mi++;
+    tc_block b;
+    b.M = &A.m[mi];
+    b.rows = b.M->rows;
+    b.row0 = ((int)blockIdx.x - b.M->first) * TC_BM;
+    b.tok0 = (int)blockIdx.y * bn;
+    const int nchunks = A.cols_pad / TC_BK;
+    b.kc0 = (int)blockIdx.z * A.chunks_per_split;
+    const int kc1 = b.kc0 + A.chunks_per_split < nchunks ? b.kc0 + A.chunks_per_split : nchunks;
+    b.nk = kc1 - b.kc0;
+    return b;
+}
+
+/* W tile (128 rows) of chunk kc into dst: 16-byte pieces, rows / columns past the matrix zero */
+template <int MODE, int SS>
+__device__ __forceinline__ void tc_issue_w(char *dst, const tc_block &B, int cols, int kc) {
+    using G = tc_geom<MODE, SS>;
+    constexpr int SEGS = G::WROW / 16;
+    const int64_t row_bytes = (int64_t)cols * G::BITS / 8;
+    const char *wbase = (const char *)B.M->w;
+    for (int i = threadIdx.x; i < TC_BM * SEGS; i += TC_THREADS) {
+        const int r = i / SEGS, sg = i % SEGS;
+        const int grow = B.row0 + r, gcol = kc * TC_BK + sg * (128 / G::BITS);
+        const bool ok = grow < B.rows && gcol < cols;
+        const char *src =
+            wbase + (ok ? (int64_t)grow * row_bytes + (int64_t)gcol * G::BITS / 8 : 0);
+        tc_cp16(dst + r * G::WS + sg * 16, src, ok ? 16 : 0);
+    }
+}
+
+/* The cp.async pipeline over a block's nk chunks (STAGES slots), given issue_w / issue_x (kc,
+ * slot) for the W and x tiles. Start: weights are written by no kernel, so their first stages
+ * load before waiting for the kernel before (programmatic dependent launch); one commit group per
+ * stage, W of every prologue stage in the first. */
+template <int STAGES, typename IW, typename IX>
+__device__ __forceinline__ void tc_pipeline_start(int kc0, int nk, IW &issue_w, IX &issue_x) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < nk) issue_w(kc0 + s, s);
+    kcu_pdl_wait();
+    kcu_pdl_trigger();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) issue_x(kc0 + s, s);
+        tc_cp_commit();
+    }
+}
+/* Chunk it's turn: its copies have landed (everyone's: the barrier, which also frees chunk
+ * it-1's slot), and chunk it + STAGES - 1 is issued into that slot. */
+template <int STAGES, typename IW, typename IX>
+__device__ __forceinline__ void tc_pipeline_next(int it, int kc0, int nk, IW &issue_w,
+                                                 IX &issue_x) {
+    tc_cp_wait<STAGES - 2>();
+    __syncthreads();
+    const int j = it + STAGES - 1;
+    if (j < nk) {
+        issue_w(kc0 + j, j % STAGES);
+        issue_x(kc0 + j, j % STAGES);
+    }
+    tc_cp_commit();
+}
+
+/* Scales and biases of group gi for the thread's rows (g, g + 8 of each m tile; 0 past the
+ * matrix), loaded at a span's start for the fold at its end */
+template <int MT>
+__device__ __forceinline__ void tc_group_scales(float (&fs)[MT][2], float (&fb)[MT][2],
+                                                const tc_args &A, const tc_block &B, int mrow,
+                                                int g, int gi) {
+    const int gpr = A.cols / A.group;
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = B.row0 + mrow + 16 * mi + g + 8 * h;
+            const bool ok = r < B.rows && gi < gpr;
+            const int64_t k = (int64_t)r * gpr + gi;
+            fs[mi][h] = ok ? tc_load_scale(B.M->scales, k, A.sdt) : 0.0f;
+            fb[mi][h] = ok ? tc_load_scale(B.M->qbias, k, A.sdt) : 0.0f;
+        }
+}
+
+/* The codes of the thread's run (a span) for both rows of every m tile, from the W tile */
+template <int MODE, int SS, int MT, int AW>
+__device__ __forceinline__ void tc_load_codes(uint32_t (&araw)[MT][2][AW], const char *Ws, int mrow,
+                                              int g, int run) {
+    using G = tc_geom<MODE, SS>;
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const char *p = Ws + (mrow + 16 * mi + g + 8 * h) * G::WS + run * G::BITS / 8;
+            if constexpr (AW == 1) {
+                araw[mi][h][0] = *(const uint32_t *)p;
+            } else if constexpr (AW == 2) {
+                const uint2 v = *(const uint2 *)p;
+                araw[mi][h][0] = v.x, araw[mi][h][1] = v.y;
+            } else {
+                const uint4 v = *(const uint4 *)p;
+                araw[mi][h][0] = v.x, araw[mi][h][1] = v.y;
+                araw[mi][h][2] = v.z, araw[mi][h][3] = v.w;
+            }
+        }
+}
+
+/* C fragments out: element i of tile (mi, ni) is row g (+8 for i >= 2), token 2t + (i & 1);
+ * split-K partials as they are, else y = acc / sigma + bias (+ y) */
+template <int MT, int NT>
+__device__ __forceinline__ void tc_store(const tc_args &A, const tc_block &B,
+                                         const float (&acc)[MT][NT][4], int mrow, int ntok, int g,
+                                         int t) {
+    const tc_mat &M = *B.M;
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = B.row0 + mrow + 16 * mi + g + (i >> 1) * 8;
+                const int tk = B.tok0 + ntok + 8 * ni + 2 * t + (i & 1);
+                if (r >= B.rows || tk >= A.n) continue;
+                const float v = acc[mi][ni][i];
+                if (A.part) {
+                    A.part[((int64_t)blockIdx.z * A.n + tk) * A.rows_total + M.roff + r] = v;
+                } else {
+                    float o = v * A.inv_sigma[tk] + (M.obias ? M.obias[r] : 0.0f);
+                    float *yp = M.y + (int64_t)tk * B.rows + r;
+                    if (A.add) o += *yp;
+                    *yp = o;
+                }
+            }
+}
+
 template <int MODE, int SS, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
     using G = tc_geom<MODE, SS>;
@@ -191,33 +333,13 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     static_assert(WM * WN == TC_THREADS / 32 && MT >= 1 && NT >= 1, "warp layout");
     static_assert(SS == 2 || SS == 4, "span");
 
-    int mi_ = 0;
-    while (mi_ + 1 < A.count && (int)blockIdx.x >= A.m[mi_ + 1].first) mi_++;
-    const tc_mat &M = A.m[mi_];
-    const int rows = M.rows, cols = A.cols;
-    const int row0 = ((int)blockIdx.x - M.first) * TC_BM, tok0 = (int)blockIdx.y * BN;
-    const int nchunks = A.cols_pad / TC_BK;
-    const int kc0 = (int)blockIdx.z * A.chunks_per_split;
-    const int kc1 = kc0 + A.chunks_per_split < nchunks ? kc0 + A.chunks_per_split : nchunks;
-    const int nk = kc1 - kc0;
-    const int64_t row_bytes = (int64_t)cols * G::BITS / 8;
-    const char *wbase = (const char *)M.w;
-
+    const tc_block B = tc_block_of(A, BN);
+    const int tok0 = B.tok0, kc0 = B.kc0, nk = B.nk;
     char *smem = (char *)tc_sm_raw;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-    /* W tile of chunk kc into stage slot: 16-byte pieces, rows / columns past the matrix zero */
     auto issue_w = [&](int kc, int slot) {
-        char *dst = smem + slot * SM::STAGE;
-        constexpr int SEGS = G::WROW / 16;
-        for (int i = tid; i < TC_BM * SEGS; i += TC_THREADS) {
-            const int r = i / SEGS, sg = i % SEGS;
-            const int grow = row0 + r, gcol = kc * TC_BK + sg * (128 / G::BITS);
-            const bool ok = grow < rows && gcol < cols;
-            const char *src =
-                wbase + (ok ? (int64_t)grow * row_bytes + (int64_t)gcol * G::BITS / 8 : 0);
-            tc_cp16(dst + r * G::WS + sg * 16, src, ok ? 16 : 0);
-        }
+        tc_issue_w<MODE, SS>(smem + slot * SM::STAGE, B, A.cols, kc);
     };
     /* x tile (hi, lo) of chunk kc: always inside the padded buffers */
     auto issue_x = [&](int kc, int slot) {
@@ -230,24 +352,12 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
         }
     };
 
-    /* weights are written by no kernel: their first stages load before waiting for the kernel
-     * before (programmatic dependent launch); one commit group per stage, W of every prologue
-     * stage in the first */
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-        if (s < nk) issue_w(kc0 + s, s);
-    kcu_pdl_wait();
-    kcu_pdl_trigger();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) issue_x(kc0 + s, s);
-        tc_cp_commit();
-    }
+    tc_pipeline_start<STAGES>(kc0, nk, issue_w, issue_x);
 
     const int wm = warp % WM, wn = warp / WM;
     const int g = lane >> 2, t = lane & 3;
     const int mrow = wm * MT * 16, ntok = wn * NT * 8;
-    const int gpr = QUANT ? cols / A.group : 1, xs_stride = QUANT ? A.cols_pad / A.group : 1;
+    const int xs_stride = QUANT ? A.cols_pad / A.group : 1;
 
     float acc[MT][NT][4], accg[MT][NT][4]; /* accg: the group's sums (quantized) */
 #pragma unroll
@@ -258,16 +368,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             for (int i = 0; i < 4; i++) acc[mi][ni][i] = accg[mi][ni][i] = 0.0f;
 
     for (int it = 0; it < nk; it++) {
-        tc_cp_wait<STAGES - 2>(); /* this thread's copies of chunk it have landed */
-        __syncthreads();          /* everyone's; and chunk it-1's slot is free */
-        {
-            const int j = it + STAGES - 1;
-            if (j < nk) {
-                issue_w(kc0 + j, j % STAGES);
-                issue_x(kc0 + j, j % STAGES);
-            }
-            tc_cp_commit();
-        }
+        tc_pipeline_next<STAGES>(it, kc0, nk, issue_w, issue_x);
         const char *Ws = smem + (it % STAGES) * SM::STAGE;
         const char *Xs = Ws + SM::W;
         const int c0 = (kc0 + it) * TC_BK;
@@ -282,16 +383,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {};
             if (fold) {
                 const int gi = cend / A.group - 1;
-#pragma unroll
-                for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int r = row0 + mrow + 16 * mi + g + 8 * h;
-                        const bool ok = r < rows && gi < gpr;
-                        const int64_t k = (int64_t)r * gpr + gi;
-                        fs[mi][h] = ok ? tc_load_scale(M.scales, k, A.sdt) : 0.0f;
-                        fb[mi][h] = ok ? tc_load_scale(M.qbias, k, A.sdt) : 0.0f;
-                    }
+                tc_group_scales<MT>(fs, fb, A, B, mrow, g, gi);
 #pragma unroll
                 for (int ni = 0; ni < NT; ni++)
 #pragma unroll
@@ -302,25 +394,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             /* quantized A: the thread's run of both its rows of every m tile, for the span */
             constexpr int AW = QUANT ? G::TB / 4 : 1;
             uint32_t araw[MT][2][AW];
-            if constexpr (QUANT) {
-#pragma unroll
-                for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const char *p =
-                            Ws + (mrow + 16 * mi + g + 8 * h) * G::WS + run * G::BITS / 8;
-                        if constexpr (AW == 1) {
-                            araw[mi][h][0] = *(const uint32_t *)p;
-                        } else if constexpr (AW == 2) {
-                            const uint2 v = *(const uint2 *)p;
-                            araw[mi][h][0] = v.x, araw[mi][h][1] = v.y;
-                        } else {
-                            const uint4 v = *(const uint4 *)p;
-                            araw[mi][h][0] = v.x, araw[mi][h][1] = v.y;
-                            araw[mi][h][2] = v.z, araw[mi][h][3] = v.w;
-                        }
-                    }
-            }
+            if constexpr (QUANT) tc_load_codes<MODE, SS, MT, AW>(araw, Ws, mrow, g, run);
 #pragma unroll
             for (int pr = 0; pr < SS / 2; pr++) { /* pairs of steps: 8 columns of the run */
                 uint4 bh[NT], bl[NT];
@@ -399,27 +473,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
         }
     }
     tc_cp_wait<0>(); /* nothing in flight at exit (the trailing groups are empty) */
-
-    /* C fragment: element i of tile (mi, ni) is row g (+8 for i >= 2), token 2t + (i & 1) */
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = row0 + mrow + 16 * mi + g + (i >> 1) * 8;
-                const int tk = tok0 + ntok + 8 * ni + 2 * t + (i & 1);
-                if (r >= rows || tk >= A.n) continue;
-                const float v = acc[mi][ni][i];
-                if (A.part) {
-                    A.part[((int64_t)blockIdx.z * A.n + tk) * A.rows_total + M.roff + r] = v;
-                } else {
-                    float o = v * A.inv_sigma[tk] + (M.obias ? M.obias[r] : 0.0f);
-                    float *yp = M.y + (int64_t)tk * rows + r;
-                    if (A.add) o += *yp;
-                    *yp = o;
-                }
-            }
+    tc_store<MT, NT>(A, B, acc, mrow, ntok, g, t);
 }
 
 /* y = sum over splits of the partials (in split order) / sigma + bias (+ y) */
@@ -451,6 +505,56 @@ template <bool PERM> __device__ __forceinline__ int tc_xslot(int j) {
     return PERM ? ((j & 3) << 1) | (j >> 2) : j;
 }
 
+/* The 8 values of run o of the token's x as the matmul sees them: x, or x times inv (its 1/rms)
+ * times the norm weight (w, 1 + w, or none); zeros past cols. */
+__device__ __forceinline__ void tc_prep_run(const tc_prep_args &P, const float *x, int o, float inv,
+                                            float (&v)[8]) {
+    const int nrun = P.cols_pad / 8;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int c = 8 * o + j;
+        const bool ok = o < nrun && c < P.cols;
+        v[j] = ok ? x[c] : 0.0f;
+        if (P.norm && ok)
+            v[j] *= inv * (!P.norm_w ? 1.0f : P.plus_one ? 1.0f + P.norm_w[c] : P.norm_w[c]);
+    }
+}
+
+/* Sum (or max) of v over the block in a fixed order: deterministic. red: 8 floats of shared
+ * memory, free again on return. */
+__device__ __forceinline__ float tc_block_reduce(float v, bool is_max, float *red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, m);
+        v = is_max ? fmaxf(v, w) : v + w;
+    }
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < TC_THREADS / 32; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+    __syncthreads();
+    return r;
+}
+
+/* 1 / rms of the token's x (1 without norm); every thread of the block calls it */
+__device__ __forceinline__ float tc_prep_inv_rms(const tc_prep_args &P, const float *x,
+                                                 float *red) {
+    if (!P.norm) return 1.0f;
+    const int nrun = P.cols_pad / 8, nk = (nrun + TC_THREADS - 1) / TC_THREADS;
+    float ss = 0.0f;
+    for (int k = 0; k < nk; k++) {
+        const int o = threadIdx.x + k * TC_THREADS;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = 8 * o + j;
+            const float v = o < nrun && c < P.cols ? x[c] : 0.0f;
+            ss += v * v;
+        }
+    }
+    return rsqrtf(tc_block_reduce(ss, false, red) / (float)P.cols + P.eps);
+}
+
 /* One block per token row of the padded buffers (rows past n are zero); each thread owns 8-column
  * runs o = tid + 256 k (consecutive lanes, consecutive runs, so a group's runs sit on 4/8/16
  * adjacent lanes). F16: quantized W (x scaled by sigma, f16 halves, group sums); else bf16
@@ -461,7 +565,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ 
     kcu_pdl_wait();
     kcu_pdl_trigger();
     float *red = (float *)tc_sm_raw;
-    const int tok = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tok = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
     const int nrun = P.cols_pad / 8, ngp = F16 ? P.cols_pad / P.group : 0;
     uint4 *xh = (uint4 *)(P.xh + (int64_t)tok * P.cols_pad);
     uint4 *xl = (uint4 *)(P.xl + (int64_t)tok * P.cols_pad);
@@ -474,51 +578,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ 
     const float *x = P.x + (int64_t)tok * P.cols;
     /* a warp walks its runs while any lane of it has one (shuffles need the whole warp) */
     const int nk = (nrun + TC_THREADS - 1) / TC_THREADS;
-    auto load8 = [&](int o, float(&v)[8]) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int c = 8 * o + j;
-            v[j] = o < nrun && c < P.cols ? x[c] : 0.0f;
-        }
-    };
-    auto block_reduce = [&](float v, bool is_max) -> float {
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) {
-            const float w = __shfl_xor_sync(0xffffffffu, v, m);
-            v = is_max ? fmaxf(v, w) : v + w;
-        }
-        if (lane == 0) red[warp] = v;
-        __syncthreads();
-        float r = red[0];
-        for (int w = 1; w < TC_THREADS / 32; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-        __syncthreads();
-        return r;
-    };
-    float inv = 1.0f;
-    if (P.norm) {
-        float ss = 0.0f;
-        for (int k = 0; k < nk; k++) {
-            float v[8];
-            load8(tid + k * TC_THREADS, v);
-#pragma unroll
-            for (int j = 0; j < 8; j++) ss += v[j] * v[j];
-        }
-        inv = rsqrtf(block_reduce(ss, false) / (float)P.cols + P.eps);
-    }
-    /* the run's values as the matmul sees them: x, or x normalized */
-    auto vals = [&](int o, float(&v)[8]) {
-        load8(o, v);
-        if (P.norm)
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int c = 8 * o + j;
-                if (o < nrun && c < P.cols)
-                    v[j] = v[j] * inv *
-                           (!P.norm_w    ? 1.0f
-                            : P.plus_one ? 1.0f + P.norm_w[c]
-                                         : P.norm_w[c]);
-            }
-    };
+    const float inv = tc_prep_inv_rms(P, x, red);
+    auto vals = [&](int o, float(&v)[8]) { tc_prep_run(P, x, o, inv, v); };
     float sigma = 1.0f, inv_sigma = 1.0f;
     if (F16) { /* max |x| sigma < 2^15: a power of two from the exponent of max |x| */
         float m = 0.0f;
@@ -528,7 +589,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ 
 #pragma unroll
             for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
         }
-        m = block_reduce(m, true);
+        m = tc_block_reduce(m, true, red);
         if (m > 0.0f && m <= 3.4e38f) {
             const int e = ((__float_as_int(m) >> 23) & 0xff) - 126; /* m < 2^e */
             int sh = 15 - e;
@@ -614,13 +675,17 @@ static bool tc_same(const kiln_matrix *a, const kiln_matrix *b) {
     return a->bits == b->bits && a->group_size == b->group_size && a->scale_dtype == b->scale_dtype;
 }
 
-/* Resident blocks of a shape per SM: shared memory (227 KiB a SM) and registers (8 warps; 64K
- * registers: <= 80 a thread for 3 blocks, <= 128 for 2; the larger shapes need more). */
-template <int MODE, int SS, int BN> static int tc_blocks_per_sm_t(void) {
-    const int smem = (int)tc_layout<MODE, SS, BN, tc_stages<MODE, BN>()>::bytes + 1024;
-    const int by_smem = (227 << 10) / smem, by_regs = BN == 8 ? 3 : BN == 16 ? 2 : 1;
+/* Resident blocks per SM by shared memory (227 KiB a SM, 1 KiB reserved a block) and by
+ * registers (8 warps; 64K registers: <= 80 a thread for 3 blocks, <= 128 for 2). */
+static int tc_blocks_fit(size_t smem, int by_regs) {
+    const int by_smem = (int)((227 << 10) / (smem + 1024));
     const int b = by_smem < by_regs ? by_smem : by_regs;
     return b > 0 ? b : 1;
+}
+template <int MODE, int SS, int BN> static int tc_blocks_per_sm_t(void) {
+    return tc_blocks_fit(tc_layout<MODE, SS, BN, tc_stages<MODE, BN>()>::bytes, BN == 8    ? 3
+                                                                                : BN == 16 ? 2
+                                                                                           : 1);
 }
 template <int MODE, int SS> static int tc_blocks_per_sm_m(int bn) {
     return bn == 8    ? tc_blocks_per_sm_t<MODE, SS, 8>()
@@ -632,10 +697,8 @@ template <int MODE, int SS> static int tc_blocks_per_sm_m(int bn) {
  * blocks of 8 or 16 tokens a SM, 1 of 64 or 128; shared memory as for group 32 (the wider x rows).
  */
 template <int MODE, int DIG, int BN> static int tc_blocks_per_sm_i8_t(void) {
-    const int smem = (int)tc_layout_i8<MODE, 2, DIG, BN, tc_cfg<BN>::STAGES>::bytes + 1024;
-    const int by_smem = (227 << 10) / smem, by_regs = BN <= 16 ? 2 : 1;
-    const int b = by_smem < by_regs ? by_smem : by_regs;
-    return b > 0 ? b : 1;
+    return tc_blocks_fit(tc_layout_i8<MODE, 2, DIG, BN, tc_cfg<BN>::STAGES>::bytes,
+                         BN <= 16 ? 2 : 1);
 }
 template <int MODE, int DIG> static int tc_blocks_per_sm_i8_m(int bn) {
     return bn == 8    ? tc_blocks_per_sm_i8_t<MODE, DIG, 8>()

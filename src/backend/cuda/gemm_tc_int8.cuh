@@ -62,33 +62,13 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
     static_assert(SS == 2 || SS == 4, "span");
     static_assert(DIG == 1 || DIG == 3, "digits");
 
-    int mi_ = 0;
-    while (mi_ + 1 < A.count && (int)blockIdx.x >= A.m[mi_ + 1].first) mi_++;
-    const tc_mat &M = A.m[mi_];
-    const int rows = M.rows, cols = A.cols;
-    const int row0 = ((int)blockIdx.x - M.first) * TC_BM, tok0 = (int)blockIdx.y * BN;
-    const int nchunks = A.cols_pad / TC_BK;
-    const int kc0 = (int)blockIdx.z * A.chunks_per_split;
-    const int kc1 = kc0 + A.chunks_per_split < nchunks ? kc0 + A.chunks_per_split : nchunks;
-    const int nk = kc1 - kc0;
-    const int64_t row_bytes = (int64_t)cols * G::BITS / 8;
-    const char *wbase = (const char *)M.w;
-
+    const tc_block B = tc_block_of(A, BN);
+    const int tok0 = B.tok0, kc0 = B.kc0, nk = B.nk, nchunks = A.cols_pad / TC_BK;
     char *smem = (char *)tc_sm_raw;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-    /* W tile of chunk kc: as the f16 kernel */
     auto issue_w = [&](int kc, int slot) {
-        char *dst = smem + slot * SM::STAGE;
-        constexpr int SEGS = G::WROW / 16;
-        for (int i = tid; i < TC_BM * SEGS; i += TC_THREADS) {
-            const int r = i / SEGS, sg = i % SEGS;
-            const int grow = row0 + r, gcol = kc * TC_BK + sg * (128 / G::BITS);
-            const bool ok = grow < rows && gcol < cols;
-            const char *src =
-                wbase + (ok ? (int64_t)grow * row_bytes + (int64_t)gcol * G::BITS / 8 : 0);
-            tc_cp16(dst + r * G::WS + sg * 16, src, ok ? 16 : 0);
-        }
+        tc_issue_w<MODE, SS>(smem + slot * SM::STAGE, B, A.cols, kc);
     };
     /* x digits of chunk kc: DIG * 64 contiguous bytes a token, inside the padded buffer */
     auto issue_x = [&](int kc, int slot) {
@@ -101,21 +81,12 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
         }
     };
 
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-        if (s < nk) issue_w(kc0 + s, s);
-    kcu_pdl_wait();
-    kcu_pdl_trigger();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) issue_x(kc0 + s, s);
-        tc_cp_commit();
-    }
+    tc_pipeline_start<STAGES>(kc0, nk, issue_w, issue_x);
 
     const int wm = warp % WM, wn = warp / WM;
     const int g = lane >> 2, t = lane & 3;
     const int mrow = wm * MT * 16, ntok = wn * NT * 8;
-    const int gpr = cols / A.group, xs_stride = A.cols_pad / A.group;
+    const int xs_stride = A.cols_pad / A.group;
 
     float acc[MT][NT][4];
     int accd[DIG][MT][NT][4]; /* the group's integer sums, one per digit plane */
@@ -131,16 +102,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
             }
 
     for (int it = 0; it < nk; it++) {
-        tc_cp_wait<STAGES - 2>();
-        __syncthreads();
-        {
-            const int j = it + STAGES - 1;
-            if (j < nk) {
-                issue_w(kc0 + j, j % STAGES);
-                issue_x(kc0 + j, j % STAGES);
-            }
-            tc_cp_commit();
-        }
+        tc_pipeline_next<STAGES>(it, kc0, nk, issue_w, issue_x);
         const char *Ws = smem + (it % STAGES) * SM::STAGE;
         const char *Xs = Ws + SM::W;
         const int c0 = (kc0 + it) * TC_BK;
@@ -153,16 +115,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {}, fe[NT][2] = {};
             if (fold) {
                 const int gi = cend / A.group - 1;
-#pragma unroll
-                for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int r = row0 + mrow + 16 * mi + g + 8 * h;
-                        const bool ok = r < rows && gi < gpr;
-                        const int64_t k = (int64_t)r * gpr + gi;
-                        fs[mi][h] = ok ? tc_load_scale(M.scales, k, A.sdt) : 0.0f;
-                        fb[mi][h] = ok ? tc_load_scale(M.qbias, k, A.sdt) : 0.0f;
-                    }
+                tc_group_scales<MT>(fs, fb, A, B, mrow, g, gi);
 #pragma unroll
                 for (int ni = 0; ni < NT; ni++)
 #pragma unroll
@@ -173,43 +126,27 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
                         fe[ni][h] = A.xe[k];
                     }
             }
-            /* A fragments of every step of the span, both rows of every m tile */
-            uint32_t a[NS][MT][4];
+            /* A fragments of every step of the span, both rows of every m tile: 4-bit, one
+             * word (8 codes) a step; 8-bit, two */
+            constexpr int AW = G::TB / 4;
+            uint32_t araw[MT][2][AW], a[NS][MT][4];
+            tc_load_codes<MODE, SS, MT, AW>(araw, Ws, mrow, g, run);
 #pragma unroll
             for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const char *p = Ws + (mrow + 16 * mi + g + 8 * h) * G::WS + run * G::BITS / 8;
-                    if constexpr (MODE == TC_Q4) { /* one word (8 codes) a step */
-                        uint32_t w[NS];
-                        if constexpr (NS == 1) {
-                            w[0] = *(const uint32_t *)p;
-                        } else {
-                            const uint2 v = *(const uint2 *)p;
-                            w[0] = v.x, w[NS - 1] = v.y;
-                        }
+                for (int h = 0; h < 2; h++)
 #pragma unroll
-                        for (int s = 0; s < NS; s++) {
-                            a[s][mi][h] = w[s] & 0x0F0F0F0Fu;            /* columns 0,2,4,6 */
-                            a[s][mi][2 + h] = (w[s] >> 4) & 0x0F0F0F0Fu; /* columns 1,3,5,7 */
-                        }
-                    } else { /* two words (8 codes) a step */
-                        uint32_t w[2 * NS];
-                        if constexpr (NS == 1) {
-                            const uint2 v = *(const uint2 *)p;
-                            w[0] = v.x, w[1] = v.y;
+                    for (int s = 0; s < NS; s++) {
+                        if constexpr (MODE == TC_Q4) {
+                            const uint32_t w = araw[mi][h][s];
+                            a[s][mi][h] = w & 0x0F0F0F0Fu;            /* columns 0,2,4,6 */
+                            a[s][mi][2 + h] = (w >> 4) & 0x0F0F0F0Fu; /* columns 1,3,5,7 */
                         } else {
-                            const uint4 v = *(const uint4 *)p;
-                            w[0] = v.x, w[1] = v.y, w[2 * NS - 2] = v.z, w[2 * NS - 1] = v.w;
-                        }
-#pragma unroll
-                        for (int s = 0; s < NS; s++) {
-                            a[s][mi][h] = w[2 * s];
-                            a[s][mi][2 + h] = w[2 * s + 1];
+                            a[s][mi][h] = araw[mi][h][2 * s];
+                            a[s][mi][2 + h] = araw[mi][h][2 * s + 1];
                         }
                     }
-                }
-                /* digit planes one after another: B fragments of the span, then its MMAs */
+                    /* digit planes one after another: B fragments of the span, then its MMAs */
 #pragma unroll
             for (int p = 0; p < DIG; p++) {
                 uint32_t b[NT][2 * NS];
@@ -256,27 +193,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
         }
     }
     tc_cp_wait<0>();
-
-    /* C fragment: element i of tile (mi, ni) is row g (+8 for i >= 2), token 2t + (i & 1) */
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = row0 + mrow + 16 * mi + g + (i >> 1) * 8;
-                const int tk = tok0 + ntok + 8 * ni + 2 * t + (i & 1);
-                if (r >= rows || tk >= A.n) continue;
-                const float v = acc[mi][ni][i];
-                if (A.part) {
-                    A.part[((int64_t)blockIdx.z * A.n + tk) * A.rows_total + M.roff + r] = v;
-                } else {
-                    float o = v + (M.obias ? M.obias[r] : 0.0f);
-                    float *yp = M.y + (int64_t)tk * rows + r;
-                    if (A.add) o += *yp;
-                    *yp = o;
-                }
-            }
+    tc_store<MT, NT>(A, B, acc, mrow, ntok, g, t); /* 1 / sigma = 1: the epilogue of gemm_tc.cu */
 }
 
 /* Slot of column j (0..7) of an 8-column run of digits: 4-bit weights store each run as columns
@@ -294,7 +211,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep_i8(const __grid_constant
     kcu_pdl_wait();
     kcu_pdl_trigger();
     float *red = (float *)tc_sm_raw;
-    const int tok = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tok = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
     const int nrun = P.cols_pad / 8, ngp = P.cols_pad / P.group;
     int8_t *xd = P.xd + (int64_t)tok * P.cols_pad * DIG;
     if (tok >= P.n) {
@@ -306,39 +223,15 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep_i8(const __grid_constant
     }
     const float *x = P.x + (int64_t)tok * P.cols;
     const int nk = (nrun + TC_THREADS - 1) / TC_THREADS;
-    float inv = 1.0f;
-    if (P.norm) {
-        float ss = 0.0f;
-        for (int k = 0; k < nk; k++) {
-            const int o = tid + k * TC_THREADS;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int c = 8 * o + j;
-                const float v = o < nrun && c < P.cols ? x[c] : 0.0f;
-                ss += v * v;
-            }
-        }
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        float r = red[0];
-        for (int w = 1; w < TC_THREADS / 32; w++) r += red[w];
-        inv = rsqrtf(r / (float)P.cols + P.eps);
-    }
+    const float inv = tc_prep_inv_rms(P, x, red);
     const int gr = P.group / 8; /* runs per group: 4, 8, 16 adjacent lanes */
     for (int k = 0; k < nk; k++) {
         const int o = tid + k * TC_THREADS;
         float v[8], m = 0.0f, s = 0.0f;
         int X[8];
+        tc_prep_run(P, x, o, inv, v);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int c = 8 * o + j;
-            v[j] = o < nrun && c < P.cols ? x[c] : 0.0f;
-            if (P.norm && o < nrun && c < P.cols)
-                v[j] *= inv * (!P.norm_w ? 1.0f : P.plus_one ? 1.0f + P.norm_w[c] : P.norm_w[c]);
-            m = fmaxf(m, fabsf(v[j]));
-        }
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
         for (int sh = 1; sh < gr; sh <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, sh));
         float e = 0.0f, ie = 0.0f; /* x = e X; X = rint(x ie) */
         if (m > 0.0f && m <= 3.4e38f) {
