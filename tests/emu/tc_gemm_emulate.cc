@@ -129,11 +129,13 @@ static void tc_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t 
     g_warp_bar[w]->arrive_and_wait();
 }
 
-/* mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 (the int8 variant): A 16x32 u8 from a0 (row g,
- * k 4t..4t+3, byte i = k 4t+i), a1 (row g+8), a2 / a3 (k 16+4t..); B 32x8 s8 from b0 (k 4t..,
- * column g), b1 (k 16+4t..); D as above, summed exactly in integers */
+/* mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 (the int8 variant; ZERO: C = 0): A 16x32 u8 from
+ * a0 (row g, k 4t..4t+3, byte i = k 4t+i), a1 (row g+8), a2 / a3 (k 16+4t..); B 32x8 s8 from b0 (k
+ * 4t.., column g), b1 (k 16+4t..); D as above, summed exactly in integers */
 static uint32_t xi[8][32][6];
+template <bool ZERO>
 static void tc_mma_i8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if (ZERO) d[0] = d[1] = d[2] = d[3] = 0; /* C = 0: what d held before is not read */
     const int w = t_warp, l = t_lane;
     memcpy(xi[w][l], a, 16);
     xi[w][l][4] = b0, xi[w][l][5] = b1;

@@ -39,13 +39,21 @@ template <int MODE, int SS, int DIG, int BN, int STAGES> struct tc_layout_i8 {
 };
 
 #ifndef TC_HOST_EMU
-/* d += a b, m16n8k32, a: u8 codes, b: s8 digits, s32 accumulators */
+/* d += a b (ZERO: d = a b, a group's first step: no reset of d), m16n8k32, a: u8 codes, b: s8
+ * digits, s32 accumulators */
+template <bool ZERO>
 __device__ __forceinline__ void tc_mma_i8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if (ZERO)
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+            : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+    else
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
 
@@ -89,7 +97,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
     const int xs_stride = A.cols_pad / A.group;
 
     float acc[MT][NT][4];
-    int accd[DIG][MT][NT][4]; /* the group's integer sums, one per digit plane */
+    int accd[DIG][MT][NT][4]; /* the group's integer sums, one per digit plane (a block's chunks
+                               * start on a group: its first span is fresh) */
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)
 #pragma unroll
@@ -112,6 +121,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
             const int run = sp * 16 * SS + t * 4 * SS; /* the thread's first column in the chunk */
             const int cend = c0 + (sp + 1) * 16 * SS;
             const bool fold = (cend & (A.group - 1)) == 0;
+            /* the span starts a group (always unless group 128, whose two 64-column spans are
+             * two chunks): its first MMAs start the integer sums from zero */
+            const bool fresh = SS == 2 || ((c0 + sp * 16 * SS) & (A.group - 1)) == 0;
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {}, fe[NT][2] = {};
             if (fold) {
                 const int gi = cend / A.group - 1;
@@ -167,8 +179,13 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
 #pragma unroll
                     for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-                        for (int ni = 0; ni < NT; ni++)
-                            tc_mma_i8(accd[p][mi][ni], a[s][mi], b[ni][2 * s], b[ni][2 * s + 1]);
+                        for (int ni = 0; ni < NT; ni++) {
+                            int(&d)[4] = accd[p][mi][ni];
+                            if (s == 0 && fresh)
+                                tc_mma_i8<true>(d, a[s][mi], b[ni][2 * s], b[ni][2 * s + 1]);
+                            else
+                                tc_mma_i8<false>(d, a[s][mi], b[ni][2 * s], b[ni][2 * s + 1]);
+                        }
             }
             if (fold) {
 #pragma unroll
@@ -186,8 +203,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
                             acc[mi][ni][i] =
                                 fmaf(fs[mi][i >> 1], d * fe[ni][i & 1],
                                      fmaf(fb[mi][i >> 1], fx[ni][i & 1], acc[mi][ni][i]));
-#pragma unroll
-                            for (int p = 0; p < DIG; p++) accd[p][mi][ni][i] = 0;
                         }
             }
         }
