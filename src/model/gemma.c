@@ -620,6 +620,12 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
             be->rope(be, a.q, a.pos, T, s->n_heads, hd, L->rot, L->inv_freq);
         }
         if (own && s->g4) be->rmsnorm(be, a.v, a.v, NULL, T * L->n_kv_heads, hd, s->eps, false);
+        /* at a decode step, o and the start of gate / up may move towards the compute while
+         * attention runs (a hint, as in llama.c) */
+        if (be->prefetch && T == n_entries) {
+            const kiln_matrix *const next[3] = {&L->wo, &L->w_gate, &L->w_up};
+            be->prefetch(be, next, 3);
+        }
         if (batch_kv) { /* KV-shared: attend only, to layer kv_src (k NULL: kv_cache.h) */
             bvt->store_attend_batch(kvs, kv_n, n_entries, L->kv_src, own ? a.k : NULL,
                                     own ? a.v : NULL, a.q, a.attn, &apb, be->pool);
