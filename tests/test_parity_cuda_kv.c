@@ -13,7 +13,10 @@
  *     host) reuses up to the boundary where the first sequence's first call ended;
  *   - decode steps replayed from recorded CUDA graphs give the same bits as launched ops while
  *     the block tables grow under them.
- * Without a GPU (or KILN_CUDA_PAGED=0) the test exits 77 with the reason. */
+ * Without a GPU (or KILN_CUDA_PAGED=0) the test exits 77 with the reason. For a diagnosis,
+ * KILN_TEST_FIXTURE=name and KILN_TEST_KV=kind run only that fixture's / kind's parity checks
+ * (e.g. qwen3_next and q4 with KILN_MOE_LOG: the CPU model, then the device one, then the exact
+ * one), without the prefix and graph checks. */
 #include "kiln.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
@@ -311,9 +314,12 @@ int main(void) {
     const char *env = getenv("KILN_CUDA_PAGED");
     if (env && strcmp(env, "0") == 0)
         return test_skip("KILN_CUDA_PAGED=0: the device paged caches are switched off");
+    const char *only_fixture = getenv("KILN_TEST_FIXTURE"), *only_kv = getenv("KILN_TEST_KV");
+    const bool subset = (only_fixture && *only_fixture) || (only_kv && *only_kv);
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
         char rel[256], dir[4000];
         const char *name = fixtures[f].name;
+        if (only_fixture && *only_fixture && strcmp(only_fixture, name) != 0) continue;
         snprintf(rel, sizeof rel, "fixtures/%s", name);
         snprintf(dir, sizeof dir, "%s", test_shared(rel));
         int32_t *prompt = NULL;
@@ -324,10 +330,18 @@ int main(void) {
             continue;
         }
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
-            kind_parity(name, dir, kinds[k].kind, kinds[k].tol, kinds[k].block, prompt, n);
-        prefix_check(name, dir, "q8", prompt, n, fixtures[f].hybrid);
-        prefix_check(name, dir, "turbo:k8v4", prompt, n, fixtures[f].hybrid);
+            if (!(only_kv && *only_kv) || (strcmp(only_kv, kinds[k].kind) == 0 && !kinds[k].block))
+                kind_parity(name, dir, kinds[k].kind, kinds[k].tol, kinds[k].block, prompt, n);
+        if (!subset) {
+            prefix_check(name, dir, "q8", prompt, n, fixtures[f].hybrid);
+            prefix_check(name, dir, "turbo:k8v4", prompt, n, fixtures[f].hybrid);
+        }
         free(prompt);
+    }
+    if (subset) {
+        fprintf(stderr, "subset only (KILN_TEST_FIXTURE=%s KILN_TEST_KV=%s)\n",
+                only_fixture ? only_fixture : "", only_kv ? only_kv : "");
+        return test_finish();
     }
     graph_check("qwen3", test_shared("fixtures/qwen3"), "q8");
     graph_check("llama", test_shared("fixtures/llama"), "turbo:k4v4:rotk");

@@ -7,10 +7,10 @@
 # one warm machine:
 #  PART=1: build; test_cuda_ops' tensor-core tests (GEMM: f16 kernels, then the int8 variant in
 #    exact and fast mode; prefill attention, the split among them); test_parity_cuda with each on
-#    (the attention forced onto every step, KILN_CUDA_FA=2); test_parity_cuda_kv with the MoE
-#    routing log (the qwen3_next --kv q4 case: bench/gpu/moe_route_diff.py names the first
-#    routing difference between each CPU model and the device one after it); the per-matrix
-#    times of both kernels at Llama-3-8B shapes (kiln_gpu_bench tc, 4/8-bit g64).
+#    (the attention forced onto every step, KILN_CUDA_FA=2); the per-matrix times of both GEMM
+#    kernels at Llama-3-8B shapes (kiln_gpu_bench tc, 4/8-bit g64); the qwen3_next --kv q4
+#    parity case alone with the MoE routing log (bench/gpu/moe_route_diff.py names the first
+#    routing difference between the CPU model and the device one).
 #  PART=2: batch-1 decode of Llama-3-8B q4 / q8 / bf16 with prefetch budgets 0 / 16 / 32 / 48 MB;
 #    exact-mode prefill 512 / 4096 of Qwen3-0.6B and Llama-3-8B bf16 with the f32 cache's
 #    attention on CUDA cores (default) | as bf16 | as pairs; then decode at batch 64 (and 16) and
@@ -28,16 +28,18 @@ if [ "$PART" = 1 ]; then
     run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm,test_tc_fused,test_attention_tc,test_prefetch" \
         "test_parity_cuda KILN_CUDA_TC_INT8=1" "test_parity_cuda KILN_CUDA_FA=2 KILN_CUDA_FA_F32=2" \
         "test_parity_cuda KILN_CUDA_PREFETCH_MB=48"
-    stamp "test_parity_cuda_kv with the MoE routing log"
-    KILN_MOE_LOG=/tmp/routes.log timeout 240 "$B/test_parity_cuda_kv" >/tmp/kv.log 2>&1
-    echo "test_parity_cuda_kv rc=$? | $(grep -E "checks, " /tmp/kv.log | tail -1)"
-    grep -E "CHECK failed" /tmp/kv.log | head -4 | cut -c1-300
-    python3 bench/gpu/moe_route_diff.py --consecutive /tmp/routes.log | grep -v "same experts" |
-        head -24
     stamp "kiln_gpu_bench tc"
     KILN_BENCH_TC_SHAPES="14336x4096 4096x14336 6144x4096" KILN_BENCH_TC_FMTS="q4g64 q8g64" \
         timeout 150 "$B/kiln_gpu_bench" tc 2>&1 | grep -E "copy|\[(tc|int8|int8 fast|old)\]" |
         cut -c1-140
+    if left 60; then
+        stamp "qwen3_next --kv q4 parity with the MoE routing log"
+        KILN_TEST_FIXTURE=qwen3_next KILN_TEST_KV=q4 KILN_MOE_LOG=/tmp/routes.log timeout 120 \
+            "$B/test_parity_cuda_kv" >/tmp/kv.log 2>&1
+        echo "test_parity_cuda_kv (qwen3_next q4) rc=$? | $(grep -E "checks, " /tmp/kv.log | tail -1)"
+        grep -E "CHECK failed|qwen3_next" /tmp/kv.log | head -4 | cut -c1-300
+        python3 bench/gpu/moe_route_diff.py --consecutive /tmp/routes.log | head -8
+    fi
 else
     [ -x "$B/kiln" ] || build_kiln
     wait $MODELS
