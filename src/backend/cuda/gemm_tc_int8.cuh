@@ -5,7 +5,7 @@
  *
  * x per token and quantization group g (32/64/128 columns), from its max |x| m:
  *  - exact mode (3 digits): E = 2^(e-22) with m < 2^e, X = rint(x / E) (|X| <= 2^22, so x = E X
- *    within 2^-23 m), X = d0 + 256 d1 + 65536 d2 with signed-byte digits (|d2| <= 64);
+ *    within E / 2 < 2^-22 m), X = d0 + 256 d1 + 65536 d2 with signed-byte digits (|d2| <= 64);
  *  - fast mode (1 digit, --fast-math): E = m / 127, X = rint(x / E) in [-127, 127] (llama.cpp's
  *    Q8_1 steps, ~1e-3 relative).
  * Each digit plane gets its own MMA into its own s32 fragment D_p (|D_p| <= 128 * 255 * 128 <
