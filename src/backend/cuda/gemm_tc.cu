@@ -272,6 +272,19 @@ __device__ __forceinline__ void tc_group_scales(float (&fs)[MT][2], float (&fb)[
         }
 }
 
+/* Per-token values of group gi (v[ni][h] = src[token, gi], the thread's tokens 2t + h of each n
+ * tile; src rows of cols_pad / group): x's group sums, the int8 variant's steps E */
+template <int NT>
+__device__ __forceinline__ void tc_token_groups(float (&v)[NT][2], const float *src,
+                                                const tc_args &A, int tok, int t, int gi) {
+    const int stride = A.cols_pad / A.group;
+#pragma unroll
+    for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            v[ni][h] = src[(int64_t)(tok + 8 * ni + 2 * t + h) * stride + gi];
+}
+
 /* The codes of the thread's run (a span) for both rows of every m tile, from the W tile */
 template <int MODE, int SS, int MT, int AW>
 __device__ __forceinline__ void tc_load_codes(uint32_t (&araw)[MT][2][AW], const char *Ws, int mrow,
@@ -357,7 +370,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     const int wm = warp % WM, wn = warp / WM;
     const int g = lane >> 2, t = lane & 3;
     const int mrow = wm * MT * 16, ntok = wn * NT * 8;
-    const int xs_stride = QUANT ? A.cols_pad / A.group : 1;
 
     float acc[MT][NT][4], accg[MT][NT][4]; /* accg: the group's sums (quantized) */
 #pragma unroll
@@ -384,12 +396,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             if (fold) {
                 const int gi = cend / A.group - 1;
                 tc_group_scales<MT>(fs, fb, A, B, mrow, g, gi);
-#pragma unroll
-                for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        fx[ni][h] =
-                            A.xsum[(int64_t)(tok0 + ntok + 8 * ni + 2 * t + h) * xs_stride + gi];
+                tc_token_groups<NT>(fx, A.xsum, A, tok0 + ntok, t, gi);
             }
             /* quantized A: the thread's run of both its rows of every m tile, for the span */
             constexpr int AW = QUANT ? G::TB / 4 : 1;

@@ -94,7 +94,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
     const int wm = warp % WM, wn = warp / WM;
     const int g = lane >> 2, t = lane & 3;
     const int mrow = wm * MT * 16, ntok = wn * NT * 8;
-    const int xs_stride = A.cols_pad / A.group;
 
     float acc[MT][NT][4];
     int accd[DIG][MT][NT][4]; /* the group's integer sums, one per digit plane (a block's chunks
@@ -128,15 +127,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
             if (fold) {
                 const int gi = cend / A.group - 1;
                 tc_group_scales<MT>(fs, fb, A, B, mrow, g, gi);
-#pragma unroll
-                for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int64_t k =
-                            (int64_t)(tok0 + ntok + 8 * ni + 2 * t + h) * xs_stride + gi;
-                        fx[ni][h] = A.xsum[k];
-                        fe[ni][h] = A.xe[k];
-                    }
+                tc_token_groups<NT>(fx, A.xsum, A, tok0 + ntok, t, gi);
+                tc_token_groups<NT>(fe, A.xe, A, tok0 + ntok, t, gi);
             }
             /* A fragments of every step of the span, both rows of every m tile: 4-bit, one
              * word (8 codes) a step; 8-bit, two */
