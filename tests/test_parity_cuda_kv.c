@@ -5,7 +5,10 @@
  *     or of the codec's own noise (the CPU with this kind vs the CPU with the exact f32 cache);
  *   - a 24-token greedy continuation through the cache: the same tokens (a flip where the CPU's
  *     top-2 margin is below 2e-3 of its logit range, or below the largest logit shift the codec
- *     itself causes, is reported as a near-tie, not failed);
+ *     itself causes, is reported as a near-tie, not failed); in MoE models the same experts at
+ *     every step (from the routing log, KILN_MOE_LOG; a flip of the router's choice where the
+ *     CPU's margin is below the largest margin shift the codec itself causes is a routing
+ *     near-tie: reported, and the comparison stops there, as the two then run other experts);
  *   - prefix sharing on the device pool: a sequence attached to the cached blocks of another
  *     (kiln_seq_prefix_attach; with a prompt of whole blocks, its first write is a copy-on-write
  *     of the shared last block) gives the logits it gets alone, then both decode as one batch;
@@ -28,6 +31,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef KILN_HAVE_CUDA
 /* hybrid: recurrent layers beside attention ones (states in device memory); prefix sharing then
@@ -101,12 +105,76 @@ static double max_abs_diff(const float *a, const float *b, int n) {
     return m;
 }
 
+/* The MoE routing of one forward call, read from the routing log (KILN_MOE_LOG, src/model/moe.c):
+ * each line's experts and margin (the k-th chosen router logit minus the best one left out), in
+ * file order (layer after layer, token after token). */
+typedef struct {
+    int n, cap;
+    char (*experts)[48];
+    double *margin;
+} route_list;
+
+static const char *g_route_log; /* the log this process writes (set before any model loads) */
+
+/* The lines appended to the log since *pos (then *pos = its end) into r. */
+static void routes_read(long *pos, route_list *r) {
+    r->n = 0;
+    FILE *f = g_route_log ? fopen(g_route_log, "r") : NULL;
+    if (!f) return;
+    char line[256], run[64], experts[48];
+    long call;
+    long long t;
+    double m;
+    if (fseek(f, *pos, SEEK_SET) == 0)
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "moe %63s %ld %lld %47s %lf", run, &call, &t, experts, &m) == 5) {
+                if (r->n == r->cap) {
+                    r->cap = r->cap ? 2 * r->cap : 256;
+                    r->experts = realloc(r->experts, sizeof *r->experts * (size_t)r->cap);
+                    r->margin = realloc(r->margin, sizeof *r->margin * (size_t)r->cap);
+                    if (!r->experts || !r->margin) abort();
+                }
+                snprintf(r->experts[r->n], sizeof r->experts[r->n], "%s", experts);
+                r->margin[r->n++] = m;
+            }
+    *pos = ftell(f);
+    fclose(f);
+}
+
+static void routes_free(route_list *r) {
+    free(r->experts);
+    free(r->margin);
+}
+
+/* First line where a and b chose different experts (-1: none, or different lengths: -2). */
+static int routes_first_difference(const route_list *a, const route_list *b) {
+    if (a->n != b->n) return -2;
+    for (int i = 0; i < a->n; i++)
+        if (strcmp(a->experts[i], b->experts[i]) != 0) return i;
+    return -1;
+}
+
+/* Largest |margin a - margin b| over the lines where a and b chose the same experts: how far the
+ * codec moves the router's decisions (a = the CPU with the kind, b = the CPU with f32). */
+static double routes_margin_shift(const route_list *a, const route_list *b) {
+    double shift = 0;
+    for (int i = 0; i < a->n && i < b->n; i++)
+        if (strcmp(a->experts[i], b->experts[i]) == 0) {
+            double d = fabs(a->margin[i] - b->margin[i]);
+            shift = d > shift ? d : shift;
+        }
+    return shift;
+}
+
 /* Prompt logits and greedy continuation: CUDA vs CPU with the same cache kind. A third model, the
  * CPU with the exact f32 cache fed the CPU's tokens, measures the codec's own noise at each step
  * (CPU kind vs CPU f32): a quantized cache turns the backends' ~1e-6 float differences into whole
  * code steps where a value sits near a rounding boundary, so the device may differ from the CPU by
  * up to that noise (bound: max(tol, 1.5 x noise)), and a greedy flip is a near-tie when the CPU's
- * top-2 gap is below 2e-3 of its range or below the codec's own largest logit shift. */
+ * top-2 gap is below 2e-3 of its range or below the codec's own largest logit shift. In MoE
+ * models the same holds for the router: a step where the device chose other experts than the CPU
+ * is a routing near-tie when the CPU's margin there is below the codec's largest margin shift so
+ * far (CPU kind vs CPU f32, where those two chose alike); a flip with a wider margin fails. */
 static void kind_parity(const char *name, const char *dir, const char *kind, double tol, int block,
                         const int32_t *prompt, int n) {
     char label[80]; /* the kind as given on the command line */
@@ -143,8 +211,11 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
     /* greedy through the cache, each side feeding its own picks (the exact model the CPU's) */
     enum { STEPS = 24 };
     int32_t tc = argmax(lc + (size_t)(n - 1) * V, V), tg = argmax(lg + (size_t)(n - 1) * V, V);
-    int same = 0, near_tie = -1;
-    double worst = err, worst_noise = noise;
+    int same = 0, near_tie = -1, route_tie = -1;
+    double worst = err, worst_noise = noise, route_shift = 0;
+    route_list rc = {0}, rg = {0}, rx = {0};
+    long route_pos = 0;
+    routes_read(&route_pos, &rc);                   /* to the log's end */
     const float *last_c = lc + (size_t)(n - 1) * V; /* the CPU logits that picked tc */
     double shift = max_abs_diff(last_c, lx + (size_t)(n - 1) * V, V);
     for (int s = 0; s < STEPS; s++) {
@@ -165,10 +236,35 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
         same++;
         e = (kiln_batch_entry){sc, &tc, 1, KILN_LOGITS_LAST, lc};
         CHECK_OK(kiln_forward(cpu, &e, 1));
+        routes_read(&route_pos, &rc);
         e = (kiln_batch_entry){sg, &tg, 1, KILN_LOGITS_LAST, lg};
         CHECK_OK(kiln_forward(gpu, &e, 1));
+        routes_read(&route_pos, &rg);
         e = (kiln_batch_entry){sx, &tc, 1, KILN_LOGITS_LAST, lx};
         CHECK_OK(kiln_forward(exact, &e, 1));
+        routes_read(&route_pos, &rx);
+        if (rc.n > 0) { /* an MoE model: the device must route as the CPU did */
+            double sh = routes_margin_shift(&rc, &rx); /* the codec's, up to this step */
+            route_shift = sh > route_shift ? sh : route_shift;
+            int at = routes_first_difference(&rc, &rg);
+            CHECK_MSG(at != -2,
+                      "%s --kv %s: decode step %d: %d routing lines on the cpu, %d on cuda", name,
+                      label, s, rc.n, rg.n);
+            if (at >= 0 && rc.margin[at] < route_shift) {
+                route_tie = s;
+                fprintf(stderr,
+                        "%-16s --kv %-18s decode step %d: routing near-tie (line %d: cpu %s "
+                        "margin %.3g, cuda %s; codec margin shift %.3g): compared up to here\n",
+                        name, label, s, at, rc.experts[at], rc.margin[at], rg.experts[at],
+                        route_shift);
+                break;
+            }
+            CHECK_MSG(at == -1,
+                      "%s --kv %s: decode step %d: routing line %d: cpu %s (margin %.3g), cuda %s "
+                      "(codec margin shift %.3g)",
+                      name, label, s, at, at >= 0 ? rc.experts[at] : "",
+                      at >= 0 ? rc.margin[at] : 0, at >= 0 ? rg.experts[at] : "", route_shift);
+        }
         double d = test_rel_l2(lg, lc, (size_t)V), dn = test_rel_l2(lc, lx, (size_t)V);
         double b = tol > 1.5 * dn ? tol : 1.5 * dn;
         if (d > worst) worst = d;
@@ -184,9 +280,14 @@ static void kind_parity(const char *name, const char *dir, const char *kind, dou
     }
     fprintf(stderr,
             "%-16s --kv %-18s prompt err %.2g, worst %.2g (codec noise up to %.2g), greedy %d/%d "
-            "same%s\n",
+            "same%s%s\n",
             name, label, err, worst, worst_noise, same, STEPS,
-            near_tie >= 0 ? " (then a near-tie)" : "");
+            near_tie >= 0 ? " (then a near-tie)" : "",
+            route_tie >= 0 ? " (then a routing near-tie)" : "");
+    if (route_tie >= 0) /* near-ties may end the comparison, but not before half the steps */
+        CHECK_MSG(route_tie >= STEPS / 2, "%s --kv %s: routing near-tie already at step %d", name,
+                  label, route_tie);
+    routes_free(&rc), routes_free(&rg), routes_free(&rx);
     free(lc), free(lg), free(lx);
     kiln_seq_free(sc);
     kiln_seq_free(sg);
@@ -314,6 +415,17 @@ int main(void) {
     const char *env = getenv("KILN_CUDA_PAGED");
     if (env && strcmp(env, "0") == 0)
         return test_skip("KILN_CUDA_PAGED=0: the device paged caches are switched off");
+    /* the MoE routing log, before any model loads (moe.c opens it once): the user's, else ours */
+    static char route_path[512];
+    g_route_log = getenv("KILN_MOE_LOG");
+    if (!g_route_log || !*g_route_log) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(route_path, sizeof route_path, "%s/kiln_parity_kv_routes.%ld.log",
+                 tmp && *tmp ? tmp : "/tmp", (long)getpid());
+        remove(route_path);
+        setenv("KILN_MOE_LOG", route_path, 1);
+        g_route_log = route_path;
+    }
     const char *only_fixture = getenv("KILN_TEST_FIXTURE"), *only_kv = getenv("KILN_TEST_KV");
     const bool subset = (only_fixture && *only_fixture) || (only_kv && *only_kv);
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
@@ -341,10 +453,12 @@ int main(void) {
     if (subset) {
         fprintf(stderr, "subset only (KILN_TEST_FIXTURE=%s KILN_TEST_KV=%s)\n",
                 only_fixture ? only_fixture : "", only_kv ? only_kv : "");
+        if (route_path[0]) remove(route_path);
         return test_finish();
     }
     graph_check("qwen3", test_shared("fixtures/qwen3"), "q8");
     graph_check("llama", test_shared("fixtures/llama"), "turbo:k4v4:rotk");
+    if (route_path[0]) remove(route_path);
     return test_finish();
 #endif
 }
