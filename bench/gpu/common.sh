@@ -50,6 +50,14 @@ build_gpu_bench() { # $B/kiln_gpu_bench (bench/gpu/kiln_gpu_bench.c) against the
         bench/gpu/kiln_gpu_bench.c -o "$B/kiln_gpu_bench" -L"$B" -lkiln -Wl,-rpath,"$B" \
         -L/usr/local/cuda/lib64 -lcudart -lm 2>&1 | head -5
 }
+bench_tok_s() { # model batch prompt gen [VAR=value ...]: "prefill decode" tok/s of kiln bench on
+    # $M/model (--device cuda, median of 2 runs)
+    local m=$1 b=$2 p=$3 g=$4
+    shift 4
+    env "$@" "$B/kiln" bench --device cuda --model "$M/$m" --prompt "$p" --gen "$g" \
+        --batch "$b" --runs 2 --json --quiet 2>&1 |
+        grep -oE '"(prefill|decode)_tok_s":[0-9.]*' | cut -d: -f2 | tr '\n' ' '
+}
 run_test() { # test [VAR=value ...]: its summary line and first failures; the log stays in /tmp
     local t=$1
     shift

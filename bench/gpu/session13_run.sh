@@ -43,31 +43,24 @@ if [ "$PART" = 1 ]; then
 else
     [ -x "$B/kiln" ] || build_kiln
     wait $MODELS
-    bench() { # model batch prompt gen env...: "decode prefill" tok/s (median of 2)
-        local m=$1 b=$2 p=$3 g=$4
-        shift 4
-        env "$@" "$B/kiln" bench --device cuda --model "$M/$m" --prompt "$p" --gen "$g" \
-            --batch "$b" --runs 2 --json --quiet 2>&1 |
-            grep -oE '"(prefill|decode)_tok_s":[0-9.]*' | cut -d: -f2 | tr '\n' ' '
-    }
     # the GEMM past the sizes that go to dequantize + cuBLAS (exact from 128 tokens, fast from 32)
     GEMM="KILN_CUDA_DEQUANT_MIN_N=100000 KILN_CUDA_DEQUANT_MIN_N_FAST=100000"
     line() { # model mode batch prompt gen: default | the f16 codes GEMM | the int8 variant
         left 45 || return 1
-        echo "$1 $2 batch $3 prompt $4 (prefill decode tok/s): default $(bench "$1" "$3" "$4" "$5" \
-            KILN_MATMUL=$2) | f16 codes $(bench "$1" "$3" "$4" "$5" KILN_MATMUL=$2 $GEMM) | int8 \
-$(bench "$1" "$3" "$4" "$5" KILN_MATMUL=$2 $GEMM KILN_CUDA_TC_INT8=1)"
+        echo "$1 $2 batch $3 prompt $4 (prefill decode tok/s): default $(bench_tok_s "$1" "$3" "$4" "$5" \
+            KILN_MATMUL=$2) | f16 codes $(bench_tok_s "$1" "$3" "$4" "$5" KILN_MATMUL=$2 $GEMM) | int8 \
+$(bench_tok_s "$1" "$3" "$4" "$5" KILN_MATMUL=$2 $GEMM KILN_CUDA_TC_INT8=1)"
     }
     line_fa() { # model prompt: exact-mode prefill, the f32 cache's attention 0 | 1 | 2
         left 45 || return 1
-        echo "$1 exact prefill $2 (prefill decode tok/s): CUDA cores $(bench "$1" 1 "$2" 1) | bf16 \
-$(bench "$1" 1 "$2" 1 KILN_CUDA_FA_F32=1) | pairs $(bench "$1" 1 "$2" 1 KILN_CUDA_FA_F32=2)"
+        echo "$1 exact prefill $2 (prefill decode tok/s): CUDA cores $(bench_tok_s "$1" 1 "$2" 1) | bf16 \
+$(bench_tok_s "$1" 1 "$2" 1 KILN_CUDA_FA_F32=1) | pairs $(bench_tok_s "$1" 1 "$2" 1 KILN_CUDA_FA_F32=2)"
     }
     line_pf() { # model: batch-1 decode tok/s with L2 prefetch budgets 0 / 16 / 32 / 48 MB
         left 45 || return 1
-        echo "$1 batch 1 decode (prefill decode tok/s), prefetch 0 / 16 / 32 / 48 MB: $(bench "$1" \
-            1 128 128) | $(bench "$1" 1 128 128 KILN_CUDA_PREFETCH_MB=16) | $(bench "$1" 1 128 128 \
-            KILN_CUDA_PREFETCH_MB=32) | $(bench "$1" 1 128 128 KILN_CUDA_PREFETCH_MB=48)"
+        echo "$1 batch 1 decode (prefill decode tok/s), prefetch 0 / 16 / 32 / 48 MB: $(bench_tok_s "$1" \
+            1 128 128) | $(bench_tok_s "$1" 1 128 128 KILN_CUDA_PREFETCH_MB=16) | $(bench_tok_s "$1" 1 128 128 \
+            KILN_CUDA_PREFETCH_MB=32) | $(bench_tok_s "$1" 1 128 128 KILN_CUDA_PREFETCH_MB=48)"
     }
     # most wanted first; each stops when under 45 s are left
     line_pf llama-3-8b-q4
