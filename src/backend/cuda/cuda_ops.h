@@ -165,8 +165,9 @@ void kiln_cuda_set_fa_mode(int mode);
  * loads); -1 goes back to env KILN_CUDA_FA_SIMPLE (default 0). */
 void kiln_cuda_set_fa_simple(int simple);
 /* f32 device caches on the tensor-core prefill kernel too (the simple kernel): 2 = K/V, Q and P as
- * bf16 hi + lo pairs, three products per MMA (~2^-16 relative; default), 1 = K/V rounded to bf16 as
- * tiles are staged, 0 = off (the CUDA-core kernel, f32); -1 goes back to env KILN_CUDA_FA_F32. */
+ * bf16 hi + lo pairs, three products per MMA (~2^-16 relative; default in exact mode), 1 = K/V
+ * rounded to bf16 as tiles are staged (default in fast mode), 0 = off (the CUDA-core kernel, f32);
+ * -1 goes back to env KILN_CUDA_FA_F32 (else the default by mode). */
 void kiln_cuda_set_fa_f32(int on);
 /* Tensor-core prefill attention launches so far (every backend of the process): tests check that
  * the path really ran. */
