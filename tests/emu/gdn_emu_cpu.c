@@ -1,6 +1,7 @@
-/* gdn_emu_cpu.c — the two pieces of the CPU library that tests/emu/gdn_emulate.cc replaces when it
- * links the CPU DeltaNet kernels (cpu_deltanet.c, cpu_ops.c, cpu_kernels_scalar.c) without the
- * rest of libkiln: the scalar kernel table (no run-time SIMD choice) and a serial parallel_for. */
+/* gdn_emu_cpu.c — the two pieces of the CPU library that the emulators replace when they link
+ * CPU sources without the rest of libkiln (gdn_emulate.cc: the DeltaNet kernels, cpu_ops.c,
+ * cpu_kernels_scalar.c; paged_attention_emulate.cc: the KV codecs, which convert rows through
+ * cpu_ops.c): the scalar kernel table (no run-time SIMD choice) and a serial parallel_for. */
 #include "backend/cpu/cpu_internal.h"
 #include "util/threadpool.h"
 

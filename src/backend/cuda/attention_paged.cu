@@ -4,13 +4,18 @@
  *
  * The kernel is attention.cu's flash-style kernel with a different tile loader: a block owns one
  * KV head and a tile of rows (query token x query head of the GQA group); every 32-key tile of
- * K and V is decoded once into shared memory (f32) and used by all its rows; each warp keeps an
- * online softmax for its rows. Long key ranges with few blocks (decode) are split over gridDim.z
- * and merged by log-sum-exp. Keys rotated by the Hadamard transform (turbo ...:rotk) are scored
- * against the rotated query (q.k is invariant under the orthonormal rotation); TurboQuant values
- * are accumulated in the rotated basis and each output row is unrotated once at the end, as
- * kv_paged.c does on the CPU. */
+ * K and V is decoded once into shared memory (f32) and used by all its rows, each warp decoding
+ * whole records (a key's block-table lookup once, its lanes along the row, a group's scale once);
+ * each warp keeps an online softmax for its rows. Long key ranges with few blocks (decode) are
+ * split over gridDim.z and merged by log-sum-exp. Keys rotated by the Hadamard transform (turbo
+ * ...:rotk) are scored against the rotated query (q.k is invariant under the orthonormal rotation);
+ * TurboQuant values are accumulated in the rotated basis and each output row is unrotated once at
+ * the end, as kv_paged.c does on the CPU. tests/emu/paged_attention_emulate.cc compiles the kernels
+ * and the launch plan on the CPU (PATT_HOST_EMU) with emulated warps. */
 #include "backend/cuda/attention_paged.cuh"
+#ifndef PATT_HOST_EMU
+#define PATT_SMEM(name) extern __shared__ float name[]
+#endif
 
 #define PATT_WARPS 4
 #define PATT_KT    32
@@ -55,7 +60,7 @@ __global__ void __launch_bounds__(PATT_WARPS * 32)
     /* positions in device memory (a recorded decode step): this step's, not the recording's */
     const int pos0 = P.positions ? P.positions[S.t0] : S.pos0;
     const int kbeg = P.positions ? (L.window > 0 ? max(0, pos0 - L.window + 1) : 0) : S.kbeg;
-    extern __shared__ float sm[];
+    PATT_SMEM(sm);
     float *Qs = sm;                      /* [ROWS][hd] */
     float *Ks = Qs + ROWS * hd;          /* [KT][hd+1] (padded: lanes read different banks) */
     float *Vs = Ks + PATT_KT * (hd + 1); /* [KT][vhd] */
@@ -109,23 +114,14 @@ __global__ void __launch_bounds__(PATT_WARPS * 32)
 
     for (int ks = k0; ks < k1; ks += PATT_KT) {
         __syncthreads(); /* Q staged / previous tile consumed */
-        for (int i = threadIdx.x; i < PATT_KT * hd; i += blockDim.x) {
-            int j = i / hd, d = i - j * hd;
-            float x = 0.0f;
-            if (ks + j < k1) {
-                const uint8_t *rec = kcu_paged_rec(L, S.table, ks + j, kvh, false);
-                if (rec) x = kcu_codec_elem(L.k, rec, hd, d);
-            }
-            Ks[j * (hd + 1) + d] = x;
-        }
-        for (int i = threadIdx.x; i < PATT_KT * vhd; i += blockDim.x) {
-            int j = i / vhd, d = i - j * vhd;
-            float x = 0.0f;
-            if (ks + j < k1) {
-                const uint8_t *rec = kcu_paged_rec(L, S.table, ks + j, kvh, true);
-                if (rec) x = kcu_codec_elem(L.v, rec, vhd, d);
-            }
-            Vs[i] = x;
+        /* key rows by warp (warp-uniform record pointers), elements by lane; zeros past k1 and
+         * for blocks a window dropped */
+        for (int j = warp; j < PATT_KT; j += PATT_WARPS) {
+            const int key = ks + j;
+            const uint8_t *kr = key < k1 ? kcu_paged_rec(L, S.table, key, kvh, false) : NULL;
+            const uint8_t *vr = key < k1 ? kcu_paged_rec(L, S.table, key, kvh, true) : NULL;
+            kcu_codec_row_lane(L.k, kr, hd, lane, Ks + j * (hd + 1));
+            kcu_codec_row_lane(L.v, vr, vhd, lane, Vs + j * vhd);
         }
         __syncthreads();
         float s[RPW];
@@ -224,7 +220,7 @@ __global__ void k_paged_unrotate(const __grid_constant__ patt_launch P) {
     const patt_seq &S = P.s[blockIdx.z];
     const int t = blockIdx.x, h = blockIdx.y, vhd = P.L.v_head_dim;
     if (t >= S.n) return;
-    extern __shared__ float xs[];
+    PATT_SMEM(xs);
     float *o = P.out + ((int64_t)(S.t0 + t) * P.n_heads + h) * vhd;
     for (int d = threadIdx.x; d < vhd; d += blockDim.x) xs[d] = o[d];
     kcu_fwht_rows(xs, 1, vhd);
@@ -232,10 +228,66 @@ __global__ void k_paged_unrotate(const __grid_constant__ patt_launch P) {
     for (int d = threadIdx.x; d < vhd; d += blockDim.x) o[d] = xs[d] * (s * kcu_hadamard_sign(d));
 }
 
+/* The launch plan of one chunk of at most KCU_ATT_MAX_SEQ sequences (no device calls; the
+ * emulator runs it too): P's sequences and split geometry (attention.cu's), the grid's row tiles
+ * and rows per warp. False: no tokens. */
+static bool patt_plan(patt_launch *P, const kcu_paged_layer *L, const float *q, float *out,
+                      const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq, int n_sms,
+                      int *tiles_out, int *rpw_out) {
+    memset(P, 0, sizeof *P);
+    P->L = *L;
+    P->q = q;
+    P->out = out;
+    P->positions = p->positions;
+    P->n_heads = p->n_heads;
+    P->scale = p->scale;
+    P->softcap = p->softcap;
+    P->group = p->n_heads / L->n_kv_heads;
+    P->n_seq = n_seq;
+    int max_n = 0, keys = 0;
+    for (int i = 0; i < n_seq; i++) {
+        patt_seq *d = &P->s[i];
+        d->table = seqs[i].table;
+        d->pos0 = seqs[i].pos0;
+        d->n = seqs[i].n > 0 ? seqs[i].n : 0;
+        d->t0 = seqs[i].t0;
+        d->kbeg = L->window > 0 ? (d->pos0 - L->window + 1 > 0 ? d->pos0 - L->window + 1 : 0) : 0;
+        int kend = d->pos0 + d->n;
+        if (kend - d->kbeg > keys) keys = kend - d->kbeg;
+        if (d->n > max_n) max_n = d->n;
+    }
+    if (max_n <= 0) return false;
+    if (p->positions && max_n == 1) keys = kcu_attn_keys_bucket(keys);
+    P->rows_max = max_n * P->group;
+    const int rpw = P->rows_max <= 2 * PATT_WARPS ? 1 : 4;
+    const int rows_per_block = PATT_WARPS * rpw;
+    const int tiles = (P->rows_max + rows_per_block - 1) / rows_per_block;
+    const int blocks = tiles * L->n_kv_heads * n_seq;
+    int splits = 1;
+    if (blocks < 2 * n_sms && keys > PATT_KT) {
+        splits = (4 * n_sms + blocks - 1) / blocks;
+        int max_splits = keys > 1024 ? (keys + 127) / 128 : (keys + PATT_KT - 1) / PATT_KT;
+        if (splits > max_splits) splits = max_splits;
+    }
+    P->kps = (keys + splits - 1) / splits;
+    P->kps = (P->kps + PATT_KT - 1) / PATT_KT * PATT_KT;
+    splits = (keys + P->kps - 1) / P->kps;
+    if (splits < 1) splits = 1;
+    P->splits = splits;
+    *tiles_out = tiles;
+    *rpw_out = rpw;
+    return true;
+}
+
+/* Shared memory of k_paged_attn<DPL, RPW>: Q rows, the K tile (padded rows), the V tile. */
+static size_t patt_smem_bytes(int rpw, int hd, int vhd) {
+    return sizeof(float) *
+           ((size_t)PATT_WARPS * rpw * hd + (size_t)PATT_KT * (hd + 1) + (size_t)PATT_KT * vhd);
+}
+
+#ifndef PATT_HOST_EMU
 template <int DPL, int RPW> static void launch(kcu_state *st, const patt_launch &P, dim3 grid) {
-    const int hd = P.L.head_dim, vhd = P.L.v_head_dim;
-    size_t smem = sizeof(float) * ((size_t)PATT_WARPS * RPW * hd + (size_t)PATT_KT * (hd + 1) +
-                                   (size_t)PATT_KT * vhd);
+    const size_t smem = patt_smem_bytes(RPW, P.L.head_dim, P.L.v_head_dim);
     static size_t raised = 48 * 1024;
     if (smem > raised) {
         if (!KCU_CHECK(st, cudaFuncSetAttribute(k_paged_attn<DPL, RPW>,
@@ -260,50 +312,13 @@ template <int RPW> static void launch_dpl(kcu_state *st, const patt_launch &P, d
         launch<16, RPW>(st, P, grid);
 }
 
-/* One chunk of at most KCU_ATT_MAX_SEQ sequences; the split geometry is attention.cu's. */
+/* One chunk of at most KCU_ATT_MAX_SEQ sequences. */
 static void paged_chunk(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
                         const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq) {
     patt_launch P;
-    memset(&P, 0, sizeof P);
-    P.L = *L;
-    P.q = q;
-    P.out = out;
-    P.positions = p->positions;
-    P.n_heads = p->n_heads;
-    P.scale = p->scale;
-    P.softcap = p->softcap;
-    P.group = p->n_heads / L->n_kv_heads;
-    P.n_seq = n_seq;
-    int max_n = 0, keys = 0;
-    for (int i = 0; i < n_seq; i++) {
-        patt_seq *d = &P.s[i];
-        d->table = seqs[i].table;
-        d->pos0 = seqs[i].pos0;
-        d->n = seqs[i].n > 0 ? seqs[i].n : 0;
-        d->t0 = seqs[i].t0;
-        d->kbeg = L->window > 0 ? (d->pos0 - L->window + 1 > 0 ? d->pos0 - L->window + 1 : 0) : 0;
-        int kend = d->pos0 + d->n;
-        if (kend - d->kbeg > keys) keys = kend - d->kbeg;
-        if (d->n > max_n) max_n = d->n;
-    }
-    if (max_n <= 0) return;
-    if (p->positions && max_n == 1) keys = kcu_attn_keys_bucket(keys);
-    P.rows_max = max_n * P.group;
-    const int rpw = P.rows_max <= 2 * PATT_WARPS ? 1 : 4;
-    const int rows_per_block = PATT_WARPS * rpw;
-    const int tiles = (P.rows_max + rows_per_block - 1) / rows_per_block;
-    const int blocks = tiles * L->n_kv_heads * n_seq;
-    int splits = 1;
-    if (blocks < 2 * st->n_sms && keys > PATT_KT) {
-        splits = (4 * st->n_sms + blocks - 1) / blocks;
-        int max_splits = keys > 1024 ? (keys + 127) / 128 : (keys + PATT_KT - 1) / PATT_KT;
-        if (splits > max_splits) splits = max_splits;
-    }
-    P.kps = (keys + splits - 1) / splits;
-    P.kps = (P.kps + PATT_KT - 1) / PATT_KT * PATT_KT;
-    splits = (keys + P.kps - 1) / P.kps;
-    if (splits < 1) splits = 1;
-    P.splits = splits;
+    int tiles = 0, rpw = 1;
+    if (!patt_plan(&P, L, q, out, p, seqs, n_seq, st->n_sms, &tiles, &rpw)) return;
+    const int splits = P.splits, max_n = P.rows_max / P.group;
     if (splits > 1) {
         size_t n_part = (size_t)n_seq * splits * L->n_kv_heads * P.rows_max;
         float *scr = (float *)kcu_scratch(st, n_part * (L->v_head_dim + 2) * sizeof(float));
@@ -338,3 +353,4 @@ void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q
         paged_chunk(st, L, q, out, p, seqs + i,
                     n_seq - i < KCU_ATT_MAX_SEQ ? n_seq - i : KCU_ATT_MAX_SEQ);
 }
+#endif

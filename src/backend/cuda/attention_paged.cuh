@@ -3,7 +3,9 @@
 #ifndef KILN_CUDA_ATTENTION_PAGED_CUH
 #define KILN_CUDA_ATTENTION_PAGED_CUH
 
+#ifndef KCU_HOST_EMU /* tests/emu/paged_attention_emulate.cc: no CUDA headers */
 #include "backend/cuda/attention.cuh"
+#endif
 #include "backend/cuda/kv_codec.cuh"
 
 /* One sequence of a paged launch: its device block table ([blocks][table_stride] ids), first
@@ -13,6 +15,7 @@ typedef struct kcu_paged_seq {
     int pos0, n, t0;
 } kcu_paged_seq;
 
+#ifndef KCU_HOST_EMU
 /* Causal (window-limited) GQA attention of the stacked queries q [T, n_heads*head_dim] of n_seq
  * sequences against their paged K/V (stored through the block tables, decoded in the kernel) ->
  * out [T, n_heads*v_head_dim]; long key ranges are split and merged by log-sum-exp; TurboQuant
@@ -20,5 +23,6 @@ typedef struct kcu_paged_seq {
  * each sequence's first position instead of seqs[i].pos0 (recorded decode steps). */
 void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
                          const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq);
+#endif
 
 #endif

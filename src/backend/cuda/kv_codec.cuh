@@ -8,7 +8,9 @@
 #ifndef KILN_CUDA_KV_CODEC_CUH
 #define KILN_CUDA_KV_CODEC_CUH
 
+#ifndef KCU_HOST_EMU /* tests/emu/paged_attention_emulate.cc brings its own shims */
 #include "backend/cuda/cuda_common.cuh"
+#endif
 
 extern "C" {
 #include "kv/kv_codec.h"
@@ -107,6 +109,51 @@ __device__ __forceinline__ float kcu_codec_elem(const kcu_codec &c, const uint8_
         unsigned q =
             kcu_unpack_code(rec + (int64_t)ng * 2 + (int64_t)g * gbytes, i, c.bits, gbytes);
         return __fmul_rn(r, c.centroid[q]);
+    }
+    }
+}
+
+/* Elements lane, lane + 32, ... of an encoded row of dim elements into dst[0..dim), by one lane of
+ * a warp (the 32 lanes together decode the row): the same floats as kcu_codec_elem, with each
+ * group's scale located once instead of once per element. rec NULL (a dropped block): zeros. */
+__device__ __forceinline__ void kcu_codec_row_lane(const kcu_codec &c, const uint8_t *rec, int dim,
+                                                   int lane, float *dst) {
+    if (!rec) {
+        for (int d = lane; d < dim; d += 32) dst[d] = 0.0f;
+        return;
+    }
+    switch (c.kind) {
+    case KV_CODEC_F32:
+        for (int d = lane; d < dim; d += 32) memcpy(&dst[d], rec + 4 * (int64_t)d, 4);
+        return;
+    case KV_CODEC_F16:
+        for (int d = lane; d < dim; d += 32) dst[d] = kcu_f16(kcu_rd16(rec + 2 * (int64_t)d));
+        return;
+    case KV_CODEC_BF16:
+        for (int d = lane; d < dim; d += 32) dst[d] = kcu_bf16(kcu_rd16(rec + 2 * (int64_t)d));
+        return;
+    case KV_CODEC_AFFINE: {
+        const int G = c.group, ng = dim / G, gbytes = (G * c.bits + 7) / 8;
+        const uint8_t *codes = rec + (int64_t)ng * 4;
+        for (int g = 0; g < ng; g++) {
+            const float s = kcu_f16(kcu_rd16(rec + 4 * g)), b = kcu_f16(kcu_rd16(rec + 4 * g + 2));
+            const uint8_t *cg = codes + (int64_t)g * gbytes;
+            for (int i = lane; i < G; i += 32)
+                dst[g * G + i] =
+                    __fadd_rn(__fmul_rn(s, (float)kcu_unpack_code(cg, i, c.bits, gbytes)), b);
+        }
+        return;
+    }
+    default: { /* KV_CODEC_LLOYD */
+        const int G = c.group, ng = dim / G, gbytes = (G * c.bits + 7) / 8;
+        const uint8_t *codes = rec + (int64_t)ng * 2;
+        for (int g = 0; g < ng; g++) {
+            const float r = kcu_f16(kcu_rd16(rec + 2 * g));
+            const uint8_t *cg = codes + (int64_t)g * gbytes;
+            for (int i = lane; i < G; i += 32)
+                dst[g * G + i] = __fmul_rn(r, c.centroid[kcu_unpack_code(cg, i, c.bits, gbytes)]);
+        }
+        return;
     }
     }
 }

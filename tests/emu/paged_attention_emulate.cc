@@ -1,0 +1,385 @@
+/* paged_attention_emulate.cc — runs the paged-cache attention kernels (src/backend/cuda/
+ * attention_paged.cu: k_paged_attn, the log-sum-exp merge of its key splits, the TurboQuant
+ * unrotation) and their launch plan on the CPU: the source is compiled as C++ with PATT_HOST_EMU
+ * and KCU_HOST_EMU, every CUDA thread of a block is a std::thread, __syncthreads is a block
+ * barrier, a warp shuffle goes through an exchange buffer between two barriers of that warp's 32
+ * threads, and dynamic shared memory is a NaN-poisoned buffer of exactly the launch's size with a
+ * guard zone checked after each block.
+ *
+ * The cache is built as the device pool lays it out (kv_paged.cu): blocks of block_tokens tokens,
+ * K records [block_tokens][n_kv_heads] then V records at v_offset, each record encoded on the CPU
+ * by kv_codec_encode (f32 / f16 / bf16, affine q8 / q4, TurboQuant Lloyd-Max with rotated keys
+ * and values), block ids shuffled through per-sequence tables of a multi-layer stride, the first
+ * block shared by two sequences, blocks a sliding window dropped set to -1. Cases: decode and
+ * prefill chunks, several sequences at different positions, GQA groups 1..8, head dims 64..512,
+ * windows, logit softcaps, positions from a "device" array, key splits forced by a small SM
+ * count. Reference: softmax attention in double over the rows kv_codec_decode gives (brought
+ * back from the rotated basis), relative L2 error <= 2e-5. A development check for machines
+ * without a GPU (it does not see the hardware's scheduling or fast exp); run by
+ * tests/test_paged_attention_emulate.sh (CTest). */
+#include "cuda_shim.h"
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "kv/hadamard.h"
+#include "kv/kv_cache.h"
+#include "kv/kv_codec.h"
+#include "util/half.h"
+}
+
+#define KCU_HOST_EMU    1
+#define PATT_HOST_EMU   1
+#define KCU_PDL_ENTER()                            /* nothing to wait for on the CPU */
+#define KCU_ATT_MAX_SEQ 64                         /* attention.cuh */
+static inline int kcu_attn_keys_bucket(int keys) { /* attention.cuh */
+    return keys <= 4096 ? (keys + 127) / 128 * 128 : (keys + 1023) / 1024 * 1024;
+}
+
+enum { EMU_WARPS = 4, EMU_THREADS = EMU_WARPS * 32 };
+static float *emu_smem;
+static std::barrier<> *emu_bar;                 /* the running block's __syncthreads */
+static std::barrier<> *emu_warp_bar[EMU_WARPS]; /* each warp's shuffles */
+static float emu_xchg[EMU_THREADS];             /* shuffle exchange */
+#define PATT_SMEM(name) float *name = emu_smem
+static void __syncthreads() {
+    emu_bar->arrive_and_wait();
+}
+static float emu_exchange(float v, int from_lane) {
+    emu_xchg[threadIdx.x] = v;
+    emu_warp_bar[t_warp]->arrive_and_wait();
+    const float r = emu_xchg[t_warp * 32 + from_lane];
+    emu_warp_bar[t_warp]->arrive_and_wait();
+    return r;
+}
+static float __shfl_sync(unsigned, float v, int src) {
+    return emu_exchange(v, src);
+}
+static float __shfl_xor_sync(unsigned, float v, int mask) {
+    return emu_exchange(v, t_lane ^ mask);
+}
+static float kcu_warp_sum(float v) { /* cuda_common.cuh */
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static float kcu_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+static float kcu_f16(uint16_t h) {
+    return kiln_f16_to_f32(h);
+}
+static float kcu_bf16(uint16_t h) {
+    return kiln_bf16_to_f32(h);
+}
+static float kcu_tanh(float x) {
+    return tanhf(x);
+}
+#define __expf(x)            expf(x) /* (glibc declares an __expf but does not export it) */
+#define __fadd_rn(a, b)      ((float)(a) + (float)(b))
+#define __fsub_rn(a, b)      ((float)(a) - (float)(b))
+#define __fmul_rn(a, b)      ((float)(a) * (float)(b))
+#define __fdiv_rn(a, b)      ((float)(a) / (float)(b))
+#define __frcp_rn(a)         (1.0f / (float)(a))
+#define __fsqrt_rn(a)        sqrtf(a)
+#define __dadd_rn(a, b)      ((double)(a) + (double)(b))
+#define __dmul_rn(a, b)      ((double)(a) * (double)(b))
+#define __ddiv_rn(a, b)      ((double)(a) / (double)(b))
+#define __dsqrt_rn(a)        sqrt(a)
+#define __double2float_rn(a) ((float)(a))
+#define __float2half_rn(x)   kiln_f32_to_f16(x)
+#define __half_as_ushort(h)  (h)
+using std::max;
+using std::min;
+
+#include "backend/cuda/attention_paged.cu"
+
+static int failures = 0, cases = 0;
+enum { GUARD = 1024 };
+
+/* Runs fn() as the kernel of every block of grid, EMU_THREADS std::threads walking the blocks in
+ * order; smem_bytes of NaN-poisoned shared memory with a guard zone checked after each block. */
+template <typename F>
+static void emu_run(const char *name, emu_dim3 grid, size_t smem_bytes, const F &fn) {
+    const size_t floats = (smem_bytes + 3) / 4;
+    std::vector<float> sm(floats + GUARD + 4);
+    float *base = (float *)(((uintptr_t)sm.data() + 15) & ~(uintptr_t)15);
+    blockDim = {EMU_THREADS, 1, 1};
+    gridDim = grid;
+    emu_smem = base;
+    std::barrier<> bar(EMU_THREADS);
+    emu_bar = &bar;
+    std::vector<std::unique_ptr<std::barrier<>>> wb;
+    for (int w = 0; w < EMU_WARPS; w++) {
+        wb.push_back(std::make_unique<std::barrier<>>(32));
+        emu_warp_bar[w] = wb.back().get();
+    }
+    std::vector<std::thread> th;
+    for (int t = 0; t < EMU_THREADS; t++)
+        th.emplace_back([&, t] {
+            threadIdx = {(unsigned)t, 0, 0};
+            t_warp = t >> 5, t_lane = t & 31;
+            for (unsigned z = 0; z < grid.z; z++)
+                for (unsigned y = 0; y < grid.y; y++)
+                    for (unsigned x = 0; x < grid.x; x++) {
+                        if (t == 0) {
+                            for (size_t i = 0; i < floats; i++) base[i] = NAN;
+                            for (int i = 0; i < GUARD; i++) base[floats + i] = 1234.5f;
+                        }
+                        bar.arrive_and_wait();
+                        blockIdx = {x, y, z};
+                        fn();
+                        bar.arrive_and_wait();
+                        if (t != 0) continue;
+                        for (int i = 0; i < GUARD; i++)
+                            if (base[floats + i] != 1234.5f) {
+                                printf("FAIL %s block (%u, %u, %u) wrote past its shared memory\n",
+                                       name, x, y, z);
+                                failures++;
+                                break;
+                            }
+                    }
+        });
+    for (auto &t : th) t.join();
+}
+
+template <int RPW> static void emu_attn(const patt_launch &P, emu_dim3 grid, size_t smem) {
+    const int vhd = P.L.v_head_dim;
+    if (vhd <= 64)
+        emu_run("k_paged_attn", grid, smem, [&] { k_paged_attn<2, RPW>(P); });
+    else if (vhd <= 128)
+        emu_run("k_paged_attn", grid, smem, [&] { k_paged_attn<4, RPW>(P); });
+    else if (vhd <= 256)
+        emu_run("k_paged_attn", grid, smem, [&] { k_paged_attn<8, RPW>(P); });
+    else
+        emu_run("k_paged_attn", grid, smem, [&] { k_paged_attn<16, RPW>(P); });
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float rnd() { /* uniform in [-1, 1) */
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+/* A codec by name: f32 f16 bf16 q8 q4 (affine, group g) t4 t3 (Lloyd-Max, group g), r = rotated. */
+static kv_codec make_codec(const char *name, int group) {
+    kv_codec c;
+    memset(&c, 0, sizeof c);
+    c.group = group;
+    c.rotate = strchr(name, 'r') != nullptr;
+    if (!strcmp(name, "f32")) c.kind = KV_CODEC_F32;
+    if (!strcmp(name, "f16")) c.kind = KV_CODEC_F16;
+    if (!strcmp(name, "bf16")) c.kind = KV_CODEC_BF16;
+    if (name[0] == 'q') c.kind = KV_CODEC_AFFINE, c.bits = name[1] - '0';
+    if (name[0] == 't') {
+        c.kind = KV_CODEC_LLOYD, c.bits = name[1] - '0';
+        kiln_lloyd_max_gaussian(c.bits, &c.lm);
+    }
+    return c;
+}
+
+/* kv_paged.cu's codec_params: the device codec of c for rows of dim elements. */
+static kcu_codec device_codec(const kv_codec &c, int dim) {
+    kcu_codec o;
+    memset(&o, 0, sizeof o);
+    o.kind = c.kind, o.bits = c.bits, o.group = c.group, o.rotate = c.rotate;
+    o.rec = (int)kv_codec_row_bytes(&c, dim);
+    if (c.kind == KV_CODEC_LLOYD)
+        for (int i = 0; i < (1 << c.bits); i++) {
+            o.centroid[i] = c.lm.centroid[i];
+            if (i + 1 < (1 << c.bits)) o.boundary[i] = c.lm.boundary[i];
+        }
+    return o;
+}
+
+struct seq_spec {
+    int pos0, n;
+};
+
+/* One launch: sequences seqs (cached length pos0, n new tokens each), geometry, codecs. */
+static void run_case(const char *kname, const char *vname, int group, int n_kv, int G, int hd,
+                     int vhd, int bt, int window, float softcap, std::vector<seq_spec> seqs,
+                     int n_sms, bool device_positions) {
+    cases++;
+    const int n_seq = (int)seqs.size(), H = n_kv * G, stride = 3, layer = 1;
+    const kv_codec ck = make_codec(kname, group), cv = make_codec(vname, group);
+    kcu_paged_layer L;
+    memset(&L, 0, sizeof L);
+    L.k = device_codec(ck, hd), L.v = device_codec(cv, vhd);
+    L.block_tokens = bt, L.table_stride = stride, L.layer = layer;
+    L.n_kv_heads = n_kv, L.head_dim = hd, L.v_head_dim = vhd, L.window = window;
+    L.v_offset = ((int64_t)bt * n_kv * L.k.rec + 15) / 16 * 16;
+    L.block_bytes = (L.v_offset + (int64_t)bt * n_kv * L.v.rec + 15) / 16 * 16;
+    /* logical blocks of each sequence -> shuffled pool ids; seq 1 shares seq 0's first block */
+    std::vector<std::vector<int32_t>> tables(n_seq);
+    int n_blocks = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const int nb = (seqs[s].pos0 + seqs[s].n + bt - 1) / bt;
+        tables[s].assign((size_t)std::max(nb, 1) * stride, -7); /* other layers' ids: unused */
+        for (int b = 0; b < nb; b++)
+            tables[s][(size_t)b * stride + layer] = (s == 1 && b == 0) ? -2 : n_blocks++;
+    }
+    std::vector<int32_t> perm((size_t)n_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)((rnd() + 1.0f) * 0.5f * (float)(i + 1));
+        std::swap(perm[(size_t)i], perm[(size_t)std::min(j, i)]);
+    }
+    for (int s = 0; s < n_seq; s++)
+        for (size_t b = 0; b * stride < tables[s].size(); b++) {
+            int32_t &id = tables[s][b * stride + layer];
+            if (id == -2)
+                id = tables[0][layer]; /* shared first block (already permuted) */
+            else if (id >= 0)
+                id = perm[(size_t)id];
+        }
+    std::vector<uint8_t> pool((size_t)std::max(n_blocks, 1) * L.block_bytes, 0xa5);
+    L.data = pool.data();
+    /* every record encoded; the decoded rows (original basis) kept for the reference */
+    std::vector<float> Kref((size_t)n_blocks * bt * n_kv * hd),
+        Vref((size_t)n_blocks * bt * n_kv * vhd);
+    std::vector<float> row(std::max(hd, vhd)), tmp(std::max(hd, vhd));
+    for (int b = 0; b < n_blocks; b++)
+        for (int slot = 0; slot < bt; slot++)
+            for (int h = 0; h < n_kv; h++)
+                for (int which = 0; which < 2; which++) {
+                    const int dim = which ? vhd : hd;
+                    const kv_codec &c = which ? cv : ck;
+                    for (int d = 0; d < dim; d++) row[d] = rnd() * (which ? 1.0f : 1.5f);
+                    uint8_t *rec = pool.data() + (size_t)b * L.block_bytes +
+                                   (which ? L.v_offset + ((size_t)slot * n_kv + h) * L.v.rec
+                                          : ((size_t)slot * n_kv + h) * L.k.rec);
+                    kv_codec_encode(&c, row.data(), dim, rec, tmp.data());
+                    float *dst = (which ? Vref.data() : Kref.data()) +
+                                 (((size_t)b * bt + slot) * n_kv + h) * dim;
+                    kv_codec_decode(&c, rec, dim, dst);
+                    if (c.rotate) kiln_hadamard_unrotate(dst, dim);
+                }
+    /* blocks wholly before every query's window are dropped */
+    if (window > 0)
+        for (int s = 0; s < n_seq; s++)
+            for (size_t b = 0; b * stride < tables[s].size(); b++)
+                if ((int)((b + 1) * bt) <= seqs[s].pos0 - window + 1)
+                    tables[s][b * stride + layer] = -1;
+    /* queries, the plan, the launches */
+    int T = 0;
+    std::vector<kcu_paged_seq> ps((size_t)n_seq);
+    std::vector<int32_t> dpos;
+    for (int s = 0; s < n_seq; s++) {
+        ps[s] = {tables[s].data(), seqs[s].pos0, seqs[s].n, T};
+        for (int i = 0; i < seqs[s].n; i++) dpos.push_back(seqs[s].pos0 + i);
+        T += seqs[s].n;
+    }
+    std::vector<float> q((size_t)T * H * hd), out((size_t)T * H * vhd, NAN);
+    for (auto &x : q) x = rnd() * 2.0f;
+    kiln_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.n_heads = H, p.scale = 1.0f / sqrtf((float)hd), p.softcap = softcap;
+    p.positions = device_positions ? dpos.data() : nullptr;
+    patt_launch P;
+    int tiles = 0, rpw = 1;
+    if (!patt_plan(&P, &L, q.data(), out.data(), &p, ps.data(), n_seq, n_sms, &tiles, &rpw)) {
+        printf("FAIL %s/%s: no plan\n", kname, vname);
+        failures++;
+        return;
+    }
+    if (device_positions) /* a recorded step: the kernel reads positions, not the host's pos0 */
+        for (int s = 0; s < n_seq; s++) P.s[s].pos0 = -12345, P.s[s].kbeg = -12345;
+    std::vector<float> part;
+    if (P.splits > 1) {
+        const size_t n_part = (size_t)n_seq * P.splits * n_kv * P.rows_max;
+        part.assign(n_part * (vhd + 2), NAN);
+        P.part_o = part.data();
+        P.part_ml = part.data() + n_part * vhd;
+    }
+    const size_t smem = patt_smem_bytes(rpw, hd, vhd);
+    const emu_dim3 grid = {(unsigned)tiles, (unsigned)n_kv, (unsigned)(n_seq * P.splits)};
+    if (rpw == 1)
+        emu_attn<1>(P, grid, smem);
+    else
+        emu_attn<4>(P, grid, smem);
+    if (P.splits > 1)
+        emu_run("k_paged_attn_merge", {(unsigned)P.rows_max, (unsigned)n_kv, (unsigned)n_seq}, 0,
+                [&] { k_paged_attn_merge(P); });
+    if (L.v.rotate)
+        emu_run("k_paged_unrotate",
+                {(unsigned)(P.rows_max / P.group), (unsigned)H, (unsigned)n_seq},
+                (size_t)vhd * sizeof(float), [&] { k_paged_unrotate(P); });
+    /* reference: softmax attention in double over the decoded rows */
+    std::vector<double> ref((size_t)T * H * vhd, 0.0);
+    for (int s = 0; s < n_seq; s++)
+        for (int i = 0; i < seqs[s].n; i++) {
+            const int t = ps[s].t0 + i, pos = seqs[s].pos0 + i;
+            const int lo = window > 0 ? std::max(0, pos - window + 1) : 0;
+            for (int h = 0; h < H; h++) {
+                const int kvh = h / G;
+                std::vector<double> sc((size_t)(pos + 1 - lo));
+                double m = -INFINITY;
+                for (int j = lo; j <= pos; j++) {
+                    const int id = tables[s][(size_t)(j / bt) * stride + layer];
+                    const float *k = Kref.data() + (((size_t)id * bt + j % bt) * n_kv + kvh) * hd;
+                    double d = 0;
+                    for (int e = 0; e < hd; e++)
+                        d += (double)q[((size_t)t * H + h) * hd + e] * k[e];
+                    d *= p.scale;
+                    if (softcap > 0) d = softcap * tanh(d / softcap);
+                    sc[j - lo] = d;
+                    m = std::max(m, d);
+                }
+                double den = 0;
+                for (auto &x : sc) den += (x = exp(x - m));
+                double *o = ref.data() + ((size_t)t * H + h) * vhd;
+                for (int j = lo; j <= pos; j++) {
+                    const int id = tables[s][(size_t)(j / bt) * stride + layer];
+                    const float *v = Vref.data() + (((size_t)id * bt + j % bt) * n_kv + kvh) * vhd;
+                    for (int e = 0; e < vhd; e++) o[e] += sc[j - lo] / den * v[e];
+                }
+            }
+        }
+    double num = 0, den = 0;
+    int bad = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (!std::isfinite(out[i])) bad++;
+        num += (out[i] - ref[i]) * (out[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    const double err = bad ? INFINITY : sqrt(num / (den > 0 ? den : 1));
+    const bool ok = err <= 2e-5;
+    printf("%s K %s V %s g%d kv %d x %d hd %d/%d block %d window %d softcap %g seqs %d T %d "
+           "splits %d rpw %d%s: rel err %.2e\n",
+           ok ? "ok  " : "FAIL", kname, vname, group, n_kv, G, hd, vhd, bt, window, softcap, n_seq,
+           T, P.splits, rpw, device_positions ? " (device positions)" : "", err);
+    if (!ok) failures++;
+}
+
+int main() {
+    /* decode, several sequences, q8 both, key splits (8 SMs) */
+    run_case("q8", "q8", 32, 2, 4, 128, 128, 16, 0, 0.0f, {{0, 1}, {37, 1}, {300, 1}}, 8, false);
+    /* prefill chunks of two sequences after a cached prefix, q4 */
+    run_case("q4", "q4", 32, 1, 2, 64, 64, 4, 0, 0.0f, {{0, 20}, {40, 5}}, 1000, false);
+    /* plain rows, head dim 80 (not a power of two), softcap */
+    run_case("f16", "bf16", 16, 2, 2, 80, 80, 16, 0, 30.0f, {{5, 1}, {70, 1}}, 8, false);
+    run_case("f32", "f32", 32, 1, 1, 64, 64, 8, 0, 0.0f, {{3, 9}, {1, 1}}, 1000, false);
+    /* TurboQuant: rotated keys and values (unrotation kernel), 4 bits */
+    run_case("t4r", "t4r", 32, 2, 2, 128, 128, 16, 0, 0.0f, {{0, 3}, {90, 1}}, 8, false);
+    /* turbo k8v3: affine keys, 3-bit rotated values; a window dropping blocks, device positions */
+    run_case("q8", "t3r", 32, 1, 4, 64, 64, 8, 24, 0.0f, {{100, 1}, {60, 1}, {9, 1}}, 8, true);
+    /* GQA 8 at head dim 256 (Gemma-like), a long key range over many splits */
+    run_case("q8", "q4", 64, 1, 8, 256, 256, 16, 0, 50.0f, {{520, 1}}, 4, false);
+    /* head dim 512, f16, prefill with 4 rows a warp */
+    run_case("f16", "f16", 32, 1, 2, 512, 512, 16, 0, 0.0f, {{30, 12}}, 1000, false);
+    /* a window on a prefill chunk (rows see different key ranges) */
+    run_case("q4", "q8", 32, 2, 2, 64, 64, 4, 10, 0.0f, {{50, 17}, {3, 2}}, 1000, false);
+    printf("%d cases, %d failed\n", cases, failures);
+    return failures ? 1 : 0;
+}
