@@ -227,6 +227,20 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
     free(h.d), free(h.s), free(h.b);
 }
 
+/* Whether the space-separated integers of list hold v. */
+static bool list_has_int(const char *list, int64_t v) {
+    char *end = NULL;
+    for (const char *p = list; *p; p = end) {
+        long long x = strtoll(p, &end, 10);
+        if (end == p) {
+            end = (char *)p + 1;
+            continue;
+        }
+        if (x == v) return true;
+    }
+    return false;
+}
+
 /* The tensor-core GEMM (gemm_tc.cu) at one shape: n = 1, 8, 64, 512 with its default block shape
  * and split ([tc]; n = 1 forced onto it), a few forced block shapes / splits, its int8 variant for
  * quantized weights in exact and fast mode ([int8], [int8 fast]; gemm_tc_int8.cuh), and the path
@@ -253,10 +267,17 @@ static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
         {"int8 fast", 2, 0, 0, 2},   {"old", 0, 0, 0, 0}};
     const bool quant = kiln_matrix_is_quantized(&h.host);
     const int64_t ns[] = {1, 8, 64, 512};
+    /* env KILN_BENCH_TC_NS ("8 64") and KILN_BENCH_TC_VARIANTS (",tc,old,": names between
+     * commas) keep only those: one launch to profile */
+    const char *ns_env = getenv("KILN_BENCH_TC_NS"), *var_env = getenv("KILN_BENCH_TC_VARIANTS");
     for (int i = 0; i < 4; i++) {
         const int64_t n = ns[i];
+        if (ns_env && *ns_env && !list_has_int(ns_env, n)) continue;
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
             const int bn = variants[v].bn, sp = variants[v].splits;
+            char key[32];
+            snprintf(key, sizeof key, ",%s,", variants[v].name);
+            if (var_env && *var_env && !strstr(var_env, key)) continue;
             /* block shapes that fit n (8/16 for n <= 16, 64/128 above), splits at n <= 64 */
             if (bn && (n <= 16) != (bn <= 16)) continue;
             if (sp && n > 64) continue;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# session15_run.sh — why the tensor-core GEMM streams quantized W at ~1.1 TB/s at 1-8 tokens (the
+# fourteenth session's kiln_gpu_bench tc: q8g64 14336x4096 n=8 57 us, q4g64 6144x4096 n=8 25.5 us,
+# where the dp4a GEMV reads the same q8 matrix at n=1 in 20.6 us) and reaches ~40 TFLOP/s at 64:
+# Nsight Compute on its three kernels (k_tc_prep, k_tc_gemm, k_tc_reduce) at n = 8 and 64, one
+# launch each (KILN_BENCH_TC_NS / KILN_BENCH_TC_VARIANTS pick it), then the same shapes timed.
+# Full reports in $OUT, the lines that place the time on stdout. First, the paged-cache attention
+# with the fourteenth session's row-wise tile loader (attention_paged.cu, emulated only): its
+# tests (test_kv_cuda, test_parity_cuda_kv) and decode at 8k context on Qwen3-0.6B with the
+# quantized (paged) caches against the contiguous f32 one (before: q8 85 tok/s, f32 340).
+# One call, LIMIT s.
+LIMIT=${LIMIT:-540}
+source "$(dirname "$0")/common.sh"
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log") 2>&1
+models_in_background qwen3-0.6b
+build_kiln
+build_gpu_bench
+run_tests test_kv_cuda test_parity_cuda_kv >/tmp/tests.out &
+T=$!
+wait $MODELS
+for kv in f32 q8 q4 turbo:k4v4:rotk:kg64 "bf16 --kv-block 16"; do
+    left 60 || break
+    echo "qwen3-0.6b --kv $kv, context 8192: $(timeout 60 "$B/kiln" bench --device cuda \
+        --model "$M/qwen3-0.6b" --kv $kv --context 8192 --prompt 16 --gen 32 --runs 3 --json \
+        --quiet 2>&1 | grep -oE '"decode_tok_s":[0-9.]*')"
+done
+wait $T
+cat /tmp/tests.out
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "ncu: ${NCU:-none}"
+for spec in q4g64:6144x4096:8 q8g64:14336x4096:8 q4g64:6144x4096:64 q8g64:14336x4096:64; do
+    IFS=: read -r fmt shape n <<<"$spec"
+    left 90 || break
+    stamp "$fmt $shape n=$n"
+    KILN_BENCH_TC_FMTS=$fmt KILN_BENCH_TC_SHAPES=$shape KILN_BENCH_TC_NS=$n \
+        KILN_BENCH_TC_VARIANTS=",tc,old," timeout 60 "$B/kiln_gpu_bench" tc 2>&1 | grep -E "^tc "
+    [ -n "$NCU" ] || continue
+    KILN_BENCH_TC_FMTS=$fmt KILN_BENCH_TC_SHAPES=$shape KILN_BENCH_TC_NS=$n \
+        KILN_BENCH_TC_VARIANTS=",tc," timeout 120 "$NCU" --clock-control none \
+        --kernel-name regex:k_tc_ --launch-skip 6 --launch-count 3 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \
+        "$B/kiln_gpu_bench" tc >"$OUT/ncu_${fmt}_${shape}_n$n.txt" 2>&1
+    grep -E "^  k_tc_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Waves Per SM|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall (Long|Short|Barrier|Wait|MIO|Math)|Shared.*Bank|L2 Hit" \
+        "$OUT/ncu_${fmt}_${shape}_n$n.txt" | head -60 | cut -c1-130
+done
+stamp "end"
