@@ -124,6 +124,7 @@ __global__ void __launch_bounds__(PATT_WARPS * 32)
             kcu_codec_row_lane(L.v, vr, vhd, lane, Vs + j * vhd);
         }
         __syncthreads();
+        if (!live[0]) continue; /* a warp past the block's last row only loads (warp-uniform) */
         float s[RPW];
 #pragma unroll
         for (int r = 0; r < RPW; r++) s[r] = 0.0f;
