@@ -46,4 +46,17 @@ for spec in q4g64:6144x4096:8 q8g64:14336x4096:8 q4g64:6144x4096:64 q8g64:14336x
     grep -E "^  k_tc_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Waves Per SM|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall (Long|Short|Barrier|Wait|MIO|Math)|Shared.*Bank|L2 Hit" \
         "$OUT/ncu_${fmt}_${shape}_n$n.txt" | head -60 | cut -c1-130
 done
+# the dp4a GEMV at one token on the small layer matrices (o 4096x4096: ~14% of copy, q/k/v
+# 6144x4096: ~17% in the per-op profile, against 72% on the LM head): ramp, tail, occupancy
+for shape in 4096x4096 6144x4096; do
+    [ -n "$NCU" ] && left 60 || break
+    stamp "ncu: dp4a GEMV q4g64 $shape n=1"
+    KILN_BENCH_GEMV_FMTS=q4g64 KILN_BENCH_GEMV_SHAPES=$shape timeout 90 "$NCU" --clock-control none \
+        --kernel-name regex:k_qgemv --launch-skip 6 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section SchedulerStats \
+        "$B/kiln_gpu_bench" gemv >"$OUT/ncu_gemv_q4_$shape.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Waves Per SM|Warp Cycles Per Issued|No Eligible|Stall (Long|Short|Barrier|Wait)" \
+        "$OUT/ncu_gemv_q4_$shape.txt" | head -24 | cut -c1-130
+done
 stamp "end"
