@@ -5,7 +5,8 @@
  * softcap):
  *   - attention outputs of every step (prefill chunks n > 1 from empty and at an offset, decode
  *     n = 1, lengths that do not divide the 16-token block, a 1030-key context that takes the
- *     split-K path with its log-sum-exp merge) by relative L2 <= 1e-4;
+ *     split-K path with its log-sum-exp merge; prefill chunks of 64+ tokens on the tensor-core
+ *     kernel where the records are not rotated) by relative L2 <= 1e-4;
  *   - both the per-sequence calls (store / attend) and the batched hook (store_attend_batch with
  *     positions read from device memory) of three sequences at different lengths;
  *   - a fork (prefix shared block by block) followed by diverging writes: copy-on-write of the
@@ -232,7 +233,14 @@ static void run_case(const kv_case *c) {
         /* seq 0's first chunk alone, by the per-sequence calls (prefill, or decode from empty) */
         int ids[MAX_SEQ] = {0, 1, 2, 3}, n[MAX_SEQ];
         n[0] = c->prefill;
+        const long long fa0 = kiln_cuda_fa_launches();
         step(&P, ids, n, 1, false);
+        /* 64+ tokens of records that are not rotated take the tensor-core prefill kernel, one
+         * launch a layer; shorter chunks and TurboQuant kinds the paged CUDA-core kernel */
+        const bool want_tc = c->prefill >= 64 && strncmp(c->kind, "turbo", 5) != 0;
+        CHECK_MSG(kiln_cuda_fa_launches() - fa0 == (want_tc ? N_LAYERS : 0),
+                  "%s prefill %d: %lld tensor-core attention launches", c->kind, c->prefill,
+                  kiln_cuda_fa_launches() - fa0);
         /* all three batched: a decode, a 19-token prefill from empty, one token from empty */
         n[0] = 1, n[1] = 19, n[2] = 1;
         step(&P, ids, n, 3, true);

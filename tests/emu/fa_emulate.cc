@@ -5,12 +5,11 @@
  * and ldmatrix modelled from the PTX ISA's fragment description (as tests/test_fa_fragment.c), and
  * cp.async is a synchronous copy. Shared memory is poisoned with NaN before each block. Outputs
  * are compared with a double-precision causal GQA attention (window, softcap) on the same 16-bit
- * K/V, f32 Q: relative L2 error within 16-bit rounding, every element finite.
+ * K/V, f32 Q: relative L2 error within 16-bit rounding, every element finite. The paged variant
+ * reads a block pool built by paged_pool.h (records encoded by the CPU codecs, linked in).
  *
  * A development check for machines without a GPU (it does not see races or the real hardware);
- * run by tests/test_fa_emulate.sh (CTest), or by hand from the repository root:
- *   g++ -std=c++20 -O2 -pthread -Isrc -DFA_HOST_EMU tests/emu/fa_emulate.cc -o /tmp/fa_emulate
- *   /tmp/fa_emulate */
+ * run by tests/test_fa_emulate.sh (CTest), which also builds the CPU codec sources it links. */
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -154,10 +153,13 @@ static inline float kcu_tanh(float x) {
     return tanhf(x);
 }
 
+#include "kv_codec_shim.h"
+#include "paged_pool.h"
+
 #include "backend/cuda/attention_prefill_tc.cu"
 
 /* ---- driver ---- */
-template <int D, int KT, bool BF16, bool FAST, bool F32KV, bool SPLIT>
+template <int D, int KT, bool BF16, bool FAST, bool F32KV, bool SPLIT, bool PAGED = false>
 static void run_grid(const fa_launch &L, emu_dim3 g) {
     gridDim = g;
     blockDim = {FA_WARPS * 32, 1, 1};
@@ -176,7 +178,7 @@ static void run_grid(const fa_launch &L, emu_dim3 g) {
                         threadIdx = {(unsigned)t, 0, 0};
                         blockIdx = {x, y, z};
                         t_warp = t >> 5, t_lane = t & 31;
-                        k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT>(L);
+                        k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT, PAGED>(L);
                     });
                 for (auto &t : th) t.join();
             }
@@ -280,6 +282,74 @@ static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> 
     fflush(stdout);
 }
 
+/* Paged records (PAGED: the simple kernel, decoded records staged as bf16 hi + lo pairs) from a
+ * pool of bt-token blocks (paged_pool.h); reference over the decoded rows, tolerance as SPLIT's. */
+template <int D, int KT>
+static void check_paged(const char *kname, const char *vname, int group, int bt, int n_kv, int G,
+                        int window, float cap, std::vector<seq_spec> seqs) {
+    int heads = n_kv * G, T = 0;
+    std::vector<int> keys, first;
+    for (auto &s : seqs) T += s.n, keys.push_back(s.pos0 + s.n), first.push_back(s.pos0);
+    emu_paged_pool pool;
+    pool.build(kname, vname, group, n_kv, D, D, bt, window, keys, first,
+               [] { return rnd() * 0.5f; });
+    std::vector<float> q((size_t)T * heads * D), out((size_t)T * heads * D, NAN);
+    for (auto &x : q) x = rnd();
+    fa_launch L;
+    memset(&L, 0, sizeof L);
+    L.a.q = q.data(), L.a.out = out.data(), L.a.kv_dtype = 0;
+    L.a.n_kv_heads = n_kv, L.a.head_dim = L.a.v_head_dim = D, L.a.window = window;
+    L.a.p.n_heads = heads, L.a.p.scale = 1.0f / sqrtf((float)D), L.a.p.softcap = cap;
+    L.group = G, L.n_seq = (int)seqs.size(), L.fast = false, L.pl = pool.L;
+    int max_n = 0, t0 = 0;
+    for (size_t i = 0; i < seqs.size(); i++) {
+        L.s[i].k = pool.tables[i].data(), L.s[i].v = nullptr;
+        L.s[i].pos0 = seqs[i].pos0, L.s[i].n = seqs[i].n, L.s[i].t0 = t0;
+        t0 += seqs[i].n;
+        max_n = std::max(max_n, seqs[i].n);
+    }
+    run_grid<D, KT, true, false, true, true, true>(
+        L,
+        {(unsigned)n_kv, (unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS), (unsigned)seqs.size()});
+    double num = 0, den = 0;
+    long bad = 0;
+    for (size_t i = 0; i < seqs.size(); i++)
+        for (int t = 0; t < seqs[i].n; t++)
+            for (int h = 0; h < heads; h++) {
+                int g = h / G, p = seqs[i].pos0 + t,
+                    lo = window > 0 ? std::max(0, p - window + 1) : 0;
+                const float *qr = &q[((size_t)(L.s[i].t0 + t) * heads + h) * D];
+                std::vector<double> sc(p + 1 - lo);
+                double mx = -1e300;
+                for (int j = lo; j <= p; j++) {
+                    const float *k = pool.key((int)i, j, g);
+                    double s = 0;
+                    for (int d = 0; d < D; d++) s += (double)qr[d] * k[d];
+                    s *= L.a.p.scale;
+                    if (cap > 0) s = cap * tanh(s / cap);
+                    sc[j - lo] = s, mx = std::max(mx, s);
+                }
+                double sum = 0;
+                for (auto &s : sc) s = exp(s - mx), sum += s;
+                const float *o = &out[((size_t)(L.s[i].t0 + t) * heads + h) * D];
+                for (int d = 0; d < D; d++) {
+                    double r = 0;
+                    for (int j = lo; j <= p; j++) r += sc[j - lo] * pool.value((int)i, j, g)[d];
+                    r /= sum;
+                    if (!std::isfinite(o[d])) bad++;
+                    num += (o[d] - r) * (o[d] - r), den += r * r;
+                }
+            }
+    double err = sqrt(num / (den > 0 ? den : 1));
+    bool ok = bad == 0 && err <= 2e-5;
+    failures += !ok;
+    printf("%s D=%d KT=%d paged K %s V %s g%d block %d kv=%d G=%d win=%d cap=%g seqs=",
+           ok ? "ok  " : "FAIL", D, KT, kname, vname, group, bt, n_kv, G, window, cap);
+    for (auto &s : seqs) printf("(%d+%d)", s.pos0, s.n);
+    printf(": rel err %.2e, %ld non-finite\n", err, bad);
+    fflush(stdout);
+}
+
 template <bool FAST> static void all_cases() {
     check<64, 64, true, FAST>(1, 4, 0, 0.0f, {{0, 40}});
     check<64, 64, false, FAST>(2, 1, 0, 0.0f, {{37, 70}});
@@ -302,6 +372,11 @@ int main() {
     check<80, 64, true, false, true, true>(1, 1, 20, 50.0f, {{0, 90}, {3, 10}});
     check<128, 64, true, false, true, true>(1, 8, 0, 0.0f, {{10, 24}});
     check<256, 32, true, false, true, true>(1, 2, 16, 0.0f, {{0, 40}});
+    check_paged<128, 64>("q8", "q8", 32, 16, 2, 4, 0, 0.0f, {{0, 70}, {37, 100}});
+    check_paged<64, 64>("q4", "q4", 32, 4, 1, 2, 30, 0.0f, {{50, 80}});
+    check_paged<80, 64>("f16", "bf16", 16, 16, 2, 1, 0, 50.0f, {{0, 66}, {5, 3}});
+    check_paged<96, 64>("f32", "q8", 32, 8, 1, 8, 0, 0.0f, {{3, 70}});
+    check_paged<256, 32>("q8", "q4", 64, 16, 1, 2, 20, 30.0f, {{10, 64}});
     printf("%s\n", failures ? "FAILED" : "all passed");
     return failures != 0;
 }

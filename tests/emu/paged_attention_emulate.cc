@@ -6,11 +6,9 @@
  * threads, and dynamic shared memory is a NaN-poisoned buffer of exactly the launch's size with a
  * guard zone checked after each block.
  *
- * The cache is built as the device pool lays it out (kv_paged.cu): blocks of block_tokens tokens,
- * K records [block_tokens][n_kv_heads] then V records at v_offset, each record encoded on the CPU
- * by kv_codec_encode (f32 / f16 / bf16, affine q8 / q4, TurboQuant Lloyd-Max with rotated keys
- * and values), block ids shuffled through per-sequence tables of a multi-layer stride, the first
- * block shared by two sequences, blocks a sliding window dropped set to -1. Cases: decode and
+ * The cache is built as the device pool lays it out (paged_pool.h: records encoded by the CPU
+ * codecs, f32 / f16 / bf16, affine q8 / q4, TurboQuant Lloyd-Max with rotated keys and values;
+ * shuffled, shared and dropped blocks). Cases: decode and
  * prefill chunks, several sequences at different positions, GQA groups 1..8, head dims 64..512,
  * windows, logit softcaps, positions from a "device" array, key splits forced by a small SM
  * count. Reference: softmax attention in double over the rows kv_codec_decode gives (brought
@@ -27,18 +25,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <thread>
 #include <vector>
 
 extern "C" {
-#include "kv/hadamard.h"
 #include "kv/kv_cache.h"
-#include "kv/kv_codec.h"
-#include "util/half.h"
 }
 
-#define KCU_HOST_EMU    1
 #define PATT_HOST_EMU   1
 #define KCU_PDL_ENTER()                            /* nothing to wait for on the CPU */
 #define KCU_ATT_MAX_SEQ 64                         /* attention.cuh */
@@ -76,32 +69,15 @@ static float kcu_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-static float kcu_f16(uint16_t h) {
-    return kiln_f16_to_f32(h);
-}
-static float kcu_bf16(uint16_t h) {
-    return kiln_bf16_to_f32(h);
-}
 static float kcu_tanh(float x) {
     return tanhf(x);
 }
-#define __expf(x)            expf(x) /* (glibc declares an __expf but does not export it) */
-#define __fadd_rn(a, b)      ((float)(a) + (float)(b))
-#define __fsub_rn(a, b)      ((float)(a) - (float)(b))
-#define __fmul_rn(a, b)      ((float)(a) * (float)(b))
-#define __fdiv_rn(a, b)      ((float)(a) / (float)(b))
-#define __frcp_rn(a)         (1.0f / (float)(a))
-#define __fsqrt_rn(a)        sqrtf(a)
-#define __dadd_rn(a, b)      ((double)(a) + (double)(b))
-#define __dmul_rn(a, b)      ((double)(a) * (double)(b))
-#define __ddiv_rn(a, b)      ((double)(a) / (double)(b))
-#define __dsqrt_rn(a)        sqrt(a)
-#define __double2float_rn(a) ((float)(a))
-#define __float2half_rn(x)   kiln_f32_to_f16(x)
-#define __half_as_ushort(h)  (h)
+#define __expf(x) expf(x) /* (glibc declares an __expf but does not export it) */
 using std::max;
 using std::min;
 
+#include "kv_codec_shim.h"
+#include "paged_pool.h"
 #include "backend/cuda/attention_paged.cu"
 
 static int failures = 0, cases = 0;
@@ -171,37 +147,6 @@ static float rnd() { /* uniform in [-1, 1) */
     return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
 }
 
-/* A codec by name: f32 f16 bf16 q8 q4 (affine, group g) t4 t3 (Lloyd-Max, group g), r = rotated. */
-static kv_codec make_codec(const char *name, int group) {
-    kv_codec c;
-    memset(&c, 0, sizeof c);
-    c.group = group;
-    c.rotate = strchr(name, 'r') != nullptr;
-    if (!strcmp(name, "f32")) c.kind = KV_CODEC_F32;
-    if (!strcmp(name, "f16")) c.kind = KV_CODEC_F16;
-    if (!strcmp(name, "bf16")) c.kind = KV_CODEC_BF16;
-    if (name[0] == 'q') c.kind = KV_CODEC_AFFINE, c.bits = name[1] - '0';
-    if (name[0] == 't') {
-        c.kind = KV_CODEC_LLOYD, c.bits = name[1] - '0';
-        kiln_lloyd_max_gaussian(c.bits, &c.lm);
-    }
-    return c;
-}
-
-/* kv_paged.cu's codec_params: the device codec of c for rows of dim elements. */
-static kcu_codec device_codec(const kv_codec &c, int dim) {
-    kcu_codec o;
-    memset(&o, 0, sizeof o);
-    o.kind = c.kind, o.bits = c.bits, o.group = c.group, o.rotate = c.rotate;
-    o.rec = (int)kv_codec_row_bytes(&c, dim);
-    if (c.kind == KV_CODEC_LLOYD)
-        for (int i = 0; i < (1 << c.bits); i++) {
-            o.centroid[i] = c.lm.centroid[i];
-            if (i + 1 < (1 << c.bits)) o.boundary[i] = c.lm.boundary[i];
-        }
-    return o;
-}
-
 struct seq_spec {
     int pos0, n;
 };
@@ -211,72 +156,18 @@ static void run_case(const char *kname, const char *vname, int group, int n_kv, 
                      int vhd, int bt, int window, float softcap, std::vector<seq_spec> seqs,
                      int n_sms, bool device_positions) {
     cases++;
-    const int n_seq = (int)seqs.size(), H = n_kv * G, stride = 3, layer = 1;
-    const kv_codec ck = make_codec(kname, group), cv = make_codec(vname, group);
-    kcu_paged_layer L;
-    memset(&L, 0, sizeof L);
-    L.k = device_codec(ck, hd), L.v = device_codec(cv, vhd);
-    L.block_tokens = bt, L.table_stride = stride, L.layer = layer;
-    L.n_kv_heads = n_kv, L.head_dim = hd, L.v_head_dim = vhd, L.window = window;
-    L.v_offset = ((int64_t)bt * n_kv * L.k.rec + 15) / 16 * 16;
-    L.block_bytes = (L.v_offset + (int64_t)bt * n_kv * L.v.rec + 15) / 16 * 16;
-    /* logical blocks of each sequence -> shuffled pool ids; seq 1 shares seq 0's first block */
-    std::vector<std::vector<int32_t>> tables(n_seq);
-    int n_blocks = 0;
-    for (int s = 0; s < n_seq; s++) {
-        const int nb = (seqs[s].pos0 + seqs[s].n + bt - 1) / bt;
-        tables[s].assign((size_t)std::max(nb, 1) * stride, -7); /* other layers' ids: unused */
-        for (int b = 0; b < nb; b++)
-            tables[s][(size_t)b * stride + layer] = (s == 1 && b == 0) ? -2 : n_blocks++;
-    }
-    std::vector<int32_t> perm((size_t)n_blocks);
-    std::iota(perm.begin(), perm.end(), 0);
-    for (int i = n_blocks - 1; i > 0; i--) {
-        int j = (int)((rnd() + 1.0f) * 0.5f * (float)(i + 1));
-        std::swap(perm[(size_t)i], perm[(size_t)std::min(j, i)]);
-    }
-    for (int s = 0; s < n_seq; s++)
-        for (size_t b = 0; b * stride < tables[s].size(); b++) {
-            int32_t &id = tables[s][b * stride + layer];
-            if (id == -2)
-                id = tables[0][layer]; /* shared first block (already permuted) */
-            else if (id >= 0)
-                id = perm[(size_t)id];
-        }
-    std::vector<uint8_t> pool((size_t)std::max(n_blocks, 1) * L.block_bytes, 0xa5);
-    L.data = pool.data();
-    /* every record encoded; the decoded rows (original basis) kept for the reference */
-    std::vector<float> Kref((size_t)n_blocks * bt * n_kv * hd),
-        Vref((size_t)n_blocks * bt * n_kv * vhd);
-    std::vector<float> row(std::max(hd, vhd)), tmp(std::max(hd, vhd));
-    for (int b = 0; b < n_blocks; b++)
-        for (int slot = 0; slot < bt; slot++)
-            for (int h = 0; h < n_kv; h++)
-                for (int which = 0; which < 2; which++) {
-                    const int dim = which ? vhd : hd;
-                    const kv_codec &c = which ? cv : ck;
-                    for (int d = 0; d < dim; d++) row[d] = rnd() * (which ? 1.0f : 1.5f);
-                    uint8_t *rec = pool.data() + (size_t)b * L.block_bytes +
-                                   (which ? L.v_offset + ((size_t)slot * n_kv + h) * L.v.rec
-                                          : ((size_t)slot * n_kv + h) * L.k.rec);
-                    kv_codec_encode(&c, row.data(), dim, rec, tmp.data());
-                    float *dst = (which ? Vref.data() : Kref.data()) +
-                                 (((size_t)b * bt + slot) * n_kv + h) * dim;
-                    kv_codec_decode(&c, rec, dim, dst);
-                    if (c.rotate) kiln_hadamard_unrotate(dst, dim);
-                }
-    /* blocks wholly before every query's window are dropped */
-    if (window > 0)
-        for (int s = 0; s < n_seq; s++)
-            for (size_t b = 0; b * stride < tables[s].size(); b++)
-                if ((int)((b + 1) * bt) <= seqs[s].pos0 - window + 1)
-                    tables[s][b * stride + layer] = -1;
+    const int n_seq = (int)seqs.size(), H = n_kv * G;
+    std::vector<int> keys, first;
+    for (auto &q : seqs) keys.push_back(q.pos0 + q.n), first.push_back(q.pos0);
+    emu_paged_pool pool;
+    pool.build(kname, vname, group, n_kv, hd, vhd, bt, window, keys, first, rnd);
+    const kcu_paged_layer &L = pool.L;
     /* queries, the plan, the launches */
     int T = 0;
     std::vector<kcu_paged_seq> ps((size_t)n_seq);
     std::vector<int32_t> dpos;
     for (int s = 0; s < n_seq; s++) {
-        ps[s] = {tables[s].data(), seqs[s].pos0, seqs[s].n, T};
+        ps[s] = {pool.tables[s].data(), seqs[s].pos0, seqs[s].n, T};
         for (int i = 0; i < seqs[s].n; i++) dpos.push_back(seqs[s].pos0 + i);
         T += seqs[s].n;
     }
@@ -326,8 +217,7 @@ static void run_case(const char *kname, const char *vname, int group, int n_kv, 
                 std::vector<double> sc((size_t)(pos + 1 - lo));
                 double m = -INFINITY;
                 for (int j = lo; j <= pos; j++) {
-                    const int id = tables[s][(size_t)(j / bt) * stride + layer];
-                    const float *k = Kref.data() + (((size_t)id * bt + j % bt) * n_kv + kvh) * hd;
+                    const float *k = pool.key(s, j, kvh);
                     double d = 0;
                     for (int e = 0; e < hd; e++)
                         d += (double)q[((size_t)t * H + h) * hd + e] * k[e];
@@ -340,8 +230,7 @@ static void run_case(const char *kname, const char *vname, int group, int n_kv, 
                 for (auto &x : sc) den += (x = exp(x - m));
                 double *o = ref.data() + ((size_t)t * H + h) * vhd;
                 for (int j = lo; j <= pos; j++) {
-                    const int id = tables[s][(size_t)(j / bt) * stride + layer];
-                    const float *v = Vref.data() + (((size_t)id * bt + j % bt) * n_kv + kvh) * vhd;
+                    const float *v = pool.value(s, j, kvh);
                     for (int e = 0; e < vhd; e++) o[e] += sc[j - lo] / den * v[e];
                 }
             }

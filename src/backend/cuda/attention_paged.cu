@@ -350,8 +350,13 @@ void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q
         kcu_report(st, "kcu_paged_attention", "unsupported head geometry", __FILE__, __LINE__);
         return;
     }
-    for (int i = 0; i < n_seq; i += KCU_ATT_MAX_SEQ)
-        paged_chunk(st, L, q, out, p, seqs + i,
-                    n_seq - i < KCU_ATT_MAX_SEQ ? n_seq - i : KCU_ATT_MAX_SEQ);
+    /* long prefill chunks to the tensor-core kernel, the rest (decode, short chunks, rotated
+     * records) here */
+    kcu_paged_seq rest[KCU_ATT_MAX_SEQ];
+    for (int i = 0; i < n_seq; i += KCU_ATT_MAX_SEQ) {
+        const int count = n_seq - i < KCU_ATT_MAX_SEQ ? n_seq - i : KCU_ATT_MAX_SEQ;
+        const int n_rest = kcu_attention_prefill_tc_paged(st, L, q, out, p, seqs + i, count, rest);
+        if (n_rest > 0) paged_chunk(st, L, q, out, p, rest, n_rest);
+    }
 }
 #endif

@@ -23,6 +23,13 @@ typedef struct kcu_paged_seq {
  * each sequence's first position instead of seqs[i].pos0 (recorded decode steps). */
 void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
                          const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq);
+/* The tensor-core prefill kernel (attention_prefill_tc.cu) on the sequences of a paged launch it
+ * takes (>= 64 tokens, head dim 64/80/96/128/256 = v head dim, records not rotated; positions from
+ * the host's pos0); the others are copied to rest[] for kcu_paged_attention's kernel. Returns their
+ * count. */
+int kcu_attention_prefill_tc_paged(kcu_state *st, const kcu_paged_layer *L, const float *q,
+                                   float *out, const kiln_attn_params *p, const kcu_paged_seq *seqs,
+                                   int n_seq, kcu_paged_seq *rest);
 #endif
 
 #endif

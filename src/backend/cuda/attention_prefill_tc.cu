@@ -24,14 +24,18 @@
  * precise mode's numerics of the cuBLAS split path; measured on the H200 it prefills 1.5-5x faster
  * than the CUDA-core kernel (KILN_CUDA_FA_F32=0). Fast mode (--fast-math, bf16 matmul operands)
  * rounds K/V to one bf16 instead (KILN_CUDA_FA_F32=1; results then carry bf16 rounding of K and
- * V), 1.1-1.2x faster again at 4096 tokens. */
+ * V), 1.1-1.2x faster again at 4096 tokens. Paged caches (PAGED, kv_paged.cu's block pool: affine
+ * q8 / q4 or plain-float records, not rotated) take the simple kernel too: each 8 dims of a key are
+ * decoded from its record through the sequence's block table as the tile is staged, then kept as
+ * bf16 hi + lo pairs like f32 caches. */
 /* tests/emu/fa_emulate.cc compiles the kernel on the CPU (FA_HOST_EMU) with its own shims */
 #ifndef FA_HOST_EMU
-#include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_paged.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/quant.cuh" /* kcu_fast_math */
 #endif
 #include "backend/cuda/fa_fragment.h"
+#include "backend/cuda/kv_codec.cuh"
 
 #include <stdlib.h>
 
@@ -41,14 +45,15 @@
 
 /* one sequence of a launch */
 struct fa_seq {
-    const void *k, *v;
-    int pos0, n, t0; /* first position, tokens, first row of q / out */
+    const void *k, *v; /* PAGED: k is the sequence's device block table, v unused */
+    int pos0, n, t0;   /* first position, tokens, first row of q / out */
 };
 
 struct fa_launch {
     kcu_attn_args a; /* q / out: stacked rows of all sequences; n, pos0, k, v unused */
     int group, n_seq;
-    bool fast; /* the cp.async + ldmatrix kernel (else the simple one) */
+    bool fast;          /* the cp.async + ldmatrix kernel (else the simple one) */
+    kcu_paged_layer pl; /* PAGED: the pool, its layer and codecs */
     fa_seq s[KCU_ATT_MAX_SEQ];
 };
 
@@ -145,11 +150,13 @@ __device__ __forceinline__ void fa_split_bf16(float a, float b, uint32_t *hi, ui
 }
 
 /* F32KV (simple kernel only, BF16): the cache holds f32, rounded to bf16 as tiles are staged;
- * with SPLIT, staged as bf16 hi + lo pairs and multiplied as three products. */
-template <int D, int KT, bool BF16, bool FAST, bool F32KV, bool SPLIT = false>
+ * with SPLIT, staged as bf16 hi + lo pairs and multiplied as three products. PAGED (with F32KV
+ * and SPLIT): the f32 values are decoded from paged records instead of read. */
+template <int D, int KT, bool BF16, bool FAST, bool F32KV, bool SPLIT = false, bool PAGED = false>
 __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_constant__ fa_launch L) {
     KCU_PDL_ENTER();
     static_assert(!SPLIT || (F32KV && BF16 && !FAST), "the split takes f32 caches, simple kernel");
+    static_assert(!PAGED || SPLIT, "paged records are staged as pairs");
     using SM = fa_smem<D, KT, FAST, SPLIT>;
     const fa_seq &S = L.s[blockIdx.z];
     const int G = L.group, rows_total = S.n * G;
@@ -264,13 +271,26 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
             uint16_t *Kd = Ks0, *Vt = Vs0;
             /* 8 dims of key `key` as 16-bit values (zeros past the block's keys: never NaN);
              * SPLIT: the hi halves, the lo ones in *lo */
-            auto load8 = [&](const void *base, int key, int d, uint4 *lo) -> uint4 {
+            auto load8 = [&](const void *base, bool is_v, int key, int d, uint4 *lo) -> uint4 {
                 if (SPLIT) *lo = make_uint4(0, 0, 0, 0);
                 if (key >= k1) return make_uint4(0, 0, 0, 0);
                 int64_t off = (int64_t)key * kvstride + (int64_t)kvh * D + d;
                 if (F32KV) {
-                    const float4 *f = (const float4 *)((const float *)base + off);
-                    float4 x = kcu_ld(f), y = kcu_ld(f + 1);
+                    float4 x, y;
+                    if (PAGED) { /* a dropped block (window) reads as zeros, masked anyway */
+                        const uint8_t *rec =
+                            kcu_paged_rec(L.pl, (const int32_t *)S.k, key, kvh, is_v);
+                        const kcu_codec &c = is_v ? L.pl.v : L.pl.k;
+                        float e[8];
+#pragma unroll
+                        for (int i = 0; i < 8; i++)
+                            e[i] = rec ? kcu_codec_elem(c, rec, D, d + i) : 0.0f;
+                        x = make_float4(e[0], e[1], e[2], e[3]),
+                        y = make_float4(e[4], e[5], e[6], e[7]);
+                    } else {
+                        const float4 *f = (const float4 *)((const float *)base + off);
+                        x = kcu_ld(f), y = kcu_ld(f + 1);
+                    }
                     if (SPLIT) {
                         uint4 h;
                         fa_split_bf16(x.x, x.y, &h.x, &lo->x);
@@ -288,14 +308,14 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
             for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
                 int j = i / (D / 8), d = (i - j * (D / 8)) * 8;
                 uint4 lo;
-                *(uint4 *)(Kd + fa_ks_off(D, j, d)) = load8(S.k, ks + j, d, &lo);
+                *(uint4 *)(Kd + fa_ks_off(D, j, d)) = load8(S.k, false, ks + j, d, &lo);
                 if (SPLIT) *(uint4 *)(Kd + SM::HALF + fa_ks_off(D, j, d)) = lo;
             }
             /* V, transposed: keys fastest, so a warp's 16-bit stores go to 32 consecutive keys
              * of one Vt row (no bank conflicts); keys past the block's range are zero */
             for (int i = threadIdx.x; i < KT * (D / 8); i += blockDim.x) {
                 int d = (i / KT) * 8, j = i % KT;
-                uint4 ul, u = load8(S.v, ks + j, d, &ul);
+                uint4 ul, u = load8(S.v, true, ks + j, d, &ul);
 #pragma unroll
                 for (int half = 0; half < (SPLIT ? 2 : 1); half++) {
                     const uint4 &x = half ? ul : u;
@@ -473,18 +493,20 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
 
 #ifndef FA_HOST_EMU /* host side */
 static int fa_f32(void);
-template <int D, int KT, bool BF16, bool FAST, bool F32KV = false, bool SPLIT = false>
+template <int D, int KT, bool BF16, bool FAST, bool F32KV = false, bool SPLIT = false,
+          bool PAGED = false>
 static void fa_launch_one(kcu_state *st, const fa_launch &L, dim3 grid) {
     const size_t smem = fa_smem<D, KT, FAST, SPLIT>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised && smem > 48 * 1024) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)smem)))
+        if (!KCU_CHECK(
+                st, cudaFuncSetAttribute(k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT, PAGED>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT>), grid, FA_WARPS * 32, smem, L);
+    KCU_LAUNCH(st, (k_fa_prefill<D, KT, BF16, FAST, F32KV, SPLIT, PAGED>), grid, FA_WARPS * 32,
+               smem, L);
     KCU_LAUNCHED(st);
 }
 
@@ -497,7 +519,9 @@ static void fa_launch_dt(kcu_state *st, const fa_launch &L, dim3 grid) {
 }
 
 template <int D, int KT> static void fa_launch_d(kcu_state *st, const fa_launch &L, dim3 grid) {
-    if (L.a.kv_dtype == KILN_DT_F32 && fa_f32() == 2)
+    if (L.pl.data) /* paged records */
+        fa_launch_one<D, KT, true, false, true, true, true>(st, L, grid);
+    else if (L.a.kv_dtype == KILN_DT_F32 && fa_f32() == 2)
         fa_launch_one<D, KT, true, false, true, true>(st, L, grid);
     else if (L.a.kv_dtype == KILN_DT_F32)
         fa_launch_one<D, KT, true, false, true>(st, L, grid);
@@ -593,6 +617,44 @@ static void fa_run(kcu_state *st, const kcu_attn_args *a, const fa_launch &L, in
     fa_launches++;
 }
 
+int kcu_attention_prefill_tc_paged(kcu_state *st, const kcu_paged_layer *pl, const float *q,
+                                   float *out, const kiln_attn_params *p, const kcu_paged_seq *seqs,
+                                   int n_seq, kcu_paged_seq *rest) {
+    fa_launch L;
+    memset(&L, 0, sizeof L);
+    L.a.q = q, L.a.out = out, L.a.p = *p;
+    L.a.kv_dtype = KILN_DT_F32; /* decoded records */
+    L.a.n_kv_heads = pl->n_kv_heads, L.a.head_dim = pl->head_dim;
+    L.a.v_head_dim = pl->v_head_dim, L.a.window = pl->window;
+    L.pl = *pl;
+    int min_n = fa_min_tokens(&L.a), n_rest = 0;
+    /* rotated records (TurboQuant values, rotated keys) stay on the CUDA-core kernel, which
+     * rotates q and unrotates the output; positions come from the host (pos0), as in
+     * kcu_attention_prefill_tc: only recorded decode steps need kiln_attn_params.positions */
+    if (pl->k.rotate || pl->v.rotate) min_n = -1;
+    if (p->positions && min_n >= 0 && min_n < FA_MIN_TOKENS) min_n = FA_MIN_TOKENS;
+    L.group = min_n > 0 ? p->n_heads / pl->n_kv_heads : 1;
+    L.fast = false;
+    int max_n = 0;
+    for (int i = 0; i < n_seq; i++) {
+        const kcu_paged_seq *sq = &seqs[i];
+        bool fits = (int64_t)sq->n * L.group <= (int64_t)65535 * FA_ROWS; /* gridDim.y */
+        if (min_n < 0 || sq->n < min_n || !fits) {
+            rest[n_rest++] = *sq;
+            continue;
+        }
+        fa_seq *d = &L.s[L.n_seq++];
+        d->k = sq->table, d->v = NULL, d->pos0 = sq->pos0, d->n = sq->n, d->t0 = sq->t0;
+        if (sq->n > max_n) max_n = sq->n;
+        if (L.n_seq == KCU_ATT_MAX_SEQ) {
+            fa_run(st, &L.a, L, max_n);
+            L.n_seq = 0, max_n = 0;
+        }
+    }
+    if (L.n_seq > 0) fa_run(st, &L.a, L, max_n);
+    return n_rest;
+}
+
 int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_attn_seq *seqs,
                              int n_seq, kcu_attn_seq *rest) {
     int min_n = fa_min_tokens(a), n_rest = 0;
@@ -601,6 +663,7 @@ int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_at
      * even when mode 2 forces short sequences here */
     if (a->p.positions && min_n >= 0 && min_n < FA_MIN_TOKENS) min_n = FA_MIN_TOKENS;
     fa_launch L;
+    memset(&L, 0, sizeof L); /* L.pl.data NULL: not paged */
     L.a = *a;
     L.group = min_n > 0 ? a->p.n_heads / a->n_kv_heads : 1;
     L.n_seq = 0;
