@@ -6,8 +6,9 @@
 # launch each (KILN_BENCH_TC_NS / KILN_BENCH_TC_VARIANTS pick it), then the same shapes timed.
 # Full reports in $OUT, the lines that place the time on stdout. First, the paged-cache attention
 # with the fourteenth session's row-wise tile loader (attention_paged.cu, emulated only): its
-# tests (test_kv_cuda, test_parity_cuda_kv) and decode at 8k context on Qwen3-0.6B with the
-# quantized (paged) caches against the contiguous f32 one (before: q8 85 tok/s, f32 340).
+# tests (test_kv_cuda, test_parity_cuda_kv), decode at 8k context on Qwen3-0.6B with the
+# quantized (paged) caches against the contiguous f32 one (before: q8 85 tok/s, f32 340), and
+# 4096-token prefill into paged blocks on the tensor-core kernel against the CUDA-core one.
 # One call, LIMIT s.
 LIMIT=${LIMIT:-540}
 source "$(dirname "$0")/common.sh"
@@ -25,6 +26,12 @@ for kv in f32 q8 q4 turbo:k4v4:rotk:kg64 "bf16 --kv-block 16"; do
     echo "qwen3-0.6b --kv $kv, context 8192: $(timeout 60 "$B/kiln" bench --device cuda \
         --model "$M/qwen3-0.6b" --kv $kv --context 8192 --prompt 16 --gen 32 --runs 3 --json \
         --quiet 2>&1 | grep -oE '"decode_tok_s":[0-9.]*')"
+done
+for kv in q8 "bf16 --kv-block 16"; do # paged prefill: tensor cores (default) | CUDA cores
+    left 60 || break
+    pf() { timeout 60 "$B/kiln" bench --device cuda --model "$M/qwen3-0.6b" --kv $kv --prompt 4096 \
+        --gen 1 --runs 2 --json --quiet 2>&1 | grep -oE '"prefill_tok_s":[0-9.]*'; }
+    echo "qwen3-0.6b --kv $kv, prefill 4096: $(pf) | KILN_CUDA_FA=0 $(KILN_CUDA_FA=0 pf)"
 done
 wait $T
 cat /tmp/tests.out
