@@ -9,9 +9,7 @@ cd "$(dirname "$0")/.."
 source tests/emu/emu_common.sh
 emu_require_cxx20
 dir="${KILN_BUILD:-/tmp}/fa_emulate.d"
-# the CPU codecs that encode the paged pool (paged_pool.h)
-emu_objects "$dir" -- src/kv/kv_quant.c src/kv/kv_turbo.c src/kv/lloyd_max.c src/kv/hadamard.c \
-    src/backend/cpu/cpu_ops.c src/backend/cpu/cpu_kernels_scalar.c tests/emu/gdn_emu_cpu.c
+emu_kv_codec_objects "$dir" # the CPU codecs that encode the paged pool
 # a compile failure here is a failure of the kernel source, not a reason to skip
 g++ -std=c++20 -O2 -pthread -Isrc -Iinclude -D_GNU_SOURCE -DFA_HOST_EMU -Wall -Wextra -Werror \
     -Wno-unknown-pragmas tests/emu/fa_emulate.cc "${objs[@]}" -lm -o "$dir/fa_emulate" ||

@@ -11,8 +11,7 @@ cd "$(dirname "$0")/.."
 source tests/emu/emu_common.sh
 emu_require_cxx20
 dir="${KILN_BUILD:-/tmp}/paged_attention_emulate.d"
-emu_objects "$dir" -- src/kv/kv_quant.c src/kv/kv_turbo.c src/kv/lloyd_max.c src/kv/hadamard.c \
-    src/backend/cpu/cpu_ops.c src/backend/cpu/cpu_kernels_scalar.c tests/emu/gdn_emu_cpu.c
+emu_kv_codec_objects "$dir" # the CPU codecs that encode the paged pool
 g++ -std=c++20 -O2 -pthread -Isrc -Iinclude -D_GNU_SOURCE -Wall -Wextra -Werror \
     -Wno-unknown-pragmas tests/emu/paged_attention_emulate.cc "${objs[@]}" -lm \
     -o "$dir/paged_attention_emulate" || { echo "the emulator does not build"; exit 1; }

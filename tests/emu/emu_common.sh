@@ -28,3 +28,10 @@ emu_objects() {
         objs+=("$o")
     done
 }
+
+# emu_kv_codec_objects DIR: emu_objects of the CPU KV codecs (and the CPU pieces they call) that
+# the emulators reading a paged block pool link (tests/emu/paged_pool.h).
+emu_kv_codec_objects() {
+    emu_objects "$1" -- src/kv/kv_quant.c src/kv/kv_turbo.c src/kv/lloyd_max.c src/kv/hadamard.c \
+        src/backend/cpu/cpu_ops.c src/backend/cpu/cpu_kernels_scalar.c tests/emu/gdn_emu_cpu.c
+}

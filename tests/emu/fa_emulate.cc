@@ -200,6 +200,47 @@ struct seq_spec {
 
 static int failures = 0;
 
+/* Compares out with causal GQA attention in double (window, softcap) over the rows key(i, j, g) /
+ * value(i, j, g) (sequence i, position j, kv head g): relative L2 error; *bad counts non-finite
+ * outputs. */
+template <typename KF, typename VF>
+static double ref_error(const fa_launch &L, const std::vector<seq_spec> &seqs, int D,
+                        const std::vector<float> &q, const std::vector<float> &out, KF key,
+                        VF value, long *bad) {
+    const int G = L.group, heads = L.a.p.n_heads, window = L.a.window;
+    const float cap = L.a.p.softcap;
+    double num = 0, den = 0;
+    *bad = 0;
+    for (size_t i = 0; i < seqs.size(); i++)
+        for (int t = 0; t < seqs[i].n; t++)
+            for (int h = 0; h < heads; h++) {
+                int g = h / G, p = seqs[i].pos0 + t,
+                    lo = window > 0 ? std::max(0, p - window + 1) : 0;
+                const float *qr = &q[((size_t)(L.s[i].t0 + t) * heads + h) * D];
+                std::vector<double> sc(p + 1 - lo);
+                double mx = -1e300;
+                for (int j = lo; j <= p; j++) {
+                    const float *k = key(i, j, g);
+                    double s = 0;
+                    for (int d = 0; d < D; d++) s += (double)qr[d] * k[d];
+                    s *= L.a.p.scale;
+                    if (cap > 0) s = cap * tanh(s / cap);
+                    sc[j - lo] = s, mx = std::max(mx, s);
+                }
+                double sum = 0;
+                for (auto &s : sc) s = exp(s - mx), sum += s;
+                const float *o = &out[((size_t)(L.s[i].t0 + t) * heads + h) * D];
+                for (int d = 0; d < D; d++) {
+                    double r = 0;
+                    for (int j = lo; j <= p; j++) r += sc[j - lo] * value(i, j, g)[d];
+                    r /= sum;
+                    if (!std::isfinite(o[d])) (*bad)++;
+                    num += (o[d] - r) * (o[d] - r), den += r * r;
+                }
+            }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
 /* F32KV: the cache holds f32 (the reference reads it unrounded), the kernel rounds to bf16, or
  * with SPLIT keeps it as bf16 hi + lo pairs (three products: 2e-5, where bf16 gets 1e-2). */
 template <int D, int KT, bool BF16, bool FAST, bool F32KV = false, bool SPLIT = false>
@@ -235,39 +276,11 @@ static void check(int n_kv, int G, int window, float cap, std::vector<seq_spec> 
     run_grid<D, KT, BF16, FAST, F32KV, SPLIT>(
         L,
         {(unsigned)n_kv, (unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS), (unsigned)seqs.size()});
-    /* reference */
-    double num = 0, den = 0;
     long bad = 0;
-    for (size_t i = 0; i < seqs.size(); i++) {
-        int pos0 = seqs[i].pos0;
-        for (int t = 0; t < seqs[i].n; t++)
-            for (int h = 0; h < heads; h++) {
-                int g = h / G, p = pos0 + t, lo = window > 0 ? std::max(0, p - window + 1) : 0;
-                const float *qr = &q[((size_t)(L.s[i].t0 + t) * heads + h) * D];
-                std::vector<double> sc(p + 1 - lo);
-                double mx = -1e300;
-                for (int j = lo; j <= p; j++) {
-                    double s = 0;
-                    for (int d = 0; d < D; d++)
-                        s += (double)qr[d] * Kf[i][((size_t)j * n_kv + g) * D + d];
-                    s *= L.a.p.scale;
-                    if (cap > 0) s = cap * tanh(s / cap);
-                    sc[j - lo] = s, mx = std::max(mx, s);
-                }
-                double sum = 0;
-                for (auto &s : sc) s = exp(s - mx), sum += s;
-                const float *o = &out[((size_t)(L.s[i].t0 + t) * heads + h) * D];
-                for (int d = 0; d < D; d++) {
-                    double r = 0;
-                    for (int j = lo; j <= p; j++)
-                        r += sc[j - lo] * Vf[i][((size_t)j * n_kv + g) * D + d];
-                    r /= sum;
-                    if (!std::isfinite(o[d])) bad++;
-                    num += (o[d] - r) * (o[d] - r), den += r * r;
-                }
-            }
-    }
-    double err = sqrt(num / (den > 0 ? den : 1));
+    const double err = ref_error(
+        L, seqs, D, q, out,
+        [&](size_t i, int j, int g) { return &Kf[i][((size_t)j * n_kv + g) * D]; },
+        [&](size_t i, int j, int g) { return &Vf[i][((size_t)j * n_kv + g) * D]; }, &bad);
     double tol = SPLIT ? 2e-5 : BF16 ? 1e-2 : 2e-3;
     bool ok = bad == 0 && err <= tol;
     failures += !ok;
@@ -311,36 +324,10 @@ static void check_paged(const char *kname, const char *vname, int group, int bt,
     run_grid<D, KT, true, false, true, true, true>(
         L,
         {(unsigned)n_kv, (unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS), (unsigned)seqs.size()});
-    double num = 0, den = 0;
     long bad = 0;
-    for (size_t i = 0; i < seqs.size(); i++)
-        for (int t = 0; t < seqs[i].n; t++)
-            for (int h = 0; h < heads; h++) {
-                int g = h / G, p = seqs[i].pos0 + t,
-                    lo = window > 0 ? std::max(0, p - window + 1) : 0;
-                const float *qr = &q[((size_t)(L.s[i].t0 + t) * heads + h) * D];
-                std::vector<double> sc(p + 1 - lo);
-                double mx = -1e300;
-                for (int j = lo; j <= p; j++) {
-                    const float *k = pool.key((int)i, j, g);
-                    double s = 0;
-                    for (int d = 0; d < D; d++) s += (double)qr[d] * k[d];
-                    s *= L.a.p.scale;
-                    if (cap > 0) s = cap * tanh(s / cap);
-                    sc[j - lo] = s, mx = std::max(mx, s);
-                }
-                double sum = 0;
-                for (auto &s : sc) s = exp(s - mx), sum += s;
-                const float *o = &out[((size_t)(L.s[i].t0 + t) * heads + h) * D];
-                for (int d = 0; d < D; d++) {
-                    double r = 0;
-                    for (int j = lo; j <= p; j++) r += sc[j - lo] * pool.value((int)i, j, g)[d];
-                    r /= sum;
-                    if (!std::isfinite(o[d])) bad++;
-                    num += (o[d] - r) * (o[d] - r), den += r * r;
-                }
-            }
-    double err = sqrt(num / (den > 0 ? den : 1));
+    const double err = ref_error(
+        L, seqs, D, q, out, [&](size_t i, int j, int g) { return pool.key((int)i, j, g); },
+        [&](size_t i, int j, int g) { return pool.value((int)i, j, g); }, &bad);
     bool ok = bad == 0 && err <= 2e-5;
     failures += !ok;
     printf("%s D=%d KT=%d paged K %s V %s g%d block %d kv=%d G=%d win=%d cap=%g seqs=",
