@@ -324,6 +324,9 @@ static void check_paged(const char *kname, const char *vname, int group, int bt,
     run_grid<D, KT, true, false, true, true, true>(
         L,
         {(unsigned)n_kv, (unsigned)((max_n * G + FA_ROWS - 1) / FA_ROWS), (unsigned)seqs.size()});
+    if (pool.L.v.rotate) /* rotated values: the launcher's unrotation of each output row (its
+                          * kernel, k_paged_unrotate, is checked by paged_attention_emulate) */
+        for (int r = 0; r < T * heads; r++) kiln_hadamard_unrotate(&out[(size_t)r * D], D);
     long bad = 0;
     const double err = ref_error(
         L, seqs, D, q, out, [&](size_t i, int j, int g) { return pool.key((int)i, j, g); },
@@ -364,6 +367,8 @@ int main() {
     check_paged<80, 64>("f16", "bf16", 16, 16, 2, 1, 0, 50.0f, {{0, 66}, {5, 3}});
     check_paged<96, 64>("f32", "q8", 32, 8, 1, 8, 0, 0.0f, {{3, 70}});
     check_paged<256, 32>("q8", "q4", 64, 16, 1, 2, 20, 30.0f, {{10, 64}});
+    check_paged<128, 64>("q8", "t4r", 32, 16, 2, 2, 0, 0.0f, {{0, 65}, {20, 70}}); /* turbo k8v4 */
+    check_paged<64, 64>("q8", "t3r", 32, 8, 1, 4, 40, 0.0f, {{30, 64}});           /* turbo k8v3 */
     printf("%s\n", failures ? "FAILED" : "all passed");
     return failures != 0;
 }

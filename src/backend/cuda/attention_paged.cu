@@ -343,6 +343,18 @@ static void paged_chunk(kcu_state *st, const kcu_paged_layer *L, const float *q,
     }
 }
 
+void kcu_paged_unrotate_rows(kcu_state *st, const kcu_paged_layer *L, float *out,
+                             const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq) {
+    patt_launch P;
+    int tiles = 0, rpw = 1;
+    if (n_seq <= 0 || n_seq > KCU_ATT_MAX_SEQ ||
+        !patt_plan(&P, L, NULL, out, p, seqs, n_seq, st->n_sms, &tiles, &rpw))
+        return;
+    KCU_LAUNCH(st, k_paged_unrotate, dim3(P.rows_max / P.group, p->n_heads, n_seq), 128,
+               (size_t)L->v_head_dim * sizeof(float), P);
+    KCU_LAUNCHED(st);
+}
+
 void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
                          const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq) {
     if (n_seq <= 0) return;

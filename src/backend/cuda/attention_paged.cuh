@@ -24,9 +24,13 @@ typedef struct kcu_paged_seq {
 void kcu_paged_attention(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
                          const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq);
 /* The tensor-core prefill kernel (attention_prefill_tc.cu) on the sequences of a paged launch it
- * takes (>= 64 tokens, head dim 64/80/96/128/256 = v head dim, records not rotated; positions from
- * the host's pos0); the others are copied to rest[] for kcu_paged_attention's kernel. Returns their
- * count. */
+ * takes (>= 64 tokens, head dim 64/80/96/128/256 = v head dim, keys not rotated; positions from
+ * the host's pos0; rotated values: the rows unrotated after); the others are copied to rest[] for
+ * kcu_paged_attention's kernel. Returns their count. */
+/* Each output row (token of seqs[i], query head) of out [T, n_heads*v_head_dim] back from the
+ * values' rotated basis (L->v.rotate): x <- D.H.x / sqrt(v_head_dim). */
+void kcu_paged_unrotate_rows(kcu_state *st, const kcu_paged_layer *L, float *out,
+                             const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq);
 int kcu_attention_prefill_tc_paged(kcu_state *st, const kcu_paged_layer *L, const float *q,
                                    float *out, const kiln_attn_params *p, const kcu_paged_seq *seqs,
                                    int n_seq, kcu_paged_seq *rest);

@@ -628,13 +628,15 @@ int kcu_attention_prefill_tc_paged(kcu_state *st, const kcu_paged_layer *pl, con
     L.a.v_head_dim = pl->v_head_dim, L.a.window = pl->window;
     L.pl = *pl;
     int min_n = fa_min_tokens(&L.a), n_rest = 0;
-    /* rotated records (TurboQuant values, rotated keys) stay on the CUDA-core kernel, which
-     * rotates q and unrotates the output; positions come from the host (pos0), as in
-     * kcu_attention_prefill_tc: only recorded decode steps need kiln_attn_params.positions */
-    if (pl->k.rotate || pl->v.rotate) min_n = -1;
+    /* rotated keys (turbo ...:rotk) stay on the CUDA-core kernel, which rotates q; rotated values
+     * (TurboQuant) are attended in the rotated basis and each output row unrotated after. Positions
+     * come from the host (pos0), as in kcu_attention_prefill_tc: only recorded decode steps need
+     * kiln_attn_params.positions */
+    if (pl->k.rotate) min_n = -1;
     if (p->positions && min_n >= 0 && min_n < FA_MIN_TOKENS) min_n = FA_MIN_TOKENS;
     L.group = min_n > 0 ? p->n_heads / pl->n_kv_heads : 1;
     L.fast = false;
+    kcu_paged_seq taken[KCU_ATT_MAX_SEQ]; /* the launch's sequences, for the unrotation */
     int max_n = 0;
     for (int i = 0; i < n_seq; i++) {
         const kcu_paged_seq *sq = &seqs[i];
@@ -643,15 +645,20 @@ int kcu_attention_prefill_tc_paged(kcu_state *st, const kcu_paged_layer *pl, con
             rest[n_rest++] = *sq;
             continue;
         }
+        taken[L.n_seq] = *sq;
         fa_seq *d = &L.s[L.n_seq++];
         d->k = sq->table, d->v = NULL, d->pos0 = sq->pos0, d->n = sq->n, d->t0 = sq->t0;
         if (sq->n > max_n) max_n = sq->n;
         if (L.n_seq == KCU_ATT_MAX_SEQ) {
             fa_run(st, &L.a, L, max_n);
+            if (pl->v.rotate) kcu_paged_unrotate_rows(st, pl, out, p, taken, L.n_seq);
             L.n_seq = 0, max_n = 0;
         }
     }
-    if (L.n_seq > 0) fa_run(st, &L.a, L, max_n);
+    if (L.n_seq > 0) {
+        fa_run(st, &L.a, L, max_n);
+        if (pl->v.rotate) kcu_paged_unrotate_rows(st, pl, out, p, taken, L.n_seq);
+    }
     return n_rest;
 }
 
