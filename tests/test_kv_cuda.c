@@ -235,9 +235,9 @@ static void run_case(const kv_case *c) {
         n[0] = c->prefill;
         const long long fa0 = kiln_cuda_fa_launches();
         step(&P, ids, n, 1, false);
-        /* 64+ tokens take the tensor-core prefill kernel, one launch a layer, unless the keys
-         * are rotated (...:rotk); shorter chunks the paged CUDA-core kernel */
-        const bool want_tc = c->prefill >= 64 && strstr(c->kind, "rotk") == NULL;
+        /* 64+ tokens take the tensor-core prefill kernel, one launch a layer (every kind: rotated
+         * keys with q rotated in the kernel); shorter chunks the paged CUDA-core kernel */
+        const bool want_tc = c->prefill >= 64;
         CHECK_MSG(kiln_cuda_fa_launches() - fa0 == (want_tc ? N_LAYERS : 0),
                   "%s prefill %d: %lld tensor-core attention launches", c->kind, c->prefill,
                   kiln_cuda_fa_launches() - fa0);

@@ -27,7 +27,7 @@ for kv in f32 q8 q4 turbo:k4v4:rotk:kg64 "bf16 --kv-block 16"; do
         --model "$M/qwen3-0.6b" --kv $kv --context 8192 --prompt 16 --gen 32 --runs 3 --json \
         --quiet 2>&1 | grep -oE '"decode_tok_s":[0-9.]*')"
 done
-for kv in q8 turbo:k8v4 "bf16 --kv-block 16"; do # paged prefill: tensor cores | CUDA cores
+for kv in q8 turbo:k8v4 turbo:k4v4:rotk:kg64 "bf16 --kv-block 16"; do # paged prefill: tensor cores | CUDA cores
     left 60 || break
     pf() { timeout 60 "$B/kiln" bench --device cuda --model "$M/qwen3-0.6b" --kv $kv --prompt 4096 \
         --gen 1 --runs 2 --json --quiet 2>&1 | grep -oE '"prefill_tok_s":[0-9.]*'; }

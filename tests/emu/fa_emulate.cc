@@ -369,6 +369,10 @@ int main() {
     check_paged<256, 32>("q8", "q4", 64, 16, 1, 2, 20, 30.0f, {{10, 64}});
     check_paged<128, 64>("q8", "t4r", 32, 16, 2, 2, 0, 0.0f, {{0, 65}, {20, 70}}); /* turbo k8v4 */
     check_paged<64, 64>("q8", "t3r", 32, 8, 1, 4, 40, 0.0f, {{30, 64}});           /* turbo k8v3 */
+    /* rotated keys (turbo ...:rotk): the kernel rotates Q, at head dim 256 in two passes */
+    check_paged<128, 64>("t4r", "t4r", 32, 16, 2, 2, 0, 30.0f, {{0, 70}, {10, 66}});
+    check_paged<256, 32>("q8r", "t4r", 64, 16, 1, 2, 0, 0.0f, {{5, 70}});
+    check_paged<64, 64>("q4r", "q8", 32, 4, 2, 1, 24, 0.0f, {{40, 64}});
     printf("%s\n", failures ? "FAILED" : "all passed");
     return failures != 0;
 }

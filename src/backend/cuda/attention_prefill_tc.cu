@@ -197,24 +197,55 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_fa_prefill(const __grid_const
     };
     if (FAST && k0 < k1) issue(k0, 0); /* overlaps the Q staging below */
 
-    /* Q: 4 dims per thread and step, rounded to the cache's 16-bit type; dead rows are zero */
-    for (int i = threadIdx.x; i < FA_ROWS * (D / 4); i += blockDim.x) {
-        int r = i / (D / 4), d = (i - r * (D / 4)) * 4, row = row0 + r;
-        float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
-        if (row < rows_total) {
-            int t = row / G, h = kvh * G + row % G;
-            const float *src = q + ((int64_t)t * n_heads + h) * D + d;
-            x0 = src[0], x1 = src[1], x2 = src[2], x3 = src[3];
+    /* PAGED keys stored rotated (turbo ...:rotk): the block's Q rows are rotated the same way,
+     * q -> H.D.q / sqrt(D) (kiln_hadamard_rotate; q.k is invariant), in f32 in the hi K/V stage's
+     * shared memory (free until the first tile is staged, after a barrier), QR rows a pass */
+    const bool qrot = PAGED && L.pl.k.rotate;
+    constexpr int KV_BYTES = (SM::K + SM::V) * 2;
+    constexpr int QR = FA_ROWS * D * 4 <= KV_BYTES       ? FA_ROWS
+                       : FA_ROWS / 2 * D * 4 <= KV_BYTES ? FA_ROWS / 2
+                                                         : FA_ROWS / 4;
+    static_assert(QR * D * 4 <= KV_BYTES, "rotated Q rows fit");
+    float *qr_sm = (float *)Ks0; /* [QR][D] while qrot */
+    const float qr_scale = qrot ? kcu_inv_sqrt_rn(D) : 1.0f;
+    for (int r0 = 0; r0 < FA_ROWS; r0 += qrot ? QR : FA_ROWS) {
+        const int nr = qrot ? QR : FA_ROWS;
+        if (qrot) {
+            for (int i = threadIdx.x; i < nr * D; i += blockDim.x) {
+                int r = r0 + i / D, d = i % D, row = row0 + r;
+                float v = 0.0f;
+                if (row < rows_total) {
+                    int t = row / G, h = kvh * G + row % G;
+                    v = q[((int64_t)t * n_heads + h) * D + d] * kcu_hadamard_sign(d);
+                }
+                qr_sm[i] = v;
+            }
+            kcu_fwht_rows(qr_sm, nr, D); /* begins and ends with a barrier */
         }
-        uint32_t *dst = (uint32_t *)(Qs + fa_qs_off(D, r, d));
-        if (SPLIT) {
-            uint32_t *dlo = (uint32_t *)(Qs + SM::HALF + fa_qs_off(D, r, d));
-            fa_split_bf16(x0, x1, &dst[0], &dlo[0]);
-            fa_split_bf16(x2, x3, &dst[1], &dlo[1]);
-        } else {
-            dst[0] = fa_pack<BF16>(x0, x1);
-            dst[1] = fa_pack<BF16>(x2, x3);
+        /* Q: 4 dims per thread and step, rounded to the cache's 16-bit type; dead rows are zero */
+        for (int i = threadIdx.x; i < nr * (D / 4); i += blockDim.x) {
+            int r = r0 + i / (D / 4), d = (i % (D / 4)) * 4, row = row0 + r;
+            float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+            if (qrot) {
+                const float *src = qr_sm + (r - r0) * D + d;
+                x0 = __fmul_rn(src[0], qr_scale), x1 = __fmul_rn(src[1], qr_scale);
+                x2 = __fmul_rn(src[2], qr_scale), x3 = __fmul_rn(src[3], qr_scale);
+            } else if (row < rows_total) {
+                int t = row / G, h = kvh * G + row % G;
+                const float *src = q + ((int64_t)t * n_heads + h) * D + d;
+                x0 = src[0], x1 = src[1], x2 = src[2], x3 = src[3];
+            }
+            uint32_t *dst = (uint32_t *)(Qs + fa_qs_off(D, r, d));
+            if (SPLIT) {
+                uint32_t *dlo = (uint32_t *)(Qs + SM::HALF + fa_qs_off(D, r, d));
+                fa_split_bf16(x0, x1, &dst[0], &dlo[0]);
+                fa_split_bf16(x2, x3, &dst[1], &dlo[1]);
+            } else {
+                dst[0] = fa_pack<BF16>(x0, x1);
+                dst[1] = fa_pack<BF16>(x2, x3);
+            }
         }
+        if (qrot) __syncthreads(); /* this pass's rotated rows read before the next overwrites */
     }
 
     /* this thread's two rows (g and g + 8 of the warp's 16): last visible key hi (-1: dead row,
@@ -628,11 +659,12 @@ int kcu_attention_prefill_tc_paged(kcu_state *st, const kcu_paged_layer *pl, con
     L.a.v_head_dim = pl->v_head_dim, L.a.window = pl->window;
     L.pl = *pl;
     int min_n = fa_min_tokens(&L.a), n_rest = 0;
-    /* rotated keys (turbo ...:rotk) stay on the CUDA-core kernel, which rotates q; rotated values
-     * (TurboQuant) are attended in the rotated basis and each output row unrotated after. Positions
-     * come from the host (pos0), as in kcu_attention_prefill_tc: only recorded decode steps need
+    /* rotated keys (turbo ...:rotk): the kernel rotates each block's Q rows the same way (head
+     * dims that are powers of two, as the codec requires); rotated values (TurboQuant) are
+     * attended in the rotated basis and each output row unrotated after. Positions come from the
+     * host (pos0), as in kcu_attention_prefill_tc: only recorded decode steps need
      * kiln_attn_params.positions */
-    if (pl->k.rotate) min_n = -1;
+    if (pl->k.rotate && (pl->head_dim & (pl->head_dim - 1)) != 0) min_n = -1;
     if (p->positions && min_n >= 0 && min_n < FA_MIN_TOKENS) min_n = FA_MIN_TOKENS;
     L.group = min_n > 0 ? p->n_heads / pl->n_kv_heads : 1;
     L.fast = false;
