@@ -10,10 +10,14 @@
  * Cases: GQA groups 1..12 (split over blocks above a block's heads), head dims 64 to 512 (v head
  * dim different from k's in some), f32 / f16 / bf16 caches, sliding windows, logit softcaps,
  * several sequences per launch at different positions (0, short, several turns of the 16 warps),
- * positions from the arguments or from a "device" array. Reference: softmax attention in double
- * over the same rounded K/V, by relative L2 error <= 1e-5 (what test_cuda_ops asks of the GPU). A
- * development check for machines without a GPU (it does not see the hardware's scheduling, fast exp
- * or FMA contraction); run by tests/test_attention_emulate.sh (CTest). */
+ * positions from the arguments or from a "device" array, and long contexts split over grid z as
+ * atts_plan_splits plans them for a GPU of a given SM count (blocks run in grid order, so the last
+ * split of a column merges; splits past a sequence's last key, as a recorded step planned for its
+ * bucket's key count has; the arrival counters must be zero again after the launch). Reference:
+ * softmax attention in double over the same rounded K/V, by relative L2 error <= 1e-5 (what
+ * test_cuda_ops asks of the GPU). A development check for machines without a GPU (it does not see
+ * the hardware's scheduling, fast exp or FMA contraction); run by tests/test_attention_emulate.sh
+ * (CTest). */
 #include "cuda_shim.h"
 
 #include <algorithm>
@@ -51,6 +55,15 @@ static float __shfl_xor_sync(unsigned, float v, int mask) {
     emu_warp_bar[t_warp]->arrive_and_wait();
     return r;
 }
+static void __threadfence() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+static unsigned atomicAdd(unsigned *p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+static float __ldcg(const float *p) {
+    return *p;
+}
 template <typename T> static T __ldg(const T *p) {
     if (((uintptr_t)p % sizeof(T)) != 0) emu_misaligned++; /* a fault on the device */
     T r;
@@ -73,6 +86,7 @@ static float kcu_tanh(float x) {
     return tanhf(x);
 }
 using std::max;
+using std::min;
 
 #include "backend/cuda/attention_decode.cuh"
 
@@ -106,29 +120,31 @@ template <int GM, int CH, int KB> static void emu_launch(const atts_args &A, emu
         th.emplace_back([&, t] {
             threadIdx = {(unsigned)t, 0, 0};
             t_warp = t >> 5, t_lane = t & 31;
-            for (unsigned y = 0; y < grid.y; y++)
-                for (unsigned x = 0; x < grid.x; x++) {
-                    if (t == 0) {
-                        for (int64_t i = 0; i < smem_floats; i++) base[i] = NAN;
-                        for (int i = 0; i < GUARD; i++) base[smem_floats + i] = 1234.5f;
-                    }
-                    bar.arrive_and_wait();
-                    blockIdx = {x, y, 0};
-                    if (A.kv_dtype == KILN_DT_F32)
-                        k_attn_decode_short<GM, CH, KB, KILN_DT_F32>(A);
-                    else if (A.kv_dtype == KILN_DT_BF16)
-                        k_attn_decode_short<GM, CH, KB, KILN_DT_BF16>(A);
-                    else
-                        k_attn_decode_short<GM, CH, KB, KILN_DT_F16>(A);
-                    bar.arrive_and_wait();
-                    if (t != 0) continue;
-                    for (int i = 0; i < GUARD; i++)
-                        if (base[smem_floats + i] != 1234.5f) {
-                            printf("FAIL block (%u, %u) wrote past its shared memory\n", x, y);
-                            failures++;
-                            break;
+            for (unsigned z = 0; z < grid.z; z++)
+                for (unsigned y = 0; y < grid.y; y++)
+                    for (unsigned x = 0; x < grid.x; x++) {
+                        if (t == 0) {
+                            for (int64_t i = 0; i < smem_floats; i++) base[i] = NAN;
+                            for (int i = 0; i < GUARD; i++) base[smem_floats + i] = 1234.5f;
                         }
-                }
+                        bar.arrive_and_wait();
+                        blockIdx = {x, y, z};
+                        if (A.kv_dtype == KILN_DT_F32)
+                            k_attn_decode_short<GM, CH, KB, KILN_DT_F32>(A);
+                        else if (A.kv_dtype == KILN_DT_BF16)
+                            k_attn_decode_short<GM, CH, KB, KILN_DT_BF16>(A);
+                        else
+                            k_attn_decode_short<GM, CH, KB, KILN_DT_F16>(A);
+                        bar.arrive_and_wait();
+                        if (t != 0) continue;
+                        for (int i = 0; i < GUARD; i++)
+                            if (base[smem_floats + i] != 1234.5f) {
+                                printf("FAIL block (%u, %u, %u) wrote past its shared memory\n", x,
+                                       y, z);
+                                failures++;
+                                break;
+                            }
+                    }
         });
     for (auto &t : th) t.join();
 }
@@ -152,9 +168,12 @@ static float from_bits(uint16_t h, int dt) {
     return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
 }
 
-/* One launch: n_seq sequences at positions pos[], geometry (n_kv, G, hd, vhd), cache dtype dt. */
+/* One launch: n_seq sequences at positions pos[], geometry (n_kv, G, hd, vhd), cache dtype dt.
+ * n_sms > 0: key splits as atts_plan_splits plans them for that many SMs, over plan_keys keys
+ * (0: the longest sequence's) — more than any sequence has, as for a recorded step. */
 static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float softcap,
-                     const std::vector<int> &pos, bool device_positions) {
+                     const std::vector<int> &pos, bool device_positions, int n_sms = 0,
+                     int plan_keys = 0) {
     const int n_seq = (int)pos.size(), H = n_kv * G;
     if (!atts_applies(G, hd, vhd)) { /* a case the launcher would not give the kernel */
         printf("FAIL kv=%d g=%d hd=%d/%d: not a geometry atts_applies takes\n", n_kv, G, hd, vhd);
@@ -197,8 +216,34 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
     A.n_heads = H, A.n_kv_heads = n_kv, A.group = G, A.hd = hd, A.vhd = vhd, A.window = window;
     A.kv_dtype = dt, A.scale = 1.0f / sqrtf((float)hd), A.softcap = softcap;
     atts_plan(&A);
-    emu_launcher launcher = {A, {(unsigned)(n_kv * A.nsub), (unsigned)n_seq, 1}};
+    std::vector<float> part;
+    std::vector<unsigned> counters;
+    A.splits = 1;
+    if (n_sms > 0) {
+        int keys = plan_keys;
+        for (int s = 0; s < n_seq && !plan_keys; s++) {
+            const int kb = window > 0 ? std::max(0, pos[s] - window + 1) : 0;
+            keys = std::max(keys, pos[s] + 1 - kb);
+        }
+        atts_plan_splits(&A, keys, n_seq, n_sms, 0);
+        const size_t n_part = (size_t)n_seq * H * A.splits;
+        part.assign(n_part * (vhd + 2), NAN);
+        A.part_o = part.data(), A.part_ml = part.data() + n_part * vhd;
+        counters.assign((size_t)n_seq * n_kv * A.nsub, 0u);
+        A.counters = counters.data();
+        if (A.splits * A.kps < keys || (A.splits - 1) * A.kps >= keys) {
+            printf("FAIL plan: %d splits of %d keys for %d keys\n", A.splits, A.kps, keys);
+            failures++;
+        }
+    }
+    emu_launcher launcher = {A, {(unsigned)(n_kv * A.nsub), (unsigned)n_seq, (unsigned)A.splits}};
     atts_dispatch(A, launcher);
+    for (unsigned c : counters)
+        if (c != 0) {
+            printf("FAIL an arrival counter is %u after the launch\n", c);
+            failures++;
+            break;
+        }
     /* reference in double */
     double num = 0, den = 0;
     int bad = 0;
@@ -234,12 +279,14 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
     const bool ok = bad == 0 && err <= 1e-5 && emu_misaligned == 0;
     cases++;
     failures += !ok;
-    printf("%s kv=%d g=%d hd=%d/%d %s win=%d cap=%g seqs=%d (last pos %d)%s: rel err %.2e%s\n",
+    printf("%s kv=%d g=%d hd=%d/%d %s win=%d cap=%g seqs=%d (last pos %d)%s splits=%d: rel err "
+           "%.2e%s\n",
            ok ? "ok  " : "FAIL", n_kv, G, hd, vhd,
            dt == KILN_DT_F32   ? "f32"
            : dt == KILN_DT_F16 ? "f16"
                                : "bf16",
-           window, softcap, n_seq, pos.back(), device_positions ? " device positions" : "", err,
+           window, softcap, n_seq, pos.back(), device_positions ? " device positions" : "",
+           A.splits, err,
            bad              ? " (non-finite outputs)"
            : emu_misaligned ? " (misaligned loads)"
                             : "");
@@ -263,6 +310,16 @@ int main() {
     run_case(1, 3, 384, 512, KILN_DT_F16, 16, 0.0f, {40, 41}, true);
     run_case(1, 12, 128, 128, KILN_DT_F32, 0, 0.0f, {300}, false);
     run_case(2, 5, 256, 192, KILN_DT_BF16, 0, 0.0f, {64, 65}, true);
+    /* long contexts split over grid z: Qwen3-0.6B / Llama-3-8B at batch 1 on a 132-SM GPU, a
+     * batch of two on a small one, a window, Gemma 4's head dim, a recorded step planned for more
+     * keys than it has (splits past the last key), several groups a KV head */
+    run_case(8, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {2999}, false, 132);
+    run_case(8, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {1800}, true, 132);
+    run_case(2, 2, 64, 64, KILN_DT_F16, 0, 0.0f, {1500, 700}, false, 8);
+    run_case(2, 3, 96, 96, KILN_DT_F32, 600, 20.0f, {1300, 599}, true, 16);
+    run_case(1, 2, 512, 512, KILN_DT_BF16, 0, 0.0f, {900}, false, 32);
+    run_case(4, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {700, 20}, true, 132, 2048);
+    run_case(2, 12, 128, 64, KILN_DT_BF16, 0, 0.0f, {1100}, true, 24);
     printf("%d cases: %s\n", cases, failures ? "FAILED" : "all passed");
     return failures != 0;
 }

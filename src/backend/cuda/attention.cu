@@ -18,11 +18,13 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_decode.cuh"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define ATT_WARPS 4
 #define ATT_KT    32
+#define ATT_LOADS 8 /* 16-byte K/V loads a thread issues before using the first */
 
 /* one sequence of a launch (passed by value in the kernel parameters: no host->device copy) */
 struct att_seq {
@@ -49,20 +51,6 @@ struct att_launch {
     int n_seq;
     att_seq s[KCU_ATT_MAX_SEQ];
 };
-
-/* 16 bytes of K or V at element offset off (4 f32 or 8 f16/bf16) as f32; zeros when !ok. */
-__device__ __forceinline__ void load16(const void *base, int64_t off, int dt, bool ok, float v[8]) {
-    if (dt == KILN_DT_F32) {
-        float4 f =
-            ok ? kcu_ld((const float4 *)((const float *)base + off)) : make_float4(0, 0, 0, 0);
-        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-        return;
-    }
-    uint4 u = ok ? kcu_ld((const uint4 *)((const uint16_t *)base + off)) : make_uint4(0, 0, 0, 0);
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) kcu_kv_unpack2(w[i], dt, v + 2 * i);
-}
 
 /* x rounded as the cache stores it (what a later step will read back) */
 __device__ __forceinline__ float att_round(float x, int dt) {
@@ -204,26 +192,42 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
     for (int ks = k0; ks < k1; ks += ATT_KT) {
         __syncthreads(); /* Q staged / previous tile consumed */
         if (L.vec) {     /* 16-byte loads: 4 f32 or 8 f16/bf16 per thread and step */
+            /* K's chunks then V's: ATT_LOADS raw loads a thread are issued before the first is
+             * converted and stored (a load, store, load, ... loop kept one 16-byte load a thread
+             * in flight and left long-context decode latency-bound) */
             const int VEC = a.kv_dtype == KILN_DT_F32 ? 4 : 8, kc = hd / VEC, vc = vhd / VEC;
-            for (int i = threadIdx.x; i < ATT_KT * kc; i += blockDim.x) {
-                int j = i / kc, d0 = (i - j * kc) * VEC;
-                float v[8];
-                load16(a.k, (int64_t)(ks + j) * kstride + kvh * hd + d0, a.kv_dtype, ks + j < k1,
-                       v);
-
+            const int esz = a.kv_dtype == KILN_DT_F32 ? 4 : 2, nk = ATT_KT * kc,
+                      nall = nk + ATT_KT * vc;
+            for (int i0 = threadIdx.x; i0 < nall; i0 += ATT_LOADS * blockDim.x) {
+                uint4 raw[ATT_LOADS];
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e < VEC) Ks[j * (hd + 1) + d0 + e] = v[e];
-            }
-            for (int i = threadIdx.x; i < ATT_KT * vc; i += blockDim.x) {
-                int j = i / vc, d0 = (i - j * vc) * VEC;
-                float v[8];
-                load16(a.v, (int64_t)(ks + j) * vstride + kvh * vhd + d0, a.kv_dtype, ks + j < k1,
-                       v);
-
+                for (int u = 0; u < ATT_LOADS; u++) {
+                    const int i = i0 + u * (int)blockDim.x;
+                    const bool isk = i < nk, in = i < nall;
+                    const int ii = isk ? i : i - nk, c = isk ? kc : vc, j = ii / c;
+                    const int64_t off = (int64_t)(ks + j) * (isk ? kstride : vstride) +
+                                        (int64_t)kvh * (isk ? hd : vhd) + (ii - j * c) * VEC;
+                    const char *base = (const char *)(isk ? a.k : a.v);
+                    raw[u] = in && ks + j < k1 ? kcu_ld((const uint4 *)(base + off * esz))
+                                               : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e < VEC) Vs[j * vhd + d0 + e] = v[e];
+                for (int u = 0; u < ATT_LOADS; u++) {
+                    const int i = i0 + u * (int)blockDim.x;
+                    if (i >= nall) break;
+                    const bool isk = i < nk;
+                    const int ii = isk ? i : i - nk, c = isk ? kc : vc, j = ii / c;
+                    const int d0 = (ii - j * c) * VEC;
+                    float *dst = isk ? Ks + j * (hd + 1) + d0 : Vs + j * vhd + d0;
+                    const uint32_t w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+                    if (esz == 4) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) dst[e] = __uint_as_float(w[e]);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) kcu_kv_unpack2(w[e], a.kv_dtype, dst + 2 * e);
+                    }
+                }
             }
         } else {
             for (int i = threadIdx.x; i < ATT_KT * hd; i += blockDim.x) {
@@ -409,18 +413,30 @@ static void launch_dpl(kcu_state *st, const att_launch &L, dim3 grid) {
 
 static_assert(ATTS_MAX_SEQ >= KCU_ATT_MAX_SEQ, "a chunk's sequences fit the short kernel's");
 
-/* Most keys (bucketed) for the short decode kernel; 0 = never. Env KILN_CUDA_ATT_SHORT (default
- * 512), kiln_cuda_set_attn_short for tests. */
-static int g_att_short = -1;
+/* Most keys (bucketed) for the one-launch decode kernel; 0 = never, default any (INT_MAX): it
+ * splits long contexts itself. Up to the fifteenth session it stopped at 512 keys and longer
+ * contexts took k_attn's 32-key shared-memory tiles (Qwen3-0.6B at 8k context, f32 cache, 340
+ * tok/s: ~15% of the copy bandwidth on its K/V). Env KILN_CUDA_ATT_SHORT, and
+ * KILN_CUDA_ATT_SHORT_SPLITS caps its splits (A/B runs); kiln_cuda_set_attn_short for tests. */
+static int g_att_short = -1, g_att_short_splits = -1;
 extern "C" void kiln_cuda_set_attn_short(int max_keys) {
     g_att_short = max_keys;
 }
 static int att_short_max(void) {
     if (g_att_short < 0) {
         const char *e = getenv("KILN_CUDA_ATT_SHORT");
-        return e && *e ? atoi(e) : 512;
+        g_att_short = e && *e ? atoi(e) : INT_MAX;
+        if (g_att_short < 0) g_att_short = 0;
     }
     return g_att_short;
+}
+static int att_short_splits_cap(void) {
+    if (g_att_short_splits < 0) {
+        const char *e = getenv("KILN_CUDA_ATT_SHORT_SPLITS");
+        g_att_short_splits = e && *e ? atoi(e) : 0;
+        if (g_att_short_splits < 0) g_att_short_splits = 0;
+    }
+    return g_att_short_splits;
 }
 
 template <int GM, int CH, int KB, int DT>
@@ -469,7 +485,18 @@ static bool attention_short(kcu_state *st, const att_launch &L, int max_n, int k
     for (int i = 0; i < n_seq; i++)
         A.s[i].k = L.s[i].k, A.s[i].v = L.s[i].v, A.s[i].pos0 = L.s[i].pos0, A.s[i].t0 = L.s[i].t0;
     atts_plan(&A);
-    short_launcher launcher = {st, A, dim3((unsigned)(a.n_kv_heads * A.nsub), (unsigned)n_seq)};
+    atts_plan_splits(&A, keys, n_seq, st->n_sms, att_short_splits_cap());
+    if (A.splits > 1) {
+        if ((int64_t)n_seq * a.n_kv_heads * A.nsub > KCU_ATT_COUNTERS) return false;
+        const size_t n_part = (size_t)n_seq * a.p.n_heads * A.splits;
+        float *scr = (float *)kcu_scratch(st, n_part * (size_t)(A.vhd + 2) * sizeof(float));
+        if (!scr) return true; /* reported */
+        A.part_o = scr;
+        A.part_ml = scr + n_part * A.vhd;
+        A.counters = st->attn_counters;
+    }
+    short_launcher launcher = {
+        st, A, dim3((unsigned)(a.n_kv_heads * A.nsub), (unsigned)n_seq, (unsigned)A.splits)};
     atts_dispatch(A, launcher);
     return true;
 }

@@ -1,20 +1,23 @@
-/* attention_decode.cuh — decode attention over a short context in one launch: one block per (KV
- * head, query heads of its group, sequence), its warps splitting the keys.
+/* attention_decode.cuh — decode attention in one launch: one block per (KV head, query heads of
+ * its group, sequence, key split), its warps splitting the block's keys.
  *
  * A decode step (one query token per sequence) against a contiguous cache: 16 warps of one block
- * take key groups of KB (4; 2 for head dims above 256) in turn (warp w: keys kbeg + KB*w ..,
+ * take key groups of KB (4; 2 for head dims above 256) in turn (warp w: keys lo + KB*w ..,
  * then + 16*KB, ...); lane l holds dims 4l..4l+3 (and 128 + 4l.., ... for larger head dims) of q,
  * of each key's K and V rows and of the output, so a score is a 4- to 16-term partial dot
- * product per lane and a warp sum. A block takes up to 8 query heads of a KV head's GQA group
- * (head dims <= 128), 2 (<= 256) or 1 (<= 512), so that q and the accumulators stay in registers;
- * larger groups take several blocks per KV head (each reads the head's K/V, from L2 after the
- * first).
+ * product per lane and a warp sum. A turn's K/V loads are all issued before the first is used
+ * (registers, no shared-memory staging), which keeps enough bytes in flight to stream the cache.
+ * A block takes up to 8 query heads of a KV head's GQA group (head dims <= 128), 2 (<= 256) or 1
+ * (<= 512), so that q and the accumulators stay in registers; larger groups take several blocks
+ * per KV head (each reads the head's K/V, from L2 after the first).
  * Each warp keeps an online softmax per query head of the GQA group; the warps' (m, l, acc) are
- * merged by log-sum-exp in shared memory. One launch and no partials in global memory, where
- * attention.cu's split kernel needs a split launch and a merge launch, each split waiting on its
- * own K/V tile. attention.cu launches it (attention_short) for contexts up to
- * KILN_CUDA_ATT_SHORT keys; tests/emu/attention_emulate.cc compiles this file on the CPU
- * (ATTS_HOST_EMU) with emulated threads, barriers and shuffles. */
+ * merged by log-sum-exp in shared memory. Long contexts with few (sequence, KV head) pairs split
+ * the keys over gridDim.z (atts_plan_splits): each split writes its merged (m, l, acc) to global
+ * partials and the last split of a block column to arrive (an arrival counter) merges them, so
+ * the step stays one launch with no separate merge kernel. attention.cu launches it
+ * (attention_short) for decode steps up to KILN_CUDA_ATT_SHORT keys (default: any);
+ * tests/emu/attention_emulate.cc compiles this file on the CPU (ATTS_HOST_EMU) with emulated
+ * threads, barriers, shuffles and atomics. */
 #ifndef KILN_CUDA_ATTENTION_DECODE_CUH
 #define KILN_CUDA_ATTENTION_DECODE_CUH
 
@@ -41,6 +44,11 @@ struct atts_args {
     int n_heads, n_kv_heads, group, hd, vhd, window, kv_dtype;
     int nsub; /* blocks per KV head: ceil(group / atts_heads_per_block) (atts_plan) */
     float scale, softcap;
+    /* key splits (grid z, atts_plan_splits): split z takes keys [kbeg + z*kps, + kps) */
+    int splits, kps;
+    float *part_o;  /* splits > 1: [sequences, n_heads, splits, vhd] each split's unscaled acc */
+    float *part_ml; /* [sequences, n_heads, splits, 2] its (max, sum of exp) */
+    unsigned *counters; /* [sequences * gridDim.x] split arrivals, zero between launches */
     atts_seq s[ATTS_MAX_SEQ];
 };
 
@@ -55,9 +63,10 @@ static inline int atts_heads_per_block(int group, int hd, int vhd) {
     const int ch = atts_chunks(hd, vhd), cap = ch == 1 ? 8 : ch == 2 ? 2 : 1;
     return group < cap ? group : cap;
 }
-/* Dynamic shared memory of a block with `heads` query heads: [ATTS_WARPS][heads][vhd + 2]. */
+/* Dynamic shared memory of a block with `heads` query heads: [ATTS_WARPS][heads][vhd + 2], then
+ * the split-arrival flag (16 bytes). */
 static inline size_t atts_smem_bytes(int heads, int vhd) {
-    return sizeof(float) * (size_t)ATTS_WARPS * (size_t)heads * (size_t)(vhd + 2);
+    return sizeof(float) * ((size_t)ATTS_WARPS * (size_t)heads * (size_t)(vhd + 2) + 4);
 }
 /* Whether the kernel takes the geometry: head dims multiples of 4 up to 512, any group. */
 static inline bool atts_applies(int group, int hd, int vhd) {
@@ -69,6 +78,35 @@ static inline void atts_plan(atts_args *A) {
     const int hpb = atts_heads_per_block(A->group, A->hd, A->vhd);
     A->nsub = (A->group + hpb - 1) / hpb;
 }
+/* Keys a split takes at least: four turns of the block's warps (fewer and the block's fixed
+ * work, q loads and the warp merge, outweighs its keys). */
+#define ATTS_SPLIT_MIN_KEYS (4 * 4 * ATTS_WARPS)
+#define ATTS_MAX_SPLITS     64
+
+/* Sets A->splits / A->kps (A->nsub set) for a launch of n_seq sequences whose longest key range is
+ * `keys` on a GPU of n_sms SMs: while the (sequence, block) pairs leave SMs without a block (each
+ * SM holds one or two of these 16-warp blocks), the keys split so that about two blocks a SM
+ * stream the cache, each split a multiple of ATTS_SPLIT_MIN_KEYS / 4 keys and at least
+ * ATTS_SPLIT_MIN_KEYS. max_splits > 0 caps the splits (tests). */
+static inline void atts_plan_splits(atts_args *A, int keys, int n_seq, int n_sms, int max_splits) {
+    const int blocks = A->n_kv_heads * A->nsub * n_seq, want = 2 * n_sms;
+    int splits = 1;
+    if (blocks < want && keys > ATTS_SPLIT_MIN_KEYS) {
+        splits = (want + blocks - 1) / blocks;
+        const int most = keys / ATTS_SPLIT_MIN_KEYS;
+        if (splits > most) splits = most;
+        if (splits > ATTS_MAX_SPLITS) splits = ATTS_MAX_SPLITS;
+    }
+    if (max_splits > 0 && splits > max_splits) splits = max_splits;
+    if (splits < 1) splits = 1;
+    const int unit = ATTS_SPLIT_MIN_KEYS / 4;
+    int kps = (keys + splits - 1) / splits;
+    kps = (kps + unit - 1) / unit * unit;
+    A->kps = kps;
+    A->splits = (keys + kps - 1) / kps;
+    if (A->splits < 1) A->splits = 1;
+}
+
 /* Calls f.template run<GM, CH, KB>() for the kernel instance of A's geometry (GM: heads per block
  * rounded up to 1, 2, 4, 8; CH: chunks; KB: keys per warp per turn), for the launcher and the
  * CPU emulator alike. */
@@ -116,9 +154,10 @@ __device__ __forceinline__ void atts_load4(const void *base, int64_t off, float 
 
 /* GM: query heads per block rounded up (1, 2, 4, 8); CH: 4-dim chunks per lane (hd, vhd <= 128 *
  * CH); KB: keys per warp per turn; DT: the cache dtype (A.kv_dtype).
- * grid (n_kv_heads * A.nsub, sequences), ATTS_WARPS * 32 threads: block x takes KV head x / nsub
- * and the group's heads h0 .. h0 + G - 1, h0 = (x % nsub) * GM; dynamic shared memory
- * atts_smem_bytes(G): [ATTS_WARPS][G][vhd] accumulators, then [ATTS_WARPS][G][2] (m, l). */
+ * grid (n_kv_heads * A.nsub, sequences, A.splits), ATTS_WARPS * 32 threads: block x takes KV
+ * head x / nsub and the group's heads h0 .. h0 + G - 1, h0 = (x % nsub) * GM, block z the keys
+ * of split z; dynamic shared memory atts_smem_bytes(G): [ATTS_WARPS][G][vhd] accumulators, then
+ * [ATTS_WARPS][G][2] (m, l), then the arrival flag. */
 template <int GM, int CH, int KB, int DT>
 __global__ void __launch_bounds__(ATTS_WARPS * 32)
     k_attn_decode_short(const __grid_constant__ atts_args A) {
@@ -129,7 +168,11 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
     const int head0 = kvh * A.group + h0; /* the block's first query head */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pos = A.positions ? A.positions[S.t0] : S.pos0;
-    const int kbeg = A.window > 0 ? max(0, pos - A.window + 1) : 0, kend = pos + 1;
+    const int kbeg = A.window > 0 ? max(0, pos - A.window + 1) : 0;
+    /* this split's keys [lo, kend): empty for splits past the step's last key (a recorded step
+     * planned for its bucket's key count) */
+    const int lo = kbeg + (int)blockIdx.z * A.kps;
+    const int kend = A.splits > 1 ? min(pos + 1, lo + A.kps) : pos + 1;
     const int64_t kstride = (int64_t)A.n_kv_heads * hd, vstride = (int64_t)A.n_kv_heads * vhd;
     /* the group's q rows, scaled: the lane's dims */
     float q[GM][CH][4];
@@ -151,7 +194,7 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[g][c][e] = 0.0f;
     }
-    for (int j0 = kbeg + KB * warp; j0 < kend; j0 += KB * ATTS_WARPS) {
+    for (int j0 = lo + KB * warp; j0 < kend; j0 += KB * ATTS_WARPS) {
         float kx[KB][CH][4], vx[KB][CH][4];
 #pragma unroll
         for (int u = 0; u < KB; u++)
@@ -229,6 +272,7 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
         if (lane == 0) sml[(warp * G + g) * 2] = m[g], sml[(warp * G + g) * 2 + 1] = l[g];
     }
     __syncthreads();
+    const bool split = A.splits > 1;
     for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
         const int g = i / vhd, d = i - g * vhd;
         float M = -INFINITY;
@@ -241,7 +285,42 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
             den += sml[(w * G + g) * 2 + 1] * e;
             num += sacc[((size_t)w * G + g) * vhd + d] * e;
         }
-        A.out[((int64_t)S.t0 * A.n_heads + head0 + g) * vhd + d] = den > 0.0f ? num / den : 0.0f;
+        const int64_t row = (int64_t)S.t0 * A.n_heads + head0 + g; /* query head's row */
+        if (!split) {
+            A.out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
+            continue;
+        }
+        const int64_t pz = row * A.splits + blockIdx.z; /* this split's partial */
+        A.part_o[pz * vhd + d] = num;
+        if (d == 0) A.part_ml[2 * pz] = M, A.part_ml[2 * pz + 1] = den;
+    }
+    if (!split) return;
+    /* the last split of this block column to arrive merges all of them */
+    int *last = (int *)(sml + (size_t)ATTS_WARPS * G * 2);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = A.counters + (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+        *last = atomicAdd(c, 1u) == (unsigned)A.splits - 1;
+        if (*last) *c = 0; /* every split has arrived: ready for the next launch */
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
+        const int g = i / vhd, d = i - g * vhd;
+        const int64_t row = (int64_t)S.t0 * A.n_heads + head0 + g, p0 = row * A.splits;
+        float M = -INFINITY;
+        for (int z = 0; z < A.splits; z++) M = fmaxf(M, __ldcg(A.part_ml + 2 * (p0 + z)));
+        float num = 0.0f, den = 0.0f;
+        for (int z = 0; z < A.splits; z++) {
+            const float mz = __ldcg(A.part_ml + 2 * (p0 + z));
+            if (mz == -INFINITY) continue; /* a split past the last key */
+            const float e = __expf(mz - M);
+            den += __ldcg(A.part_ml + 2 * (p0 + z) + 1) * e;
+            num += __ldcg(A.part_o + (p0 + z) * vhd + d) * e;
+        }
+        A.out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
     }
 }
 

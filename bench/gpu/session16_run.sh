@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# session16_run.sh — decode attention, one call: the one-launch decode kernel
+# (attention_decode.cuh) now splits long contexts over grid z and merges in its last split, and
+# k_attn's tile loader issues 8 loads a thread before using them. Build; the attention op tests
+# (test_cuda_ops' test_attention / test_attention_prep), test_parity_cuda, test_kv_cuda; then
+# decode at 8k context (batch 1 and 8) against the previous path (KILN_CUDA_ATT_SHORT=512: k_attn
+# + merge past 512 keys), batch 64 with the PREP kernel (default) against prep + store and the
+# one-launch kernel (KILN_CUDA_ATT_PREP=0), and the per-op profile of Llama-3-8B bf16 batch 64.
+# Summaries to stdout and $OUT/log. One call, LIMIT s.
+LIMIT=${LIMIT:-540}
+source "$(dirname "$0")/common.sh"
+exec > >(tee "${OUT:-/tmp}/log") 2>&1
+models_in_background qwen3-0.6b llama-3-8b
+build_kiln
+run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention" test_parity_cuda test_kv_cuda
+ctx() { # model kv batch [VAR=value ...]: decode tok/s at context 8192
+    local m=$1 kv=$2 b=$3
+    shift 3
+    env "$@" timeout 90 "$B/kiln" bench --device cuda --model "$M/$m" --kv $kv --context 8192 \
+        --prompt 16 --gen 32 --batch "$b" --runs 3 --json --quiet 2>&1 |
+        grep -oE '"decode_tok_s":[0-9.]*' | cut -d: -f2
+}
+for mk in qwen3-0.6b:f32:1 qwen3-0.6b:bf16:1 qwen3-0.6b:f32:8; do
+    left 60 || break
+    IFS=: read -r m kv b <<<"$mk"
+    echo "$m --kv $kv batch $b context 8192 decode tok/s: new $(ctx $m $kv $b) |" \
+        "KILN_CUDA_ATT_SHORT=512 $(ctx $m $kv $b KILN_CUDA_ATT_SHORT=512)"
+done
+for m in qwen3-0.6b llama-3-8b; do
+    [ $m = qwen3-0.6b ] || wait $MODELS
+    left 90 || break
+    echo "$m bf16 batch 64 (prefill decode tok/s): default $(bench_tok_s $m 64 128 64) |" \
+        "KILN_CUDA_ATT_PREP=0 $(bench_tok_s $m 64 128 64 KILN_CUDA_ATT_PREP=0)"
+done
+left 90 && echo "llama-3-8b f32 cache batch 1 context 8192 decode tok/s: new $(ctx llama-3-8b f32 1) |" \
+    "KILN_CUDA_ATT_SHORT=512 $(ctx llama-3-8b f32 1 KILN_CUDA_ATT_SHORT=512)"
+if left 60; then
+    stamp "profile: llama-3-8b bf16 batch 64"
+    KILN_CUDA_PROFILE=1 timeout 60 "$B/kiln" bench --device cuda --model "$M/llama-3-8b" \
+        --prompt 128 --gen 8 --batch 64 --runs 1 2>&1 | grep -vE "^\s*$" | tail -30 | cut -c1-150
+fi
+stamp "end"
