@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # session16_run.sh — decode attention, one call: the one-launch decode kernel
-# (attention_decode.cuh) now splits long contexts over grid z and merges in its last split, and
-# k_attn's tile loader issues 8 loads a thread before using them. Build; the attention op tests
-# (test_cuda_ops' test_attention / test_attention_prep), test_parity_cuda, test_kv_cuda; then
-# decode at 8k context (batch 1 and 8) against the previous path (KILN_CUDA_ATT_SHORT=512: k_attn
-# + merge past 512 keys), batch 64 with the PREP kernel (default) against prep + store and the
-# one-launch kernel (KILN_CUDA_ATT_PREP=0), and the per-op profile of Llama-3-8B bf16 batch 64.
+# (attention_decode.cuh) now splits long contexts over grid z and merges in its last split;
+# k_attn's tile loader issues 8 loads a thread before using them; paged caches (every --kv kind
+# but f32) decode on their own one-launch kernel (attention_paged_decode.cuh). Build; the
+# attention op tests (test_cuda_ops' test_attention*), test_parity_cuda, test_kv_cuda,
+# test_parity_cuda_kv; then decode at 8k context against the previous paths
+# (KILN_CUDA_ATT_SHORT=512: k_attn + merge past 512 keys; KILN_CUDA_PAGED_DECODE=0: k_paged_attn),
+# batch 64 with the PREP kernel (default) against prep + store and the one-launch kernel
+# (KILN_CUDA_ATT_PREP=0), and the per-op profile of Llama-3-8B bf16 batch 64.
 # Summaries to stdout and $OUT/log. One call, LIMIT s.
 LIMIT=${LIMIT:-540}
 source "$(dirname "$0")/common.sh"
 exec > >(tee "${OUT:-/tmp}/log") 2>&1
 models_in_background qwen3-0.6b llama-3-8b
 build_kiln
-run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention" test_parity_cuda test_kv_cuda
+run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention" test_parity_cuda test_kv_cuda \
+    test_parity_cuda_kv
 ctx() { # model kv batch [VAR=value ...]: decode tok/s at context 8192
     local m=$1 kv=$2 b=$3
     shift 3
@@ -20,11 +23,28 @@ ctx() { # model kv batch [VAR=value ...]: decode tok/s at context 8192
         --prompt 16 --gen 32 --batch "$b" --runs 3 --json --quiet 2>&1 |
         grep -oE '"decode_tok_s":[0-9.]*' | cut -d: -f2
 }
-for mk in qwen3-0.6b:f32:1 qwen3-0.6b:bf16:1 qwen3-0.6b:f32:8; do
+for mk in qwen3-0.6b:f32:1 qwen3-0.6b:f32:8; do
     left 60 || break
     IFS=: read -r m kv b <<<"$mk"
     echo "$m --kv $kv batch $b context 8192 decode tok/s: new $(ctx $m $kv $b) |" \
         "KILN_CUDA_ATT_SHORT=512 $(ctx $m $kv $b KILN_CUDA_ATT_SHORT=512)"
+done
+for kv in bf16 q8 q4 turbo:k4v4:rotk:kg64 turbo:k8v4; do # paged
+    left 60 || break
+    echo "qwen3-0.6b --kv $kv batch 1 context 8192 decode tok/s: new $(ctx qwen3-0.6b $kv 1) |" \
+        "KILN_CUDA_PAGED_DECODE=0 $(ctx qwen3-0.6b $kv 1 KILN_CUDA_PAGED_DECODE=0)"
+done
+short() { # kv [VAR=value ...]: Qwen3-0.6B batch 1 decode tok/s, prompt 128
+    local kv=$1
+    shift
+    env "$@" timeout 60 "$B/kiln" bench --device cuda --model "$M/qwen3-0.6b" --kv $kv \
+        --prompt 128 --gen 64 --runs 3 --json --quiet 2>&1 | grep -oE '"decode_tok_s":[0-9.]*' |
+        cut -d: -f2
+}
+for kv in q8 bf16; do
+    left 60 || break
+    echo "qwen3-0.6b --kv $kv batch 1 prompt 128 decode tok/s: new $(short $kv) |" \
+        "KILN_CUDA_PAGED_DECODE=0 $(short $kv KILN_CUDA_PAGED_DECODE=0)"
 done
 for m in qwen3-0.6b llama-3-8b; do
     [ $m = qwen3-0.6b ] || wait $MODELS

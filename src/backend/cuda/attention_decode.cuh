@@ -83,13 +83,14 @@ static inline void atts_plan(atts_args *A) {
 #define ATTS_SPLIT_MIN_KEYS (4 * 4 * ATTS_WARPS)
 #define ATTS_MAX_SPLITS     64
 
-/* Sets A->splits / A->kps (A->nsub set) for a launch of n_seq sequences whose longest key range is
- * `keys` on a GPU of n_sms SMs: while the (sequence, block) pairs leave SMs without a block (each
- * SM holds one or two of these 16-warp blocks), the keys split so that about two blocks a SM
- * stream the cache, each split a multiple of ATTS_SPLIT_MIN_KEYS / 4 keys and at least
- * ATTS_SPLIT_MIN_KEYS. max_splits > 0 caps the splits (tests). */
-static inline void atts_plan_splits(atts_args *A, int keys, int n_seq, int n_sms, int max_splits) {
-    const int blocks = A->n_kv_heads * A->nsub * n_seq, want = 2 * n_sms;
+/* Key splits for `blocks` (sequence, block) pairs whose longest key range is `keys` on a GPU of
+ * n_sms SMs: while the pairs leave SMs without a block (each SM holds one or two of these
+ * 16-warp blocks), the keys split so that about two blocks a SM stream the cache, each split a
+ * multiple of ATTS_SPLIT_MIN_KEYS / 4 keys and at least ATTS_SPLIT_MIN_KEYS. max_splits > 0 caps
+ * the splits (A/B runs). atts_plan_splits: for A (A->nsub set), n_seq sequences. */
+static inline void atts_split_plan(int blocks, int keys, int n_sms, int max_splits, int *splits_out,
+                                   int *kps_out) {
+    const int want = 2 * n_sms;
     int splits = 1;
     if (blocks < want && keys > ATTS_SPLIT_MIN_KEYS) {
         splits = (want + blocks - 1) / blocks;
@@ -102,16 +103,20 @@ static inline void atts_plan_splits(atts_args *A, int keys, int n_seq, int n_sms
     const int unit = ATTS_SPLIT_MIN_KEYS / 4;
     int kps = (keys + splits - 1) / splits;
     kps = (kps + unit - 1) / unit * unit;
-    A->kps = kps;
-    A->splits = (keys + kps - 1) / kps;
-    if (A->splits < 1) A->splits = 1;
+    if (kps < unit) kps = unit;
+    *kps_out = kps;
+    *splits_out = (keys + kps - 1) / kps;
+    if (*splits_out < 1) *splits_out = 1;
+}
+static inline void atts_plan_splits(atts_args *A, int keys, int n_seq, int n_sms, int max_splits) {
+    atts_split_plan(A->n_kv_heads * A->nsub * n_seq, keys, n_sms, max_splits, &A->splits, &A->kps);
 }
 
 /* Calls f.template run<GM, CH, KB>() for the kernel instance of A's geometry (GM: heads per block
  * rounded up to 1, 2, 4, 8; CH: chunks; KB: keys per warp per turn), for the launcher and the
  * CPU emulator alike. */
-template <typename F> static inline void atts_dispatch(const atts_args &A, F &f) {
-    const int ch = atts_chunks(A.hd, A.vhd), hpb = atts_heads_per_block(A.group, A.hd, A.vhd);
+template <typename F> static inline void atts_dispatch_geometry(int group, int hd, int vhd, F &f) {
+    const int ch = atts_chunks(hd, vhd), hpb = atts_heads_per_block(group, hd, vhd);
     if (ch == 4)
         f.template run<1, 4, 2>();
     else if (ch == 2)
@@ -124,6 +129,9 @@ template <typename F> static inline void atts_dispatch(const atts_args &A, F &f)
         f.template run<4, 1, 4>();
     else
         f.template run<8, 1, 4>();
+}
+template <typename F> static inline void atts_dispatch(const atts_args &A, F &f) {
+    atts_dispatch_geometry(A.group, A.hd, A.vhd, f);
 }
 
 /* The two 16-bit cache values of a 32-bit word (low half first) as f32: bf16 or f16 (dt). */

@@ -13,6 +13,7 @@
  * the end, as kv_paged.c does on the CPU. tests/emu/paged_attention_emulate.cc compiles the kernels
  * and the launch plan on the CPU (PATT_HOST_EMU) with emulated warps. */
 #include "backend/cuda/attention_paged.cuh"
+#include "backend/cuda/attention_paged_decode.cuh"
 #ifndef PATT_HOST_EMU
 #define PATT_SMEM(name) extern __shared__ float name[]
 #endif
@@ -288,6 +289,33 @@ static size_t patt_smem_bytes(int rpw, int hd, int vhd) {
            ((size_t)PATT_WARPS * rpw * hd + (size_t)PATT_KT * (hd + 1) + (size_t)PATT_KT * vhd);
 }
 
+/* The one-launch decode kernel (attention_paged_decode.cuh) for P's chunk, when it takes it:
+ * every sequence one token, records of a load class (pdec_class), the group's shared memory in
+ * bounds; max_splits > 0 caps its key splits. Fills A (not its partials / counters); returns
+ * the load class, or -1: k_paged_attn. (No device calls; the emulator runs it too.) */
+static int pdec_plan(pdec_args *A, const patt_launch &P, int n_sms, int max_splits) {
+    const kcu_paged_layer &L = P.L;
+    if (P.rows_max != P.group || P.n_seq > ATTS_MAX_SEQ) return -1; /* not one token each */
+    const int cls = pdec_class(L);
+    if (cls < 0 || !atts_applies(P.group, L.head_dim, L.v_head_dim)) return -1;
+    memset(A, 0, sizeof *A);
+    A->L = L;
+    A->q = P.q, A->out = P.out, A->positions = P.positions;
+    A->n_heads = P.n_heads, A->group = P.group;
+    A->nsub = (P.group + atts_heads_per_block(P.group, L.head_dim, L.v_head_dim) - 1) /
+              atts_heads_per_block(P.group, L.head_dim, L.v_head_dim);
+    A->scale = P.scale, A->softcap = P.softcap;
+    int keys = 0;
+    for (int i = 0; i < P.n_seq; i++) {
+        A->s[i].table = P.s[i].table, A->s[i].pos0 = P.s[i].pos0, A->s[i].t0 = P.s[i].t0;
+        const int k = P.s[i].pos0 + 1 - P.s[i].kbeg;
+        if (k > keys) keys = k;
+    }
+    if (P.positions) keys = kcu_attn_keys_bucket(keys); /* a recorded step: its bucket */
+    atts_split_plan(L.n_kv_heads * A->nsub * P.n_seq, keys, n_sms, max_splits, &A->splits, &A->kps);
+    return cls;
+}
+
 #ifndef PATT_HOST_EMU
 template <int DPL, int RPW> static void launch(kcu_state *st, const patt_launch &P, dim3 grid) {
     const size_t smem = patt_smem_bytes(RPW, P.L.head_dim, P.L.v_head_dim);
@@ -315,6 +343,67 @@ template <int RPW> static void launch_dpl(kcu_state *st, const patt_launch &P, d
         launch<16, RPW>(st, P, grid);
 }
 
+/* KILN_CUDA_PAGED_DECODE: 0 keeps decode steps on k_paged_attn (A/B runs); N > 1 caps the
+ * one-launch kernel's splits at N. Default 1: the one-launch kernel wherever it applies. */
+static int g_pdec = -1;
+static int pdec_mode(void) {
+    if (g_pdec < 0) {
+        const char *e = getenv("KILN_CUDA_PAGED_DECODE");
+        g_pdec = e && *e ? atoi(e) : 1;
+        if (g_pdec < 0) g_pdec = 0;
+    }
+    return g_pdec;
+}
+
+template <int CLS> struct pdec_launcher {
+    kcu_state *st;
+    const pdec_args &A;
+    dim3 grid;
+    template <int GM, int CH, int KB> void run() {
+        const size_t smem = pdec_smem_bytes(A);
+        static size_t raised = 48 * 1024; /* per instance */
+        if (smem > raised) {
+            if (!KCU_CHECK(st, cudaFuncSetAttribute(k_paged_decode<GM, CH, KB, CLS>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    (int)smem)))
+                return;
+            raised = smem;
+        }
+        KCU_LAUNCH(st, (k_paged_decode<GM, CH, KB, CLS>), grid, ATTS_WARPS * 32, smem, A);
+        KCU_LAUNCHED(st);
+    }
+};
+
+/* The one-launch decode kernel for P's chunk: true when launched (or its scratch failed and the
+ * error is set). */
+static bool paged_decode(kcu_state *st, const patt_launch &P) {
+    const int mode = pdec_mode();
+    pdec_args A;
+    const int cls = mode == 0 ? -1 : pdec_plan(&A, P, st->n_sms, mode > 1 ? mode : 0);
+    if (cls < 0) return false;
+    if ((int64_t)P.n_seq * P.L.n_kv_heads * A.nsub > KCU_ATT_COUNTERS) return false;
+    if (A.splits > 1) {
+        const size_t n_part = (size_t)P.n_seq * P.n_heads * A.splits;
+        float *scr = (float *)kcu_scratch(st, n_part * (size_t)(P.L.v_head_dim + 2) * 4);
+        if (!scr) return true; /* reported */
+        A.part_o = scr;
+        A.part_ml = scr + n_part * P.L.v_head_dim;
+        A.counters = st->attn_counters;
+    }
+    const dim3 grid((unsigned)(P.L.n_kv_heads * A.nsub), (unsigned)P.n_seq, (unsigned)A.splits);
+    if (cls == PDEC_F32) {
+        pdec_launcher<PDEC_F32> f = {st, A, grid};
+        atts_dispatch_geometry(A.group, P.L.head_dim, P.L.v_head_dim, f);
+    } else if (cls == PDEC_F16) {
+        pdec_launcher<PDEC_F16> f = {st, A, grid};
+        atts_dispatch_geometry(A.group, P.L.head_dim, P.L.v_head_dim, f);
+    } else {
+        pdec_launcher<PDEC_QUANT> f = {st, A, grid};
+        atts_dispatch_geometry(A.group, P.L.head_dim, P.L.v_head_dim, f);
+    }
+    return true;
+}
+
 /* One chunk of at most KCU_ATT_MAX_SEQ sequences. */
 static void paged_chunk(kcu_state *st, const kcu_paged_layer *L, const float *q, float *out,
                         const kiln_attn_params *p, const kcu_paged_seq *seqs, int n_seq) {
@@ -322,6 +411,14 @@ static void paged_chunk(kcu_state *st, const kcu_paged_layer *L, const float *q,
     int tiles = 0, rpw = 1;
     if (!patt_plan(&P, L, q, out, p, seqs, n_seq, st->n_sms, &tiles, &rpw)) return;
     const int splits = P.splits, max_n = P.rows_max / P.group;
+    if (paged_decode(st, P)) {
+        if (L->v.rotate) {
+            KCU_LAUNCH(st, k_paged_unrotate, dim3(1, p->n_heads, n_seq), 128,
+                       (size_t)L->v_head_dim * sizeof(float), P);
+            KCU_LAUNCHED(st);
+        }
+        return;
+    }
     if (splits > 1) {
         size_t n_part = (size_t)n_seq * splits * L->n_kv_heads * P.rows_max;
         float *scr = (float *)kcu_scratch(st, n_part * (L->v_head_dim + 2) * sizeof(float));
