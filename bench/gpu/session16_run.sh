@@ -59,4 +59,10 @@ if left 60; then
     KILN_CUDA_PROFILE=1 timeout 60 "$B/kiln" bench --device cuda --model "$M/llama-3-8b" \
         --prompt 128 --gen 8 --batch 64 --runs 1 2>&1 | grep -vE "^\s*$" | tail -30 | cut -c1-150
 fi
+if left 40; then # the codes GEMM at 64 tokens: 96-112 blocks of 8 warps leave SMs idle (ncu, 15th)
+    build_gpu_bench
+    KILN_BENCH_TC_FMTS="q4g64 q8g64 bf16" KILN_BENCH_TC_SHAPES="6144x4096 14336x4096 4096x14336" \
+        KILN_BENCH_TC_NS=64 KILN_BENCH_TC_VARIANTS=",tc,tc splits=3,tc splits=4,tc splits=6,tc bn=16,tc bn=16 splits=2,old," \
+        timeout 60 "$B/kiln_gpu_bench" tc 2>&1 | grep -E "^tc " | cut -c1-110
+fi
 stamp "end"
