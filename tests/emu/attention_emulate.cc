@@ -310,11 +310,11 @@ int main() {
     run_case(1, 3, 384, 512, KILN_DT_F16, 16, 0.0f, {40, 41}, true);
     run_case(1, 12, 128, 128, KILN_DT_F32, 0, 0.0f, {300}, false);
     run_case(2, 5, 256, 192, KILN_DT_BF16, 0, 0.0f, {64, 65}, true);
-    /* long contexts split over grid z: Qwen3-0.6B / Llama-3-8B at batch 1 on a 132-SM GPU, a
+    /* long contexts split over grid z: Qwen3-0.6B- / Llama-3-8B-like groups at batch 1 on a 132-SM GPU, a
      * batch of two on a small one, a window, Gemma 4's head dim, a recorded step planned for more
      * keys than it has (splits past the last key), several groups a KV head */
-    run_case(8, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {2999}, false, 132);
-    run_case(8, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {1800}, true, 132);
+    run_case(4, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {1999}, false, 132);
+    run_case(2, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {1800}, true, 132);
     run_case(2, 2, 64, 64, KILN_DT_F16, 0, 0.0f, {1500, 700}, false, 8);
     run_case(2, 3, 96, 96, KILN_DT_F32, 600, 20.0f, {1300, 599}, true, 16);
     run_case(1, 2, 512, 512, KILN_DT_BF16, 0, 0.0f, {900}, false, 32);
