@@ -686,6 +686,86 @@ static void test_matmul_multi(void) {
         }
 }
 
+/* upload_matrices (KILN_CUDA_FUSE_WEIGHTS=1): q/k/v- and gate/up-like sets in one allocation each
+ * (bf16 with output biases, q4 / q8 with f16 / bf16 scales); matmul_multi over them at n = 1..70
+ * (past 8: one product of the stacked matrix, its columns scattered back) == the CPU reference
+ * per matrix; a set whose parts are not whole 256-byte multiples comes back
+ * KILN_ERR_UNSUPPORTED; the views free with their owner in any order. */
+static void test_upload_matrices(void) {
+    setenv("KILN_CUDA_FUSE_WEIGHTS", "1", 1);
+    static const int64_t ns[] = {1, 8, 9, 40, 70};
+    static const struct {
+        int bits;
+        kiln_dtype sdt;
+        int64_t cols, rows[3];
+        int count;
+        bool bias;
+    } cases[] = {{0, KILN_DT_BF16, 1024, {2048, 512, 512}, 3, true},
+                 {4, KILN_DT_F16, 1024, {1536, 1536, 0}, 2, false},
+                 {8, KILN_DT_BF16, 512, {1024, 256, 256}, 3, false}};
+    for (int c = 0; c < 3; c++) {
+        const int count = cases[c].count;
+        const int64_t cols = cases[c].cols;
+        test_matrix m[3];
+        kiln_matrix hosts[3], outs[3];
+        for (int i = 0; i < count; i++) {
+            if (cases[c].bits)
+                make_quant(&m[i], cases[c].bits, 64, cases[c].sdt, cases[c].rows[i], cols,
+                           cases[c].bias);
+            else
+                make_dense(&m[i], KILN_DT_BF16, cases[c].rows[i], cols, cases[c].bias);
+            hosts[i] = m[i].host;
+        }
+        CHECK_OK(be->upload_matrices(be, count, hosts, outs));
+        for (int i = 1; i < count; i++) CHECK(outs[i].view && !outs[0].view);
+        const kiln_matrix *ws[3] = {&outs[0], &outs[1], &outs[2]};
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const int64_t n = ns[k];
+            float *x = rand_f32(n * cols, 1.0f), *ref[3], *dy[3];
+            float *dx = dev_copy(x, (size_t)(n * cols) * sizeof(float));
+            for (int i = 0; i < count; i++) {
+                ref[i] = malloc((size_t)(n * cases[c].rows[i]) * sizeof(float));
+                kiln_cpu_matmul_ref(ref[i], x, n, &m[i].host);
+                dy[i] = dev_poisoned(n * cases[c].rows[i]);
+            }
+            be->matmul_multi(be, count, dy, dx, n, ws);
+            for (int i = 0; i < count; i++) {
+                char what[128];
+                snprintf(what, sizeof what, "upload_matrices case %d n=%lld matrix %d", c,
+                         (long long)n, i);
+                compare(what, dy[i], ref[i], n * cases[c].rows[i], n > 8 ? 1e-2 : 3e-5);
+                be->free(be, dy[i]);
+                free(ref[i]);
+            }
+            be->free(be, dx);
+            free(x);
+        }
+        /* the views first: nothing freed until the owner goes */
+        for (int i = count - 1; i >= 0; i--)
+            if (!outs[i].view) be->free_matrix(be, &outs[i]);
+        for (int i = 0; i < count; i++) {
+            be->free_matrix(be, &m[i].dev); /* the separate upload make_* did */
+            free(m[i].data), free(m[i].scales), free(m[i].biases), free(m[i].bias);
+        }
+    }
+    /* 100 rows of 96 bf16: 19,200 bytes, not a multiple of 256 */
+    test_matrix a, b;
+    make_dense(&a, KILN_DT_BF16, 100, 96, false);
+    make_dense(&b, KILN_DT_BF16, 100, 96, false);
+    kiln_matrix hosts[2] = {a.host, b.host}, outs[2];
+    CHECK(be->upload_matrices(be, 2, hosts, outs) == KILN_ERR_UNSUPPORTED);
+    free_matrix(&a);
+    free_matrix(&b);
+    /* without the switch: not fused (the loader uploads one by one) */
+    unsetenv("KILN_CUDA_FUSE_WEIGHTS");
+    make_dense(&a, KILN_DT_BF16, 128, 1024, false);
+    make_dense(&b, KILN_DT_BF16, 128, 1024, false);
+    kiln_matrix hosts2[2] = {a.host, b.host};
+    CHECK(be->upload_matrices(be, 2, hosts2, outs) == KILN_ERR_UNSUPPORTED);
+    free_matrix(&a);
+    free_matrix(&b);
+}
+
 /* The decode-layer fusions (matmul_norm, matmul_add, matmul_norm_glu) == rmsnorm / matmul / add /
  * GLU references in order: dense bf16, f16, f32 weights through the fused GEMV (n <= 8), n = 17
  * and a quantized case through the composition; row counts not multiples of the tile; biases,
@@ -2112,6 +2192,7 @@ int main(void) {
     RUN(test_norm_add());
     RUN(test_qk_norm_rope());
     RUN(test_matmul_multi());
+    RUN(test_upload_matrices());
     RUN(test_matmul_fused());
     RUN(test_embed());
     RUN(test_prefetch());

@@ -56,6 +56,13 @@ struct kiln_backend {
     /* Makes a weight usable by this backend: CPU keeps the mmap'd pointers (no copy); CUDA copies
      * codes/scales/biases/bias to the device, keeping the stored format. */
     kiln_status (*upload_matrix)(kiln_backend *be, const kiln_matrix *host, kiln_matrix *out);
+    /* Optional (NULL: not offered): count matrices of one format and width (q/k/v, gate/up)
+     * uploaded as consecutive row ranges of one allocation, so that outs[0..count) read
+     * together are one [sum of rows, cols] matrix (codes, scales, biases and output biases each
+     * contiguous); outs[1..] are views (freed with outs[0]). KILN_ERR_UNSUPPORTED: not done for
+     * these (the caller uploads them one by one). */
+    kiln_status (*upload_matrices)(kiln_backend *be, int count, const kiln_matrix *hosts,
+                                   kiln_matrix *outs);
     void (*free_matrix)(kiln_backend *be, kiln_matrix *m);
     kiln_status (*synchronize)(kiln_backend *be);
     /* Optional (NULL: not offered). Bracket a run of ops that the backend may record and replay

@@ -25,6 +25,7 @@ typedef struct kiln_matrix {
     const void *scales;     /* quantized only: [rows, cols/group_size] */
     const void *biases;     /* quantized only: [rows, cols/group_size] */
     const float *bias;      /* optional additive output bias [rows] (f32), NULL if none */
+    bool view; /* rows of an allocation another matrix owns (upload_matrices): never freed */
 } kiln_matrix;
 
 static inline bool kiln_matrix_is_quantized(const kiln_matrix *m) {

@@ -97,18 +97,25 @@ static kiln_status load_layer(kiln_model *m, llama_state *s, int i) {
         snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
         KILN_TRY(kiln_weights_vector(m, n, s->head_dim, false, &L->k_norm));
     }
-    snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
-    KILN_TRY(kiln_weights_matrix(m, n, q_dim, s->hidden, qkv_bias, &L->wq));
-    snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
-    KILN_TRY(kiln_weights_matrix(m, n, kv_dim, s->hidden, qkv_bias, &L->wk));
-    snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
-    KILN_TRY(kiln_weights_matrix(m, n, kv_dim, s->hidden, qkv_bias, &L->wv));
+    /* q/k/v and gate/up read the same x: a backend may keep each set as one matrix */
+    char nq[320], nk[320], nv[320], ng[320], nu[320];
+    snprintf(nq, sizeof nq, "%s.self_attn.q_proj", p);
+    snprintf(nk, sizeof nk, "%s.self_attn.k_proj", p);
+    snprintf(nv, sizeof nv, "%s.self_attn.v_proj", p);
+    const char *const qkv[3] = {nq, nk, nv};
+    const int64_t qkv_rows[3] = {q_dim, kv_dim, kv_dim};
+    kiln_matrix qkv_m[3];
+    KILN_TRY(kiln_weights_matrices(m, 3, qkv, qkv_rows, s->hidden, qkv_bias, qkv_m));
+    L->wq = qkv_m[0], L->wk = qkv_m[1], L->wv = qkv_m[2];
     snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
     KILN_TRY(kiln_weights_matrix(m, n, s->hidden, q_dim, false, &L->wo));
-    snprintf(n, sizeof n, "%s.mlp.gate_proj", p);
-    KILN_TRY(kiln_weights_matrix(m, n, s->ffn, s->hidden, m->cfg.mlp_bias, &L->w_gate));
-    snprintf(n, sizeof n, "%s.mlp.up_proj", p);
-    KILN_TRY(kiln_weights_matrix(m, n, s->ffn, s->hidden, m->cfg.mlp_bias, &L->w_up));
+    snprintf(ng, sizeof ng, "%s.mlp.gate_proj", p);
+    snprintf(nu, sizeof nu, "%s.mlp.up_proj", p);
+    const char *const gu[2] = {ng, nu};
+    const int64_t gu_rows[2] = {s->ffn, s->ffn};
+    kiln_matrix gu_m[2];
+    KILN_TRY(kiln_weights_matrices(m, 2, gu, gu_rows, s->hidden, m->cfg.mlp_bias, gu_m));
+    L->w_gate = gu_m[0], L->w_up = gu_m[1];
     snprintf(n, sizeof n, "%s.mlp.down_proj", p);
     KILN_TRY(kiln_weights_matrix(m, n, s->hidden, s->ffn, m->cfg.mlp_bias, &L->w_down));
     return KILN_OK;

@@ -72,6 +72,14 @@ kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows,
 kiln_status kiln_weights_vector(kiln_model *m, const char *name, int64_t n, bool add_one,
                                 float **out);
 bool kiln_weights_has(const kiln_model *m, const char *name);
+/* The matrices modules[0..count) (same width cols, rows[i] each; count <= KILN_WEIGHTS_MAX_FUSED)
+ * into outs[]: where the backend offers upload_matrices and they share a format, as consecutive
+ * row ranges of one allocation (outs[1..] views: free each with kiln_weights_free_matrix, in any
+ * order); otherwise one by one, as kiln_weights_matrix. */
+#define KILN_WEIGHTS_MAX_FUSED 4
+kiln_status kiln_weights_matrices(kiln_model *m, int count, const char *const *modules,
+                                  const int64_t *rows, int64_t cols, bool want_bias,
+                                  kiln_matrix *outs);
 void kiln_weights_free_matrix(kiln_model *m, kiln_matrix *w);
 void kiln_weights_free_vector(kiln_model *m, float *v);
 

@@ -93,7 +93,7 @@ void kiln_weights_free_vector(kiln_model *m, float *v) {
 }
 
 void kiln_weights_free_matrix(kiln_model *m, kiln_matrix *w) {
-    if (w && w->data) m->be->free_matrix(m->be, w);
+    if (w && w->data && !w->view) m->be->free_matrix(m->be, w);
     if (w) memset(w, 0, sizeof *w);
 }
 
@@ -101,10 +101,14 @@ static bool is_scale_dtype(kiln_dtype d) {
     return d == KILN_DT_F16 || d == KILN_DT_BF16 || d == KILN_DT_F32;
 }
 
-kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows, int64_t cols,
-                                bool want_bias, kiln_matrix *out) {
+/* The host matrix of `module` as the file stores it, checked against [rows, cols]; *bias_host:
+ * its f32 output bias (malloc'ed; the caller frees it after the upload) or NULL. */
+static kiln_status weights_host_matrix(kiln_model *m, const char *module, int64_t rows,
+                                       int64_t cols, bool want_bias, kiln_matrix *out,
+                                       float **bias_host_out) {
     char name[512];
     memset(out, 0, sizeof *out);
+    *bias_host_out = NULL;
     snprintf(name, sizeof name, "%s.weight", module);
     const kiln_st_tensor *w = find_tensor(m, name);
     if (!w) return KILN_ERR_NOT_FOUND;
@@ -188,8 +192,58 @@ kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows,
             host.bias = bias_host;
         }
     }
+    *out = host;
+    *bias_host_out = bias_host;
+    return KILN_OK;
+}
+
+kiln_status kiln_weights_matrix(kiln_model *m, const char *module, int64_t rows, int64_t cols,
+                                bool want_bias, kiln_matrix *out) {
+    kiln_matrix host;
+    float *bias_host = NULL;
+    memset(out, 0, sizeof *out);
+    KILN_TRY(weights_host_matrix(m, module, rows, cols, want_bias, &host, &bias_host));
     kiln_status st = m->be->upload_matrix(m->be, &host, out);
     free(bias_host);
+    return st;
+}
+
+/* same stored format: dtype, width, quantization, scale dtype, output bias or not */
+static bool same_format(const kiln_matrix *a, const kiln_matrix *b) {
+    return a->dtype == b->dtype && a->cols == b->cols && a->bits == b->bits &&
+           a->group_size == b->group_size && a->scale_dtype == b->scale_dtype &&
+           (a->bias != NULL) == (b->bias != NULL);
+}
+
+kiln_status kiln_weights_matrices(kiln_model *m, int count, const char *const *modules,
+                                  const int64_t *rows, int64_t cols, bool want_bias,
+                                  kiln_matrix *outs) {
+    if (count < 1 || count > KILN_WEIGHTS_MAX_FUSED)
+        return kiln_error(KILN_ERR_INVALID_ARG, "kiln_weights_matrices: %d matrices", count);
+    for (int i = 0; i < count; i++) memset(&outs[i], 0, sizeof outs[i]);
+    kiln_matrix hosts[KILN_WEIGHTS_MAX_FUSED];
+    float *bias_host[KILN_WEIGHTS_MAX_FUSED] = {0};
+    kiln_status st = KILN_OK;
+    int parsed = 0;
+    for (; parsed < count && st == KILN_OK; parsed++)
+        st = weights_host_matrix(m, modules[parsed], rows[parsed], cols, want_bias, &hosts[parsed],
+                                 &bias_host[parsed]);
+    bool fuse = st == KILN_OK && count > 1 && m->be->upload_matrices;
+    for (int i = 1; fuse && i < count; i++) fuse = same_format(&hosts[0], &hosts[i]);
+    if (fuse) {
+        st = m->be->upload_matrices(m->be, count, hosts, outs);
+        if (st == KILN_ERR_UNSUPPORTED) {
+            kiln_error_clear();
+            fuse = false;
+            st = KILN_OK;
+        }
+    }
+    for (int i = 0; !fuse && st == KILN_OK && i < count; i++) {
+        st = m->be->upload_matrix(m->be, &hosts[i], &outs[i]);
+        if (st != KILN_OK)
+            for (int j = 0; j < i; j++) kiln_weights_free_matrix(m, &outs[j]);
+    }
+    for (int i = 0; i < count; i++) free(bias_host[i]);
     return st;
 }
 

@@ -18,23 +18,33 @@ bool kcu_report(kcu_state *st, const char *what, const char *err, const char *fi
     return false;
 }
 
-void *kcu_scratch(kcu_state *st, size_t bytes) {
-    if (bytes <= st->scratch_bytes) return st->scratch;
+/* *buf grown to at least `bytes` (contents not kept): a capture in progress ends first, the
+ * stream drains before the old buffer goes, and graphs recorded with it are dropped */
+static void *grow_buffer(kcu_state *st, void **buf, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return *buf;
     if (st->capturing) {
         kcu_graph_flush(st); /* the rest of this step runs eagerly */
         st->graph_flushes_early++;
     }
     size_t want = bytes + bytes / 4 + (1 << 20);
-    if (st->scratch) {
+    if (*buf) {
         KCU_CHECK(st, cudaStreamSynchronize(st->stream)); /* in-flight ops may still read it */
-        KCU_CHECK(st, cudaFree(st->scratch));
-        st->scratch = NULL;
-        st->scratch_bytes = 0;
+        KCU_CHECK(st, cudaFree(*buf));
+        *buf = NULL;
+        *cap = 0;
     }
     st->scratch_epoch++; /* graphs recorded with the old pointer must not be replayed */
-    if (!KCU_CHECK(st, cudaMalloc(&st->scratch, want))) return NULL;
-    st->scratch_bytes = want;
-    return st->scratch;
+    if (!KCU_CHECK(st, cudaMalloc(buf, want))) return NULL;
+    *cap = want;
+    return *buf;
+}
+
+void *kcu_scratch(kcu_state *st, size_t bytes) {
+    return grow_buffer(st, &st->scratch, &st->scratch_bytes, bytes);
+}
+
+void *kcu_multi_out(kcu_state *st, size_t bytes) {
+    return grow_buffer(st, &st->multi_out, &st->multi_out_bytes, bytes);
 }
 
 /* ---- decode-step graphs ----
@@ -332,6 +342,7 @@ static void cu_destroy(kiln_backend *be) {
                        st->graph_launches, st->graph_replays, st->graph_instantiations,
                        st->graph_flushes_early);
         if (st->scratch) cudaFree(st->scratch);
+        if (st->multi_out) cudaFree(st->multi_out);
         if (st->sample_args) cudaFree(st->sample_args);
         if (st->sample_probs) cudaFree(st->sample_probs);
         if (st->sample_counts) cudaFree(st->sample_counts);
@@ -456,6 +467,82 @@ static kiln_status cu_upload_matrix(kiln_backend *be, const kiln_matrix *host, k
     return KILN_OK;
 }
 
+/* KILN_CUDA_FUSE_WEIGHTS=1: q/k/v and gate/up uploaded as one allocation each
+ * (cu_upload_matrices), so that batched decode and prefill multiply them as one matrix
+ * (kcu_matmul_multi). Off by default until measured on the GPU. */
+static bool fuse_weights_on(void) {
+    const char *e = getenv("KILN_CUDA_FUSE_WEIGHTS");
+    return e && *e && atoi(e) == 1;
+}
+
+/* Consecutive row ranges of one allocation per part (codes or dense data, scales, biases,
+ * output biases), each part's size a multiple of 256 bytes so that every slice keeps the
+ * allocation's alignment; else KILN_ERR_UNSUPPORTED (uploaded one by one). */
+static kiln_status cu_upload_matrices(kiln_backend *be, int count, const kiln_matrix *hosts,
+                                      kiln_matrix *outs) {
+    kcu_state *st = kcu_st(be);
+    if (!fuse_weights_on() || count < 2 || count > 8) return KILN_ERR_UNSUPPORTED;
+    const kiln_matrix *h0 = &hosts[0];
+    const bool q = kiln_matrix_is_quantized(h0);
+    if (!q && h0->dtype != KILN_DT_F32 && h0->dtype != KILN_DT_F16 && h0->dtype != KILN_DT_BF16)
+        return KILN_ERR_UNSUPPORTED;
+    size_t data[8], sc[8], bias[8], data_all = 0, sc_all = 0, bias_all = 0;
+    for (int i = 0; i < count; i++) {
+        const kiln_matrix *h = &hosts[i];
+        if (h->dtype != h0->dtype || h->cols != h0->cols || h->bits != h0->bits ||
+            h->group_size != h0->group_size || h->scale_dtype != h0->scale_dtype ||
+            (h->bias != NULL) != (h0->bias != NULL) || h->rows <= 0)
+            return KILN_ERR_UNSUPPORTED;
+        data[i] = q ? (size_t)(h->rows * kiln_matrix_row_code_bytes(h))
+                    : (size_t)(h->rows * h->cols) * kiln_dtype_size(h->dtype);
+        sc[i] =
+            q ? (size_t)(h->rows * (h->cols / h->group_size)) * kiln_dtype_size(h->scale_dtype) : 0;
+        bias[i] = h->bias ? (size_t)h->rows * 4 : 0;
+        if (data[i] % 256 || sc[i] % 256 || bias[i] % 256) return KILN_ERR_UNSUPPORTED;
+        data_all += data[i], sc_all += sc[i], bias_all += bias[i];
+    }
+    kiln_matrix all = *h0;
+    all.data = all.scales = all.biases = NULL;
+    all.bias = NULL;
+    all.view = false;
+    all.data = cu_alloc(be, data_all);
+    if (q) all.scales = cu_alloc(be, sc_all), all.biases = cu_alloc(be, sc_all);
+    if (bias_all) all.bias = (const float *)cu_alloc(be, bias_all);
+    if (!all.data || (q && (!all.scales || !all.biases)) || (bias_all && !all.bias)) {
+        cu_free_matrix(be, &all);
+        return kiln_error(KILN_ERR_OOM, "cuda: uploading %d matrices (%zu bytes): %s", count,
+                          data_all, st->sticky_msg);
+    }
+    size_t od = 0, os = 0, ob = 0;
+    for (int i = 0; i < count; i++) {
+        const kiln_matrix *h = &hosts[i];
+        outs[i] = *h;
+        outs[i].data = (const char *)all.data + od;
+        cu_upload(be, (void *)outs[i].data, h->data, data[i]);
+        outs[i].scales = outs[i].biases = NULL;
+        if (q) {
+            outs[i].scales = (const char *)all.scales + os;
+            outs[i].biases = (const char *)all.biases + os;
+            cu_upload(be, (void *)outs[i].scales, h->scales, sc[i]);
+            cu_upload(be, (void *)outs[i].biases, h->biases, sc[i]);
+        }
+        outs[i].bias = NULL;
+        if (h->bias) {
+            outs[i].bias = (const float *)((const char *)all.bias + ob);
+            cu_upload(be, (void *)outs[i].bias, h->bias, bias[i]);
+        }
+        outs[i].view = i > 0; /* outs[0] owns the allocations (its pointers are their starts) */
+        od += data[i], os += sc[i], ob += bias[i];
+    }
+    if (st->sticky != KILN_OK) {
+        cu_free_matrix(be, &all);
+        for (int i = 0; i < count; i++) memset(&outs[i], 0, sizeof outs[i]);
+        return kiln_error(KILN_ERR_DEVICE, "cuda: uploading %d matrices: %s", count,
+                          st->sticky_msg);
+    }
+    return KILN_OK;
+}
+
 static kiln_status cu_synchronize(kiln_backend *be) {
     kcu_state *st = kcu_st(be);
     kcu_graph_flush(st);
@@ -525,6 +612,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->upload = cu_upload;
     be->download = cu_download;
     be->upload_matrix = cu_upload_matrix;
+    be->upload_matrices = cu_upload_matrices;
     be->free_matrix = cu_free_matrix;
     be->synchronize = cu_synchronize;
     be->graph_begin = cu_graph_begin;

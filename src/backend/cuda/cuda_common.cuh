@@ -42,6 +42,10 @@ typedef struct kcu_state {
     unsigned *attn_counters;
     void *scratch; /* growable device scratch (bf16 copies of x / W tiles, attention partials) */
     size_t scratch_bytes;
+    /* growable: the stacked result of a multi-matmul over a fused allocation (matmul.cu), apart
+     * from scratch because the matmul itself uses scratch */
+    void *multi_out;
+    size_t multi_out_bytes;
     /* pinned staging ring for small uploads (ids, positions): the host copy goes into a slot and
      * the device copy is queued without waiting; a slot is reused once its event has passed */
     void *stage[KCU_STAGE_SLOTS];
@@ -117,6 +121,8 @@ void kcu_prof_end(kcu_state *st, const char *name);
 
 /* Device scratch of at least `bytes` (grows; contents not kept). NULL (and sticky error) on OOM. */
 void *kcu_scratch(kcu_state *st, size_t bytes);
+/* The same for st->multi_out. */
+void *kcu_multi_out(kcu_state *st, size_t bytes);
 
 /* ---- programmatic dependent launch ----
  * A kernel launched with KCU_LAUNCH may become resident while the kernel before it on the stream

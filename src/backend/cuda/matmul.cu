@@ -789,6 +789,62 @@ extern "C" void kcu_matmul(kiln_backend *be, float *y, const float *x, int64_t n
     KCU_LAUNCHED(st);
 }
 
+/* ys[i][t, r] = all[t, off_i + r]: the stacked result of a fused multi-matmul back to each
+ * matrix's output (count <= GEMV_MULTI_MAX; off[count] = the stacked width) */
+struct multi_scatter {
+    float *y[GEMV_MULTI_MAX];
+    int64_t off[GEMV_MULTI_MAX + 1];
+    int count;
+};
+__global__ void k_multi_scatter(const __grid_constant__ multi_scatter S, const float *all,
+                                int64_t n) {
+    KCU_PDL_ENTER();
+    const int64_t R = S.off[S.count];
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n * R;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / R, c = idx - t * R;
+        int i = 0;
+        while (i + 1 < S.count && c >= S.off[i + 1]) i++;
+        const int64_t rows = S.off[i + 1] - S.off[i];
+        S.y[i][t * rows + (c - S.off[i])] = all[idx];
+    }
+}
+
+/* Whether ws[0..count) are consecutive row ranges of one allocation (cuda_backend.cu's
+ * upload_matrices) in one format: then *all is the [sum of rows, cols] matrix they form. */
+static bool slices_of_one(int count, const kiln_matrix *const *ws, kiln_matrix *all) {
+    if (count < 2 || count > GEMV_MULTI_MAX) return false;
+    const kiln_matrix *w0 = ws[0];
+    const bool q = kiln_matrix_is_quantized(w0);
+    int64_t rows = 0;
+    for (int i = 0; i < count; i++) {
+        const kiln_matrix *w = ws[i];
+        if (w->dtype != w0->dtype || w->cols != w0->cols || w->bits != w0->bits ||
+            w->group_size != w0->group_size || w->scale_dtype != w0->scale_dtype ||
+            (w->bias != NULL) != (w0->bias != NULL) || w->rows <= 0)
+            return false;
+        if (i > 0) {
+            const kiln_matrix *p = ws[i - 1];
+            const int64_t rb =
+                q ? kiln_matrix_row_code_bytes(p) : p->cols * (int64_t)kiln_dtype_size(p->dtype);
+            if ((const char *)w->data != (const char *)p->data + p->rows * rb) return false;
+            if (q) {
+                const int64_t sb =
+                    p->cols / p->group_size * (int64_t)kiln_dtype_size(p->scale_dtype);
+                if ((const char *)w->scales != (const char *)p->scales + p->rows * sb ||
+                    (const char *)w->biases != (const char *)p->biases + p->rows * sb)
+                    return false;
+            }
+            if (w->bias && w->bias != p->bias + p->rows) return false;
+        }
+        rows += w->rows;
+    }
+    *all = *w0;
+    all->rows = rows;
+    all->view = true;
+    return true;
+}
+
 template <int NT>
 static void launch_gemv_multi(kcu_state *st, const gemv_multi &M, const float *x, int64_t n,
                               int64_t cols) {
@@ -817,6 +873,23 @@ extern "C" void kcu_matmul_multi(kiln_backend *be, int count, float *const *ys, 
         if ((g_force_path == 0 || g_force_path == 1) && (qv == 0 || qv == 3) &&
             ((uintptr_t)x & 15) == 0 && kcu_qgemv_dp4a_multi(st, count, ys, x, n, ws))
             return;
+        /* one fused allocation (KILN_CUDA_FUSE_WEIGHTS), past the GEMV's batches: one matmul
+         * (cuBLAS fills the GPU with one [q; k; v] or [gate; up] product where the separate
+         * k / v products leave most SMs idle), then its columns back to each output */
+        kiln_matrix all;
+        if (n > GEMV_MAX_N && slices_of_one(count, ws, &all)) {
+            float *out = (float *)kcu_multi_out(st, (size_t)(n * all.rows) * sizeof(float));
+            if (!out) return; /* reported */
+            kcu_matmul(be, out, x, n, &all);
+            multi_scatter S;
+            memset(&S, 0, sizeof S);
+            S.count = count;
+            for (int i = 0; i < count; i++) S.y[i] = ys[i], S.off[i + 1] = S.off[i] + ws[i]->rows;
+            KCU_LAUNCH(st, k_multi_scatter, kcu_blocks(n * all.rows, 256, 8192), 256, 0, S,
+                       (const float *)out, n);
+            KCU_LAUNCHED(st);
+            return;
+        }
         for (int i = 0; i < count; i++) kcu_matmul(be, ys[i], x, n, ws[i]);
         return;
     }
