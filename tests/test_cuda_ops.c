@@ -2220,7 +2220,13 @@ int main(void) {
     RUN(test_tc_gemm());
     RUN(test_tc_fused());
     RUN(test_tc_gemm_int8_fast());
+    /* split-K summed by the last split in the kernel, both variants */
+    kiln_cuda_set_tc_reduce(1);
+    RUN(test_tc_gemm());
+    RUN(test_tc_fused());
     kiln_cuda_set_tc_int8(-1);
+    RUN(test_tc_gemm());
+    kiln_cuda_set_tc_reduce(-1);
     RUN(test_attention());
     RUN(test_attention_prep());
     RUN(test_attention_tc());

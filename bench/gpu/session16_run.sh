@@ -9,7 +9,8 @@
 # kernel (KILN_CUDA_ATT_PREP=0) and against q/k/v, gate/up fused (KILN_CUDA_FUSE_WEIGHTS=1).
 # PART=2 (the same warm machine, started within 30 s): Llama-3-8B bf16 batch 64 and prefill 512
 # with the same A/Bs, 8k context decode, the per-op profile at batch 64, and the tensor-core
-# GEMM at 64 tokens with forced splits / block shapes. Summaries to stdout and $OUT/log.
+# GEMM at 64 tokens with forced splits / block shapes, and at 8 / 64 tokens with its split-K
+# summed in the kernel (KILN_CUDA_TC_REDUCE=1, opt-in). Summaries to stdout and $OUT/log.
 LIMIT=${LIMIT:-540}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -36,9 +37,9 @@ b64() { # model: batch 64 (prefill decode tok/s), default | ATT_PREP=0 | FUSE_WE
 if [ "$PART" = 1 ]; then
     models_in_background qwen3-0.6b llama-3-8b
     build_kiln
-    run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention,test_upload_matrices" \
+    run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention,test_upload_matrices,test_tc_" \
         test_parity_cuda test_kv_cuda test_parity_cuda_kv \
-        "test_parity_cuda KILN_CUDA_FUSE_WEIGHTS=1"
+        "test_parity_cuda KILN_CUDA_FUSE_WEIGHTS=1 KILN_CUDA_TC_REDUCE=1"
     for b in 1 8; do
         left 60 || break
         echo "qwen3-0.6b --kv f32 batch $b context 8192 decode tok/s: new $(ctx qwen3-0.6b f32 $b)" \
@@ -76,6 +77,13 @@ else
             KILN_BENCH_TC_NS=64 \
             KILN_BENCH_TC_VARIANTS=",tc,tc splits=3,tc splits=4,tc splits=6,tc bn=16,tc bn=16 splits=2,old," \
             timeout 60 "$B/kiln_gpu_bench" tc 2>&1 | grep -E "^tc " | cut -c1-110
+        for r in 0 1; do # split-K summed by k_tc_reduce (0) or by the last split in the kernel
+            echo "KILN_CUDA_TC_REDUCE=$r:"
+            KILN_CUDA_TC_REDUCE=$r KILN_BENCH_TC_FMTS="q4g64 q8g64" \
+                KILN_BENCH_TC_SHAPES="6144x4096 14336x4096 4096x14336" KILN_BENCH_TC_NS="8 64" \
+                KILN_BENCH_TC_VARIANTS=",tc," timeout 60 "$B/kiln_gpu_bench" tc 2>&1 |
+                grep -E "^tc " | cut -c1-110
+        done
     fi
 fi
 stamp "end"

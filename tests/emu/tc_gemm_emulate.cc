@@ -7,6 +7,9 @@
  * 2t+{0,1}), independently of the kernel's own k ordering. cp.async copies are deferred to the
  * thread's cp.async.wait_group (the latest moment the ISA allows them to land) or, in the second
  * pass, done at issue (the earliest); shared memory and outputs are poisoned with NaN first.
+ * The second pass also sums split-K in the kernel (tc_reduce_last: the last split of a tile to
+ * arrive, by an arrival counter that must be zero again after the launch) instead of
+ * k_tc_reduce.
  * f16x2 arithmetic and prmt are modelled bit for bit; shuffles are warp-collective. The host plan
  * (block shape, split-K, scratch layout) is the backend's own (tc_plan_make / tc_plan_args).
  *
@@ -23,6 +26,7 @@
  * tests/test_tc_gemm_emulate.sh (CTest), or by hand from the repository root:
  *   g++ -std=c++20 -O2 -pthread -Isrc -DTC_HOST_EMU tests/emu/tc_gemm_emulate.cc -o /tmp/tce
  *   /tmp/tce */
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -40,6 +44,15 @@ extern "C" {
 #include "cuda_shim.h"
 static inline void kcu_pdl_wait() {}
 static inline void kcu_pdl_trigger() {}
+static inline void __threadfence() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+static inline float __ldcg(const float *p) {
+    return *p;
+}
 static inline float rsqrtf(float x) {
     return 1.0f / sqrtf(x);
 }
@@ -435,6 +448,11 @@ static void check(const spec &c) {
     tc_plan_args(p, (char *)scratch.data(), count, ys.data(), x.data(), c.n, ws.data(), c.norm,
                  c.norm && !no_w ? nw.data() : NULL, 1e-6f, plus_one, c.add, &A, &P);
     const int mode = p.quant ? p.bits : 16;
+    std::vector<unsigned> counters;
+    if (g_cp_early && p.splits > 1) { /* the second pass: split-K summed in the kernel */
+        counters.assign((size_t)p.tiles * (p.n_pad / p.bn), 0u);
+        A.counters = counters.data();
+    }
     /* fast mode's reference: x rounded to the digits' steps (E = max |x| / 127 over each group) */
     if (c.dig == 1)
         for (int t = 0; t < c.n; t++)
@@ -481,7 +499,13 @@ static void check(const spec &c) {
         run_gemm_bn<TC_Q8, 2>(A, grid, p.bn);
     else
         run_gemm_bn<TC_Q8, 4>(A, grid, p.bn);
-    if (p.splits > 1) run_grid({3, 1, 1}, 256, [&] { k_tc_reduce(A, p.splits); });
+    if (p.splits > 1 && !A.counters) run_grid({3, 1, 1}, 256, [&] { k_tc_reduce(A, p.splits); });
+    for (unsigned v : counters)
+        if (v != 0) {
+            printf("FAIL an arrival counter is %u after the launch\n", v);
+            failures++;
+            break;
+        }
 
     bool ok = true;
     double worst = 0;
@@ -522,9 +546,10 @@ static void check(const spec &c) {
            : c.sdt == KILN_DT_BF16 ? "bf16"
                                    : "f16");
     for (int r : c.rows) printf(" %d", r);
-    printf(" cols %d n %d: bn %d splits %d%s%s%s cp.async %s: rel err %.2e\n", c.cols, c.n, p.bn,
+    printf(" cols %d n %d: bn %d splits %d%s%s%s cp.async %s%s: rel err %.2e\n", c.cols, c.n, p.bn,
            p.splits, c.norm ? (no_w ? " norm (no w)" : " norm") : "", c.add ? " add" : "",
-           c.bias ? " bias" : "", g_cp_early ? "early" : "late", worst);
+           c.bias ? " bias" : "", g_cp_early ? "early" : "late",
+           A.counters ? " reduce in kernel" : "", worst);
     fflush(stdout);
 }
 

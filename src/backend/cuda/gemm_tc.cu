@@ -65,7 +65,10 @@ struct tc_args {
     const float *xsum;       /* quantized: [n_pad, cols_pad / group] sums of x * sigma */
     const float *inv_sigma;  /* [n_pad] 1 / sigma (1 for bf16) */
     float *part;             /* split-K: [splits, n, rows_total] partial sums, else NULL */
-    int n, cols, cols_pad, group, sdt, chunks_per_split, rows_total, add;
+    /* split-K summed in the kernel (tc_reduce_last): [row tiles * token tiles] arrival
+     * counters, zero between launches; NULL: k_tc_reduce sums the partials */
+    unsigned *counters;
+    int n, cols, cols_pad, group, sdt, chunks_per_split, rows_total, add, splits;
 };
 
 struct tc_prep_args {
@@ -336,6 +339,37 @@ __device__ __forceinline__ void tc_store(const tc_args &A, const tc_block &B,
             }
 }
 
+/* Split-K summed in the kernel (A.counters): after its partials, each block counts itself in;
+ * the last split of this (row tile, token tile) to arrive sums the tile's partials in split
+ * order and writes y as k_tc_reduce does (the same operations, so the same bits), then sets the
+ * count back to zero. One launch where k_tc_reduce took a second (~4 us at 8 tokens). */
+__device__ __forceinline__ void tc_reduce_last(const tc_args &A, const tc_block &B, int bn) {
+    if (!A.part || !A.counters) return;
+    int *last = (int *)tc_sm_raw;
+    __threadfence();
+    __syncthreads(); /* every partial of the block written; the pipeline's shared memory free */
+    if (threadIdx.x == 0) {
+        unsigned *c = A.counters + (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+        *last = atomicAdd(c, 1u) == (unsigned)A.splits - 1;
+        if (*last) *c = 0;
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    const tc_mat &M = *B.M;
+    for (int i = threadIdx.x; i < TC_BM * bn; i += blockDim.x) {
+        const int tk = B.tok0 + i / TC_BM, r = B.row0 + i % TC_BM;
+        if (r >= B.rows || tk >= A.n) continue;
+        float s = 0.0f;
+        for (int k = 0; k < A.splits; k++)
+            s += __ldcg(A.part + ((int64_t)k * A.n + tk) * A.rows_total + M.roff + r);
+        float o = s * A.inv_sigma[tk] + (M.obias ? M.obias[r] : 0.0f);
+        float *yp = M.y + (int64_t)tk * B.rows + r;
+        if (A.add) o += *yp;
+        *yp = o;
+    }
+}
+
 template <int MODE, int SS, int BN, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
     using G = tc_geom<MODE, SS>;
@@ -481,6 +515,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     }
     tc_cp_wait<0>(); /* nothing in flight at exit (the trailing groups are empty) */
     tc_store<MT, NT>(A, B, acc, mrow, ntok, g, t);
+    tc_reduce_last(A, B, BN);
 }
 
 /* y = sum over splits of the partials (in split order) / sigma + bias (+ y) */
@@ -821,6 +856,7 @@ static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *y
     A->n = (int)n, A->cols = p.cols, A->cols_pad = p.cols_pad, A->group = p.group;
     A->sdt = p.quant ? (int)ws[0]->scale_dtype : 0;
     A->chunks_per_split = p.cps, A->rows_total = p.rows_total, A->add = add ? 1 : 0;
+    A->splits = p.splits;
     P->x = x;
     P->xh = (uint16_t *)scr;
     P->xl = (uint16_t *)(scr + p.off_xl);
@@ -853,6 +889,19 @@ static int tc_mode(void) {
         if (k && *k) g_tc_splits = atoi(k);
     }
     return g_tc_mode;
+}
+/* Split-K summed by the last split in the kernel (tc_reduce_last) instead of k_tc_reduce:
+ * KILN_CUDA_TC_REDUCE=1 or kiln_cuda_set_tc_reduce(1); default off until measured on the GPU. */
+static int g_tc_reduce = -1;
+extern "C" void kiln_cuda_set_tc_reduce(int in_kernel) {
+    g_tc_reduce = in_kernel;
+}
+static bool tc_reduce_in_kernel(void) {
+    if (g_tc_reduce < 0) {
+        const char *e = getenv("KILN_CUDA_TC_REDUCE");
+        g_tc_reduce = e && *e ? atoi(e) != 0 : 0;
+    }
+    return g_tc_reduce == 1;
 }
 /* The int8 variant for quantized W: KILN_CUDA_TC_INT8=1 or kiln_cuda_set_tc_int8(1) (default off
  * until measured on the GPU). */
@@ -995,6 +1044,9 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     tc_args A;
     tc_prep_args P;
     tc_plan_args(p, scr, count, ys, x, n, ws, norm, norm_w, eps, plus_one, add, &A, &P);
+    if (p.splits > 1 && tc_reduce_in_kernel() &&
+        (int64_t)p.tiles * (p.n_pad / p.bn) <= KCU_ATT_COUNTERS)
+        A.counters = st->attn_counters; /* shared with attention: stream-ordered, kept zero */
 
     const size_t psm = TC_THREADS / 32 * sizeof(float);
     if (p.dig == 3 && p.bits == 4)
@@ -1033,7 +1085,7 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     else
         tc_launch_bn<TC_Q8, 4>(st, A, grid, p.bn);
     g_tc_launches++;
-    if (p.splits > 1) {
+    if (p.splits > 1 && !A.counters) {
         KCU_LAUNCH(st, k_tc_reduce, kcu_blocks((int64_t)n * p.rows_total, 256, 4096), 256, 0, A,
                    p.splits);
         KCU_LAUNCHED(st);

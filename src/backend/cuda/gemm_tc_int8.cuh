@@ -201,6 +201,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
     }
     tc_cp_wait<0>();
     tc_store<MT, NT>(A, B, acc, mrow, ntok, g, t); /* 1 / sigma = 1: the epilogue of gemm_tc.cu */
+    tc_reduce_last(A, B, BN);
 }
 
 /* Slot of column j (0..7) of an 8-column run of digits: 4-bit weights store each run as columns
