@@ -160,6 +160,140 @@ __device__ __forceinline__ void atts_load4(const void *base, int64_t off, float 
     }
 }
 
+/* One turn of a warp: its KB keys (ok[u]: visible) against the block's G query heads — scores
+ * q . k (per-lane partial dot products and a warp sum), the softcap, the online softmax update of
+ * (m, l) and acc += p v. A turn with no visible key changes nothing (warp-uniform). */
+template <int GM, int CH, int KB>
+__device__ __forceinline__ void atts_turn(const float (&q)[GM][CH][4], const float (&kx)[KB][CH][4],
+                                          const float (&vx)[KB][CH][4], const bool (&ok)[KB], int G,
+                                          float softcap, float (&m)[GM], float (&l)[GM],
+                                          float (&acc)[GM][CH][4]) {
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        if (g >= G) break;
+        float sc[KB];
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CH; c++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s = fmaf(q[g][c][e], kx[u][c][e], s);
+            sc[u] = s;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < KB; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+        float mt = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            if (softcap > 0.0f) sc[u] = softcap * kcu_tanh(sc[u] / softcap);
+            if (!ok[u]) sc[u] = -INFINITY;
+            mt = fmaxf(mt, sc[u]);
+        }
+        if (mt == -INFINITY) continue;
+        const float mn = fmaxf(m[g], mt);
+        const float alpha = __expf(m[g] - mn);
+        float pu[KB], ps = 0.0f;
+#pragma unroll
+        for (int u = 0; u < KB; u++) {
+            pu[u] = __expf(sc[u] - mn);
+            ps += pu[u];
+        }
+        l[g] = l[g] * alpha + ps;
+        m[g] = mn;
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = acc[g][c][e] * alpha;
+#pragma unroll
+                for (int u = 0; u < KB; u++) v = fmaf(pu[u], vx[u][c][e], v);
+                acc[g][c][e] = v;
+            }
+    }
+}
+
+/* The block's end: the warps' (m, l, acc) merged by log-sum-exp in shared memory sm
+ * (atts_smem_bytes), out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M), M = max_w m_w, into
+ * rows row0 .. row0 + G - 1 of out [rows, vhd]; with splits > 1 into this split's partial
+ * (part_o / part_ml [rows, splits, ...]) instead, and the last split of the block column to arrive
+ * (counters[blockIdx.y * gridDim.x + blockIdx.x]) merges all of them into out. Every thread of
+ * the block calls it. */
+template <int GM, int CH>
+__device__ __forceinline__ void atts_finish(float *sm, int G, int vhd, const float (&m)[GM],
+                                            const float (&l)[GM], const float (&acc)[GM][CH][4],
+                                            int64_t row0, float *out, int splits, float *part_o,
+                                            float *part_ml, unsigned *counters) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *sacc = sm;                               /* [ATTS_WARPS][G][vhd] */
+    float *sml = sm + (size_t)ATTS_WARPS * G * vhd; /* [ATTS_WARPS][G][2] */
+    __syncthreads(); /* whatever the block kept in sm before (rotated q rows) is in registers */
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        if (g >= G) break;
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            const int d0 = 4 * lane + 128 * c;
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (d0 + e < vhd) sacc[((size_t)warp * G + g) * vhd + d0 + e] = acc[g][c][e];
+        }
+        if (lane == 0) sml[(warp * G + g) * 2] = m[g], sml[(warp * G + g) * 2 + 1] = l[g];
+    }
+    __syncthreads();
+    const bool split = splits > 1;
+    for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
+        const int g = i / vhd, d = i - g * vhd;
+        float M = -INFINITY;
+        for (int w = 0; w < ATTS_WARPS; w++) M = fmaxf(M, sml[(w * G + g) * 2]);
+        float num = 0.0f, den = 0.0f;
+        for (int w = 0; w < ATTS_WARPS; w++) {
+            const float mw = sml[(w * G + g) * 2];
+            if (mw == -INFINITY) continue; /* a warp that had no key */
+            const float e = __expf(mw - M);
+            den += sml[(w * G + g) * 2 + 1] * e;
+            num += sacc[((size_t)w * G + g) * vhd + d] * e;
+        }
+        const int64_t row = row0 + g;
+        if (!split) {
+            out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
+            continue;
+        }
+        const int64_t pz = row * splits + blockIdx.z; /* this split's partial */
+        part_o[pz * vhd + d] = num;
+        if (d == 0) part_ml[2 * pz] = M, part_ml[2 * pz + 1] = den;
+    }
+    if (!split) return;
+    int *last = (int *)(sml + (size_t)ATTS_WARPS * G * 2);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = counters + (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+        *last = atomicAdd(c, 1u) == (unsigned)splits - 1;
+        if (*last) *c = 0; /* every split has arrived: ready for the next launch */
+    }
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
+        const int g = i / vhd, d = i - g * vhd;
+        const int64_t row = row0 + g, p0 = row * splits;
+        float M = -INFINITY;
+        for (int z = 0; z < splits; z++) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + z)));
+        float num = 0.0f, den = 0.0f;
+        for (int z = 0; z < splits; z++) {
+            const float mz = __ldcg(part_ml + 2 * (p0 + z));
+            if (mz == -INFINITY) continue; /* a split past the last key */
+            const float e = __expf(mz - M);
+            den += __ldcg(part_ml + 2 * (p0 + z) + 1) * e;
+            num += __ldcg(part_o + (p0 + z) * vhd + d) * e;
+        }
+        out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
+    }
+}
+
 /* GM: query heads per block rounded up (1, 2, 4, 8); CH: 4-dim chunks per lane (hd, vhd <= 128 *
  * CH); KB: keys per warp per turn; DT: the cache dtype (A.kv_dtype).
  * grid (n_kv_heads * A.nsub, sequences, A.splits), ATTS_WARPS * 32 threads: block x takes KV
@@ -218,118 +352,14 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
                 else
                     vx[u][c][0] = vx[u][c][1] = vx[u][c][2] = vx[u][c][3] = 0.0f;
             }
+        bool ok[KB];
 #pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= G) break;
-            float sc[KB];
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int c = 0; c < CH; c++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s = fmaf(q[g][c][e], kx[u][c][e], s);
-                sc[u] = s;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int u = 0; u < KB; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
-            float mt = -INFINITY;
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                if (A.softcap > 0.0f) sc[u] = A.softcap * kcu_tanh(sc[u] / A.softcap);
-                if (j0 + u >= kend) sc[u] = -INFINITY;
-                mt = fmaxf(mt, sc[u]);
-            }
-            const float mn = fmaxf(m[g], mt); /* finite: key j0 is visible */
-            const float alpha = __expf(m[g] - mn);
-            float pu[KB], ps = 0.0f;
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                pu[u] = __expf(sc[u] - mn);
-                ps += pu[u];
-            }
-            l[g] = l[g] * alpha + ps;
-            m[g] = mn;
-#pragma unroll
-            for (int c = 0; c < CH; c++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = acc[g][c][e] * alpha;
-#pragma unroll
-                    for (int u = 0; u < KB; u++) v = fmaf(pu[u], vx[u][c][e], v);
-                    acc[g][c][e] = v;
-                }
-        }
+        for (int u = 0; u < KB; u++) ok[u] = j0 + u < kend;
+        atts_turn<GM, CH, KB>(q, kx, vx, ok, G, A.softcap, m, l, acc);
     }
-    /* merge the warps: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M), M = max_w m_w */
     ATTS_SMEM(sm);
-    float *sacc = sm;                               /* [ATTS_WARPS][G][vhd] */
-    float *sml = sm + (size_t)ATTS_WARPS * G * vhd; /* [ATTS_WARPS][G][2] */
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-        if (g >= G) break;
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-            const int d0 = 4 * lane + 128 * c;
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (d0 + e < vhd) sacc[((size_t)warp * G + g) * vhd + d0 + e] = acc[g][c][e];
-        }
-        if (lane == 0) sml[(warp * G + g) * 2] = m[g], sml[(warp * G + g) * 2 + 1] = l[g];
-    }
-    __syncthreads();
-    const bool split = A.splits > 1;
-    for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
-        const int g = i / vhd, d = i - g * vhd;
-        float M = -INFINITY;
-        for (int w = 0; w < ATTS_WARPS; w++) M = fmaxf(M, sml[(w * G + g) * 2]);
-        float num = 0.0f, den = 0.0f;
-        for (int w = 0; w < ATTS_WARPS; w++) {
-            const float mw = sml[(w * G + g) * 2];
-            if (mw == -INFINITY) continue; /* a warp that had no key */
-            const float e = __expf(mw - M);
-            den += sml[(w * G + g) * 2 + 1] * e;
-            num += sacc[((size_t)w * G + g) * vhd + d] * e;
-        }
-        const int64_t row = (int64_t)S.t0 * A.n_heads + head0 + g; /* query head's row */
-        if (!split) {
-            A.out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
-            continue;
-        }
-        const int64_t pz = row * A.splits + blockIdx.z; /* this split's partial */
-        A.part_o[pz * vhd + d] = num;
-        if (d == 0) A.part_ml[2 * pz] = M, A.part_ml[2 * pz + 1] = den;
-    }
-    if (!split) return;
-    /* the last split of this block column to arrive merges all of them */
-    int *last = (int *)(sml + (size_t)ATTS_WARPS * G * 2);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *c = A.counters + (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
-        *last = atomicAdd(c, 1u) == (unsigned)A.splits - 1;
-        if (*last) *c = 0; /* every split has arrived: ready for the next launch */
-    }
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
-        const int g = i / vhd, d = i - g * vhd;
-        const int64_t row = (int64_t)S.t0 * A.n_heads + head0 + g, p0 = row * A.splits;
-        float M = -INFINITY;
-        for (int z = 0; z < A.splits; z++) M = fmaxf(M, __ldcg(A.part_ml + 2 * (p0 + z)));
-        float num = 0.0f, den = 0.0f;
-        for (int z = 0; z < A.splits; z++) {
-            const float mz = __ldcg(A.part_ml + 2 * (p0 + z));
-            if (mz == -INFINITY) continue; /* a split past the last key */
-            const float e = __expf(mz - M);
-            den += __ldcg(A.part_ml + 2 * (p0 + z) + 1) * e;
-            num += __ldcg(A.part_o + (p0 + z) * vhd + d) * e;
-        }
-        A.out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
-    }
+    atts_finish<GM, CH>(sm, G, vhd, m, l, acc, (int64_t)S.t0 * A.n_heads + head0, A.out, A.splits,
+                        A.part_o, A.part_ml, A.counters);
 }
 
 #endif

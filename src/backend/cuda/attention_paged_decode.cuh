@@ -209,120 +209,14 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
                 pdec_decode<CLS>(L.k, hd, 4 * lane + 128 * c, kw[u][c], kx[u][c]);
                 pdec_decode<CLS>(L.v, vhd, 4 * lane + 128 * c, vw[u][c], vx[u][c]);
             }
+        /* past the split, or in a block a window dropped (its keys are outside the window) */
+        bool ok[KB];
 #pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= G) break;
-            float sc[KB];
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int c = 0; c < CH; c++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s = fmaf(q[g][c][e], kx[u][c][e], s);
-                sc[u] = s;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int u = 0; u < KB; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
-            float mt = -INFINITY;
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                if (A.softcap > 0.0f) sc[u] = A.softcap * kcu_tanh(sc[u] / A.softcap);
-                /* past the split or in a block a window dropped (its keys are out of the
-                 * window too) */
-                if (j0 + u >= kend || !kr[u]) sc[u] = -INFINITY;
-                mt = fmaxf(mt, sc[u]);
-            }
-            if (mt == -INFINITY) continue; /* no visible key this turn (warp-uniform) */
-            const float mn = fmaxf(m[g], mt);
-            const float alpha = __expf(m[g] - mn);
-            float pu[KB], ps = 0.0f;
-#pragma unroll
-            for (int u = 0; u < KB; u++) {
-                pu[u] = __expf(sc[u] - mn);
-                ps += pu[u];
-            }
-            l[g] = l[g] * alpha + ps;
-            m[g] = mn;
-#pragma unroll
-            for (int c = 0; c < CH; c++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = acc[g][c][e] * alpha;
-#pragma unroll
-                    for (int u = 0; u < KB; u++) v = fmaf(pu[u], vx[u][c][e], v);
-                    acc[g][c][e] = v;
-                }
-        }
+        for (int u = 0; u < KB; u++) ok[u] = j0 + u < kend && kr[u];
+        atts_turn<GM, CH, KB>(q, kx, vx, ok, G, A.softcap, m, l, acc);
     }
-    /* merge the warps (and the splits): attention_decode.cuh's epilogue */
-    float *sacc = sm;                               /* [ATTS_WARPS][G][vhd] */
-    float *sml = sm + (size_t)ATTS_WARPS * G * vhd; /* [ATTS_WARPS][G][2] */
-    __syncthreads(); /* the rotated q rows (same memory) are in registers */
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-        if (g >= G) break;
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-            const int d0 = 4 * lane + 128 * c;
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (d0 + e < vhd) sacc[((size_t)warp * G + g) * vhd + d0 + e] = acc[g][c][e];
-        }
-        if (lane == 0) sml[(warp * G + g) * 2] = m[g], sml[(warp * G + g) * 2 + 1] = l[g];
-    }
-    __syncthreads();
-    const bool split = A.splits > 1;
-    for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
-        const int g = i / vhd, d = i - g * vhd;
-        float M = -INFINITY;
-        for (int w = 0; w < ATTS_WARPS; w++) M = fmaxf(M, sml[(w * G + g) * 2]);
-        float num = 0.0f, den = 0.0f;
-        for (int w = 0; w < ATTS_WARPS; w++) {
-            const float mw = sml[(w * G + g) * 2];
-            if (mw == -INFINITY) continue;
-            const float e = __expf(mw - M);
-            den += sml[(w * G + g) * 2 + 1] * e;
-            num += sacc[((size_t)w * G + g) * vhd + d] * e;
-        }
-        const int64_t row = (int64_t)S.t0 * A.n_heads + head0 + g;
-        if (!split) {
-            A.out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
-            continue;
-        }
-        const int64_t pz = row * A.splits + blockIdx.z;
-        A.part_o[pz * vhd + d] = num;
-        if (d == 0) A.part_ml[2 * pz] = M, A.part_ml[2 * pz + 1] = den;
-    }
-    if (!split) return;
-    int *last = (int *)(sml + (size_t)ATTS_WARPS * G * 2);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *c = A.counters + (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
-        *last = atomicAdd(c, 1u) == (unsigned)A.splits - 1;
-        if (*last) *c = 0;
-    }
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
-        const int g = i / vhd, d = i - g * vhd;
-        const int64_t row = (int64_t)S.t0 * A.n_heads + head0 + g, p0 = row * A.splits;
-        float M = -INFINITY;
-        for (int z = 0; z < A.splits; z++) M = fmaxf(M, __ldcg(A.part_ml + 2 * (p0 + z)));
-        float num = 0.0f, den = 0.0f;
-        for (int z = 0; z < A.splits; z++) {
-            const float mz = __ldcg(A.part_ml + 2 * (p0 + z));
-            if (mz == -INFINITY) continue;
-            const float e = __expf(mz - M);
-            den += __ldcg(A.part_ml + 2 * (p0 + z) + 1) * e;
-            num += __ldcg(A.part_o + (p0 + z) * vhd + d) * e;
-        }
-        A.out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
-    }
+    atts_finish<GM, CH>(sm, G, vhd, m, l, acc, (int64_t)S.t0 * A.n_heads + head0, A.out, A.splits,
+                        A.part_o, A.part_ml, A.counters);
 }
 
 /* Dynamic shared memory of a launch: the rotated q rows or the merge's. */
