@@ -260,12 +260,20 @@ static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
     static const struct {
         const char *name;
         int mode, bn, splits, int8; /* int8: 1 exact, 2 fast */
-    } variants[] = {
-        {"tc", 2, 0, 0, 0},          {"tc bn=8", 2, 8, 0, 0},     {"tc bn=16", 2, 16, 0, 0},
-        {"tc bn=64", 2, 64, 0, 0},   {"tc bn=128", 2, 128, 0, 0}, {"tc splits=1", 2, 0, 1, 0},
-        {"tc splits=2", 2, 0, 2, 0}, {"tc splits=3", 2, 0, 3, 0}, {"tc splits=4", 2, 0, 4, 0},
-        {"tc splits=6", 2, 0, 6, 0}, {"tc bn=16 splits=2", 2, 16, 2, 0},
-        {"int8", 2, 0, 0, 1},        {"int8 fast", 2, 0, 0, 2},   {"old", 0, 0, 0, 0}};
+    } variants[] = {{"tc", 2, 0, 0, 0},
+                    {"tc bn=8", 2, 8, 0, 0},
+                    {"tc bn=16", 2, 16, 0, 0},
+                    {"tc bn=64", 2, 64, 0, 0},
+                    {"tc bn=128", 2, 128, 0, 0},
+                    {"tc splits=1", 2, 0, 1, 0},
+                    {"tc splits=2", 2, 0, 2, 0},
+                    {"tc splits=3", 2, 0, 3, 0},
+                    {"tc splits=4", 2, 0, 4, 0},
+                    {"tc splits=6", 2, 0, 6, 0},
+                    {"tc bn=16 splits=2", 2, 16, 2, 0},
+                    {"int8", 2, 0, 0, 1},
+                    {"int8 fast", 2, 0, 0, 2},
+                    {"old", 0, 0, 0, 0}};
     const bool quant = kiln_matrix_is_quantized(&h.host);
     const int64_t ns[] = {1, 8, 64, 512};
     /* env KILN_BENCH_TC_NS ("8 64") and KILN_BENCH_TC_VARIANTS (",tc,old,": names between
