@@ -160,6 +160,20 @@ __device__ __forceinline__ void atts_load4(const void *base, int64_t off, float 
     }
 }
 
+/* An empty online softmax: m = -inf, l = 0, acc = 0. */
+template <int GM, int CH>
+__device__ __forceinline__ void atts_start(float (&m)[GM], float (&l)[GM],
+                                           float (&acc)[GM][CH][4]) {
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+        m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[g][c][e] = 0.0f;
+    }
+}
+
 /* One turn of a warp: its KB keys (ok[u]: visible) against the block's G query heads — scores
  * q . k (per-lane partial dot products and a warp sum), the softcap, the online softmax update of
  * (m, l) and acc += p v. A turn with no visible key changes nothing (warp-uniform). */
@@ -328,14 +342,7 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
             for (int e = 0; e < 4; e++) q[g][c][e] = g < G && d0 < hd ? qr[e] * A.scale : 0.0f;
         }
     float m[GM], l[GM], acc[GM][CH][4];
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-        m[g] = -INFINITY, l[g] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < CH; c++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[g][c][e] = 0.0f;
-    }
+    atts_start<GM, CH>(m, l, acc);
     for (int j0 = lo + KB * warp; j0 < kend; j0 += KB * ATTS_WARPS) {
         float kx[KB][CH][4], vx[KB][CH][4];
 #pragma unroll

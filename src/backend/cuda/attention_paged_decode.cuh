@@ -177,14 +177,7 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
                                                 : qrow[g * hd + d0 + e] * A.scale;
         }
     float m[GM], l[GM], acc[GM][CH][4];
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-        m[g] = -INFINITY, l[g] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < CH; c++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[g][c][e] = 0.0f;
-    }
+    atts_start<GM, CH>(m, l, acc);
     for (int j0 = lo + KB * warp; j0 < kend; j0 += KB * ATTS_WARPS) {
         const uint8_t *kr[KB], *vr[KB];
 #pragma unroll
