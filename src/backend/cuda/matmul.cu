@@ -15,6 +15,7 @@
 #include "backend/cuda/gemm_tc.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
+#include "backend/cuda/quant_words.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -231,35 +232,6 @@ static void launch_bf16_rows(kcu_state *st, float *y, const float *x, int64_t n,
 }
 
 /* ---- GEMV: affine-quantized ---- */
-
-template <int B> __device__ __forceinline__ void load_words(const uint32_t *p, uint32_t (&wd)[B]) {
-    if constexpr (B % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < B / 4; i++) {
-            uint4 u = __ldg((const uint4 *)p + i);
-            wd[4 * i] = u.x, wd[4 * i + 1] = u.y, wd[4 * i + 2] = u.z, wd[4 * i + 3] = u.w;
-        }
-    } else if constexpr (B % 2 == 0) {
-#pragma unroll
-        for (int i = 0; i < B / 2; i++) {
-            uint2 u = __ldg((const uint2 *)p + i);
-            wd[2 * i] = u.x, wd[2 * i + 1] = u.y;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < B; i++) wd[i] = __ldg(p + i);
-    }
-}
-
-/* Code j of the lane's 32 as the float 1 + q*2^-B: the code lands in the top mantissa bits of 1.0f
- * (one shift and one and-or, no int->float conversion). Then sum_j q_j x_j =
- * 2^B * (sum_j f_j x_j - sum_j x_j); the products f_j*x_j round relative to |x_j|, which is
- * ~sqrt(12)*2^-23 of the signal q_j*x_j, well inside f32 accuracy of the result. */
-template <int B> __device__ __forceinline__ float code_f1(const uint32_t (&wd)[B], int j) {
-    const int bit = j * B, w = bit >> 5, sh = bit & 31;
-    uint32_t v = sh + B <= 32 ? wd[w] >> sh : __funnelshift_r(wd[w], wd[w + 1], sh);
-    return __uint_as_float(0x3F800000u | ((v & ((1u << B) - 1u)) << (23 - B)));
-}
 
 template <int B, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, NT == 1 ? 4 : 2)
