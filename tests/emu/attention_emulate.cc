@@ -19,6 +19,7 @@
  * the hardware's scheduling, fast exp or FMA contraction); run by tests/test_attention_emulate.sh
  * (CTest). */
 #include "cuda_shim.h"
+#include "thread_blocks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -38,23 +39,9 @@ extern "C" {
 }
 
 #define ATTS_HOST_EMU   1
-#define KCU_PDL_ENTER() /* nothing to wait for on the CPU */
-static float *emu_smem;
-static std::barrier<> *emu_bar;            /* the running block's __syncthreads */
-static std::barrier<> *emu_warp_bar[16];   /* each warp's shuffles */
-static float *emu_xchg;                    /* [threads] shuffle exchange */
+#define KCU_PDL_ENTER()                    /* nothing to wait for on the CPU */
 static std::atomic<int> emu_misaligned{0}; /* loads off their natural boundary */
 #define ATTS_SMEM(name) float *name = emu_smem
-static void __syncthreads() {
-    emu_bar->arrive_and_wait();
-}
-static float __shfl_xor_sync(unsigned, float v, int mask) {
-    emu_xchg[threadIdx.x] = v;
-    emu_warp_bar[t_warp]->arrive_and_wait();
-    const float r = emu_xchg[threadIdx.x ^ (unsigned)mask];
-    emu_warp_bar[t_warp]->arrive_and_wait();
-    return r;
-}
 static void __threadfence() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
 }
@@ -90,63 +77,22 @@ using std::min;
 
 #include "backend/cuda/attention_decode.cuh"
 
-static int failures = 0, cases = 0;
-enum { GUARD = 1024 };
-
-/* Runs k_attn_decode_short<GM, CH, KB, A.kv_dtype>(A) over grid: one std::thread per CUDA thread
- * walks the blocks in order; thread 0 poisons and checks the shared memory between two barriers
- * around each block.
- */
+/* Runs k_attn_decode_short<GM, CH, KB, A.kv_dtype>(A) over grid (thread_blocks.h: one std::thread
+ * per CUDA thread walks the blocks in order, shared memory of exactly atts_smem_bytes poisoned and
+ * guarded around each block). */
 template <int GM, int CH, int KB> static void emu_launch(const atts_args &A, emu_dim3 grid) {
-    const int threads = ATTS_WARPS * 32;
-    const int64_t smem_floats =
-        (int64_t)(atts_smem_bytes(atts_heads_per_block(A.group, A.hd, A.vhd), A.vhd) /
-                  sizeof(float));
-    std::vector<float> sm((size_t)smem_floats + GUARD + 4), xchg((size_t)threads);
-    float *base = (float *)(((uintptr_t)sm.data() + 15) & ~(uintptr_t)15);
-    blockDim = {(unsigned)threads, 1, 1};
-    gridDim = grid;
-    emu_smem = base;
-    emu_xchg = xchg.data();
-    std::barrier<> bar(threads);
-    emu_bar = &bar;
-    std::vector<std::unique_ptr<std::barrier<>>> wb;
-    for (int w = 0; w < ATTS_WARPS; w++) {
-        wb.push_back(std::make_unique<std::barrier<>>(32));
-        emu_warp_bar[w] = wb.back().get();
-    }
-    std::vector<std::thread> th;
-    for (int t = 0; t < threads; t++)
-        th.emplace_back([&, t] {
-            threadIdx = {(unsigned)t, 0, 0};
-            t_warp = t >> 5, t_lane = t & 31;
-            for (unsigned z = 0; z < grid.z; z++)
-                for (unsigned y = 0; y < grid.y; y++)
-                    for (unsigned x = 0; x < grid.x; x++) {
-                        if (t == 0) {
-                            for (int64_t i = 0; i < smem_floats; i++) base[i] = NAN;
-                            for (int i = 0; i < GUARD; i++) base[smem_floats + i] = 1234.5f;
-                        }
-                        bar.arrive_and_wait();
-                        blockIdx = {x, y, z};
-                        if (A.kv_dtype == KILN_DT_F32)
-                            k_attn_decode_short<GM, CH, KB, KILN_DT_F32>(A);
-                        else if (A.kv_dtype == KILN_DT_BF16)
-                            k_attn_decode_short<GM, CH, KB, KILN_DT_BF16>(A);
-                        else
-                            k_attn_decode_short<GM, CH, KB, KILN_DT_F16>(A);
-                        bar.arrive_and_wait();
-                        if (t != 0) continue;
-                        for (int i = 0; i < GUARD; i++)
-                            if (base[smem_floats + i] != 1234.5f) {
-                                printf("FAIL block (%u, %u, %u) wrote past its shared memory\n", x,
-                                       y, z);
-                                failures++;
-                                break;
-                            }
-                    }
-        });
-    for (auto &t : th) t.join();
+    const size_t smem = atts_smem_bytes(atts_heads_per_block(A.group, A.hd, A.vhd), A.vhd);
+    emu_run(
+        "k_attn_decode_short", grid, smem,
+        [&] {
+            if (A.kv_dtype == KILN_DT_F32)
+                k_attn_decode_short<GM, CH, KB, KILN_DT_F32>(A);
+            else if (A.kv_dtype == KILN_DT_BF16)
+                k_attn_decode_short<GM, CH, KB, KILN_DT_BF16>(A);
+            else
+                k_attn_decode_short<GM, CH, KB, KILN_DT_F16>(A);
+        },
+        ATTS_WARPS * 32);
 }
 
 /* atts_dispatch's callback: the emulated launch of the instance it picks */
@@ -310,9 +256,9 @@ int main() {
     run_case(1, 3, 384, 512, KILN_DT_F16, 16, 0.0f, {40, 41}, true);
     run_case(1, 12, 128, 128, KILN_DT_F32, 0, 0.0f, {300}, false);
     run_case(2, 5, 256, 192, KILN_DT_BF16, 0, 0.0f, {64, 65}, true);
-    /* long contexts split over grid z: Qwen3-0.6B- / Llama-3-8B-like groups at batch 1 on a 132-SM GPU, a
-     * batch of two on a small one, a window, Gemma 4's head dim, a recorded step planned for more
-     * keys than it has (splits past the last key), several groups a KV head */
+    /* long contexts split over grid z: Qwen3-0.6B- / Llama-3-8B-like groups at batch 1 on a 132-SM
+     * GPU, a batch of two on a small one, a window, Gemma 4's head dim, a recorded step planned for
+     * more keys than it has (splits past the last key), several groups a KV head */
     run_case(4, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {1999}, false, 132);
     run_case(2, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {1800}, true, 132);
     run_case(2, 2, 64, 64, KILN_DT_F16, 0, 0.0f, {1500, 700}, false, 8);

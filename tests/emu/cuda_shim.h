@@ -1,10 +1,11 @@
 /* cuda_shim.h — what the CPU warp emulators (fa_emulate.cc, tc_gemm_emulate.cc,
- * gdn_emulate.cc, qgemv_emulate.cc, attention_emulate.cc, paged_attention_emulate.cc) share to
- * compile a kernel source as host C++: the CUDA qualifiers as nothing, the vector types the kernels
- * use, and the block / thread coordinates (each emulated CUDA thread is a std::thread, so threadIdx
- * / blockIdx and the warp / lane are thread_local; qgemv_emulate.cc runs its threads as fibers on
- * one OS thread and sets them at every switch). Barriers, shuffles, mma and shared memory stay in
- * each emulator: they differ in warp count and checks. */
+ * gdn_emulate.cc, qgemv_emulate.cc, attention_emulate.cc, paged_attention_emulate.cc,
+ * moe_emulate.cc) share to compile a kernel source as host C++: the CUDA qualifiers as nothing,
+ * the vector types the kernels use, and the block / thread coordinates (each emulated CUDA thread
+ * is a std::thread, so threadIdx / blockIdx and the warp / lane are thread_local; qgemv_emulate.cc
+ * runs its threads as fibers on one OS thread and sets them at every switch). The std::thread
+ * emulators take barriers, shuffles and the block runner from thread_blocks.h; the others keep
+ * their own (fibers, mma and warp counts differ). */
 #ifndef KILN_TESTS_EMU_CUDA_SHIM_H
 #define KILN_TESTS_EMU_CUDA_SHIM_H
 

@@ -42,14 +42,10 @@ extern "C" {
 
 /* ---- CUDA shims ---- */
 #include "cuda_shim.h"
-#define KCU_PDL_ENTER()         /* programmatic dependent launch: nothing to wait for on the CPU */
-static float *emu_smem;         /* the running block's shared memory */
-static std::barrier<> *emu_bar; /* the running block's __syncthreads */
+#include "thread_blocks.h"
+#define KCU_PDL_ENTER() /* programmatic dependent launch: nothing to wait for on the CPU */
 static std::atomic<int> emu_misaligned{0}; /* 16-byte shared loads off a 16-byte boundary */
 #define GDN_SMEM(name) float *name = emu_smem
-static void __syncthreads() {
-    emu_bar->arrive_and_wait();
-}
 static inline float4 gdn_ld4(const float *p) {
     if (((uintptr_t)p & 15) != 0) emu_misaligned++; /* a fault on the device */
     float4 r;
@@ -57,69 +53,17 @@ static inline float4 gdn_ld4(const float *p) {
     return r;
 }
 
-/* warp shuffles of k_gdn_delta_reg, whose every thread runs them together: each thread posts
- * its value in the block's exchange buffer and reads its partner's between two barriers */
-static float *emu_xchg;
-static float __shfl_xor_sync(unsigned, float v, int mask) {
-    emu_xchg[threadIdx.x] = v;
-    emu_bar->arrive_and_wait();
-    const float r = emu_xchg[threadIdx.x ^ (unsigned)mask];
-    emu_bar->arrive_and_wait();
-    return r;
-}
-
 #include "backend/cuda/gdn_chunked.cu"
 #include "backend/cuda/gdn_recurrent.cuh"
 
 /* ---- launches ---- */
-static int failures = 0;
-enum { GUARD = 1024 };
-
 /* Runs body() as every thread of every block of grid (threads per block, smem_floats of shared
- * memory, NaN-poisoned before each block and followed by a guard zone checked after it). One
- * std::thread per thread of a block walks the blocks in order; thread 0 poisons and checks the
- * shared memory between two barriers around each block. */
+ * memory, NaN-poisoned before each block and followed by a guard zone checked after it:
+ * thread_blocks.h's emu_run). */
 template <typename Body>
 static void run_blocks(emu_dim3 grid, int threads, int64_t smem_floats, Body body,
                        const char *name) {
-    std::vector<float> sm((size_t)smem_floats + GUARD + 4);
-    std::vector<float> xchg((size_t)threads);
-    /* 16-byte aligned base, as extern __shared__ __align__(16) */
-    float *base = (float *)(((uintptr_t)sm.data() + 15) & ~(uintptr_t)15);
-    blockDim = {(unsigned)threads, 1, 1};
-    gridDim = grid;
-    emu_smem = base;
-    emu_xchg = xchg.data();
-    std::barrier<> bar(threads);
-    emu_bar = &bar;
-    std::vector<std::thread> th;
-    th.reserve(threads);
-    for (int t = 0; t < threads; t++)
-        th.emplace_back([&, t] {
-            threadIdx = {(unsigned)t, 0, 0};
-            for (unsigned z = 0; z < grid.z; z++)
-                for (unsigned y = 0; y < grid.y; y++)
-                    for (unsigned x = 0; x < grid.x; x++) {
-                        if (t == 0) {
-                            for (int64_t i = 0; i < smem_floats; i++) base[i] = NAN;
-                            for (int i = 0; i < GUARD; i++) base[smem_floats + i] = 1234.5f;
-                        }
-                        bar.arrive_and_wait();
-                        blockIdx = {x, y, z};
-                        body();
-                        bar.arrive_and_wait();
-                        if (t != 0) continue;
-                        for (int i = 0; i < GUARD; i++)
-                            if (base[smem_floats + i] != 1234.5f) {
-                                printf("FAIL %s block (%u, %u, %u) wrote past its %lld floats of "
-                                       "shared memory\n",
-                                       name, x, y, z, (long long)smem_floats);
-                                failures++;
-                                break;
-                            }
-                    }
-        });
-    for (auto &t : th) t.join();
+    emu_run(name, grid, (size_t)smem_floats * sizeof(float), body, threads);
 }
 
 /* Runs kernel(a) over grid with 256 threads per block and smem_floats of shared memory. */
@@ -138,7 +82,7 @@ static void emu_chunked(const kiln_gdn_dims *d, int64_t n, int seg_limit, const 
     int64_t seg = gdn_seg_chunks(nv, DK, dv, n, GDN_SCRATCH);
     if (seg_limit > 0 && seg > seg_limit) seg = seg_limit;
     const size_t scr_n = (size_t)(seg * nv * gdn_chunk_floats(DK, dv));
-    std::vector<float> scr(scr_n + GUARD, NAN);
+    std::vector<float> scr(scr_n + EMU_GUARD, NAN);
     for (size_t i = scr_n; i < scr.size(); i++) scr[i] = 1234.5f;
     for (int64_t s0 = 0; s0 < n; s0 += seg * GDN_L) {
         const gdn_chunk_args a = gdn_seg_args(d->n_k_heads, nv, DK, dv, n, s0, seg, q, k, v, g,

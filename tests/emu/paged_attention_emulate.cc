@@ -19,6 +19,7 @@
  * without a GPU (it does not see the hardware's scheduling or fast exp); run by
  * tests/test_paged_attention_emulate.sh (CTest). */
 #include "cuda_shim.h"
+#include "thread_blocks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -45,11 +46,6 @@ static inline int kcu_attn_keys_bucket(int keys) { /* attention.cuh */
     return keys <= 4096 ? (keys + 127) / 128 * 128 : (keys + 1023) / 1024 * 1024;
 }
 
-enum { EMU_MAX_WARPS = 16, EMU_MAX_THREADS = EMU_MAX_WARPS * 32 };
-static float *emu_smem;
-static std::barrier<> *emu_bar;                     /* the running block's __syncthreads */
-static std::barrier<> *emu_warp_bar[EMU_MAX_WARPS]; /* each warp's shuffles */
-static float emu_xchg[EMU_MAX_THREADS];             /* shuffle exchange */
 #define PATT_SMEM(name) float *name = emu_smem
 #define ATTS_SMEM(name) float *name = emu_smem
 static void __threadfence() {
@@ -73,30 +69,6 @@ static float __uint_as_float(uint32_t u) {
     memcpy(&f, &u, 4);
     return f;
 }
-static void __syncthreads() {
-    emu_bar->arrive_and_wait();
-}
-static float emu_exchange(float v, int from_lane) {
-    emu_xchg[threadIdx.x] = v;
-    emu_warp_bar[t_warp]->arrive_and_wait();
-    const float r = emu_xchg[t_warp * 32 + from_lane];
-    emu_warp_bar[t_warp]->arrive_and_wait();
-    return r;
-}
-static float __shfl_sync(unsigned, float v, int src) {
-    return emu_exchange(v, src);
-}
-static float __shfl_xor_sync(unsigned, float v, int mask) {
-    return emu_exchange(v, t_lane ^ mask);
-}
-static float kcu_warp_sum(float v) { /* cuda_common.cuh */
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-static float kcu_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 static float kcu_tanh(float x) {
     return tanhf(x);
 }
@@ -107,57 +79,6 @@ using std::min;
 #include "kv_codec_shim.h"
 #include "paged_pool.h"
 #include "backend/cuda/attention_paged.cu"
-
-static int failures = 0, cases = 0;
-enum { GUARD = 1024 };
-
-/* Runs fn() as the kernel of every block of grid, `threads` std::threads (128 unless given)
- * walking the blocks in order; smem_bytes of NaN-poisoned shared memory with a guard zone checked
- * after each block. */
-template <typename F>
-static void emu_run(const char *name, emu_dim3 grid, size_t smem_bytes, const F &fn,
-                    int threads = 128) {
-    const size_t floats = (smem_bytes + 3) / 4;
-    std::vector<float> sm(floats + GUARD + 4);
-    float *base = (float *)(((uintptr_t)sm.data() + 15) & ~(uintptr_t)15);
-    blockDim = {(unsigned)threads, 1, 1};
-    gridDim = grid;
-    emu_smem = base;
-    std::barrier<> bar(threads);
-    emu_bar = &bar;
-    std::vector<std::unique_ptr<std::barrier<>>> wb;
-    for (int w = 0; w < threads / 32; w++) {
-        wb.push_back(std::make_unique<std::barrier<>>(32));
-        emu_warp_bar[w] = wb.back().get();
-    }
-    std::vector<std::thread> th;
-    for (int t = 0; t < threads; t++)
-        th.emplace_back([&, t] {
-            threadIdx = {(unsigned)t, 0, 0};
-            t_warp = t >> 5, t_lane = t & 31;
-            for (unsigned z = 0; z < grid.z; z++)
-                for (unsigned y = 0; y < grid.y; y++)
-                    for (unsigned x = 0; x < grid.x; x++) {
-                        if (t == 0) {
-                            for (size_t i = 0; i < floats; i++) base[i] = NAN;
-                            for (int i = 0; i < GUARD; i++) base[floats + i] = 1234.5f;
-                        }
-                        bar.arrive_and_wait();
-                        blockIdx = {x, y, z};
-                        fn();
-                        bar.arrive_and_wait();
-                        if (t != 0) continue;
-                        for (int i = 0; i < GUARD; i++)
-                            if (base[floats + i] != 1234.5f) {
-                                printf("FAIL %s block (%u, %u, %u) wrote past its shared memory\n",
-                                       name, x, y, z);
-                                failures++;
-                                break;
-                            }
-                    }
-        });
-    for (auto &t : th) t.join();
-}
 
 template <int RPW> static void emu_attn(const patt_launch &P, emu_dim3 grid, size_t smem) {
     const int vhd = P.L.v_head_dim;
