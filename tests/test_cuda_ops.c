@@ -1600,6 +1600,116 @@ static void test_moe_rows(void) {
     }
 }
 
+/* The MoE ops with routing on the device (moe.cu) against the CPU references: the top-k choice
+ * (ids exactly), gathered matmuls over dense and quantized stacks (the GEMV kernels and the
+ * generic one for widths they do not take, output biases, x rows shared by x_div pairs), stacks
+ * made by upload_stack from separate matrices, and the weighted sum. */
+static void test_moe_device_ops(void) {
+    static const int route_cases[][4] = {
+        {8, 2, 1, 0}, {128, 8, 5, 1}, {512, 10, 3, 1}, {60, 4, 2, 0}};
+    for (size_t c = 0; c < sizeof route_cases / sizeof route_cases[0]; c++) {
+        const int E = route_cases[c][0], K = route_cases[c][1], T = route_cases[c][2];
+        const bool norm = route_cases[c][3], scaled = c % 2 == 1;
+        float *logits = rand_f32(T * E, 3.0f), *scale = rand_f32(E, 1.0f);
+        logits[E - 1] = logits[0]; /* a tie */
+        int32_t *ref_ex = malloc((size_t)(T * K) * 4), *got_ex = malloc((size_t)(T * K) * 4);
+        float *ref_w = malloc((size_t)(T * K) * 4);
+        kiln_cpu_moe_route_ref(ref_ex, ref_w, logits, T, E, K, norm, scaled ? scale : NULL);
+        float *dl = dev_copy(logits, (size_t)(T * E) * 4), *ds = dev_copy(scale, (size_t)E * 4);
+        float *dw = dev_poisoned(T * K);
+        int32_t *dex = (int32_t *)dev_poisoned(T * K);
+        be->moe_route(be, dex, dw, dl, T, E, K, norm, scaled ? ds : NULL);
+        char what[96];
+        snprintf(what, sizeof what, "moe_route E=%d k=%d T=%d weights", E, K, T);
+        compare(what, dw, ref_w, T * K, 1e-5);
+        be->download(be, got_ex, dex, (size_t)(T * K) * 4);
+        CHECK_MSG(memcmp(got_ex, ref_ex, (size_t)(T * K) * 4) == 0, "moe_route E=%d k=%d: experts",
+                  E, K);
+        be->free(be, dl), be->free(be, ds), be->free(be, dw), be->free(be, dex);
+        free(logits), free(scale), free(ref_ex), free(got_ex), free(ref_w);
+    }
+    /* gathered matmuls: {bits (0 dense), dtype, group, rows, cols, bias} */
+    static const int gather_cases[][6] = {
+        {0, KILN_DT_BF16, 0, 96, 768, 0}, {0, KILN_DT_F16, 0, 40, 520, 1},
+        {0, KILN_DT_F32, 0, 17, 264, 0},  {0, KILN_DT_BF16, 0, 9, 36, 0}, /* generic kernel */
+        {4, 0, 64, 96, 2048, 0},          {8, 0, 32, 40, 1536, 1},
+        {2, 0, 128, 33, 768, 0},          {3, 0, 32, 24, 2080, 0},
+        {5, 0, 32, 16, 320, 0},           {6, 0, 64, 20, 1024, 0},
+    };
+    const int E = 5, n = 16, x_div = 4;
+    for (size_t c = 0; c < sizeof gather_cases / sizeof gather_cases[0]; c++) {
+        const int *gc = gather_cases[c];
+        const int64_t rows = gc[3], cols = gc[4];
+        test_matrix m;
+        if (gc[0])
+            make_quant(&m, gc[0], gc[2], (kiln_dtype)(c % 2 ? KILN_DT_F16 : KILN_DT_BF16), E * rows,
+                       cols, gc[5]);
+        else
+            make_dense(&m, (kiln_dtype)gc[1], E * rows, cols, gc[5]);
+        int32_t experts[16];
+        for (int i = 0; i < n; i++) experts[i] = (int32_t)(test_rand_u64(&rng) % E);
+        experts[3] = E - 1;
+        float *x = rand_f32((n / x_div) * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
+        kiln_cpu_matmul_gather_ref(ref, x, x_div, n, experts, &m.host, rows);
+        float *dx = dev_copy(x, (size_t)((n / x_div) * cols) * 4), *dy = dev_poisoned(n * rows);
+        int32_t *dex = dev_copy(experts, sizeof experts);
+        be->matmul_gather(be, dy, dx, x_div, n, dex, &m.dev, rows);
+        char what[96];
+        snprintf(what, sizeof what, "matmul_gather bits=%d %lldx%lld", gc[0], (long long)rows,
+                 (long long)cols);
+        compare(what, dy, ref, n * rows, 2e-5);
+        be->free(be, dx), be->free(be, dy), be->free(be, dex);
+        free(x), free(ref);
+        free_matrix(&m);
+    }
+    /* upload_stack: E separate matrices become one stack the gather reads expert by expert */
+    for (int q = 0; q < 2; q++) {
+        const int64_t rows = 48, cols = 512;
+        test_matrix parts[5];
+        kiln_matrix hosts[5], stack;
+        for (int e = 0; e < E; e++) {
+            if (q)
+                make_quant(&parts[e], 4, 64, KILN_DT_BF16, rows, cols, false);
+            else
+                make_dense(&parts[e], KILN_DT_BF16, rows, cols, false);
+            hosts[e] = parts[e].host;
+        }
+        CHECK_OK(be->upload_stack(be, E, hosts, &stack));
+        CHECK(stack.rows == E * rows && !stack.view);
+        int32_t experts[16];
+        for (int i = 0; i < n; i++) experts[i] = (int32_t)((i * 3) % E);
+        float *x = rand_f32(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
+        for (int i = 0; i < n; i++) /* each pair against its own separate matrix */
+            kiln_cpu_matmul_ref(ref + i * rows, x + i * cols, 1, &hosts[experts[i]]);
+        float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dy = dev_poisoned(n * rows);
+        int32_t *dex = dev_copy(experts, sizeof experts);
+        be->matmul_gather(be, dy, dx, 1, n, dex, &stack, rows);
+        compare(q ? "upload_stack q4 + matmul_gather" : "upload_stack bf16 + matmul_gather", dy,
+                ref, n * rows, 2e-5);
+        be->free(be, dx), be->free(be, dy), be->free(be, dex);
+        be->free_matrix(be, &stack);
+        free(x), free(ref);
+        for (int e = 0; e < E; e++) free_matrix(&parts[e]);
+    }
+    /* the weighted sum, with and without a gated shared expert */
+    for (int shared = 0; shared < 3; shared++) {
+        const int T = 5, K = 8;
+        const int64_t H = 1000;
+        float *ye = rand_f32(T * K * H, 1.0f), *w = rand_f32(T * K, 1.0f);
+        float *sh = rand_f32(T * H, 1.0f), *sl = rand_f32(T, 2.0f),
+              *ref = malloc((size_t)(T * H) * 4);
+        const bool with_sh = shared > 0, with_gate = shared > 1;
+        kiln_cpu_moe_combine_ref(ref, ye, w, T, K, H, with_sh ? sh : NULL, with_gate ? sl : NULL);
+        float *dye = dev_copy(ye, (size_t)(T * K * H) * 4), *dw = dev_copy(w, (size_t)(T * K) * 4);
+        float *dsh = dev_copy(sh, (size_t)(T * H) * 4), *dsl = dev_copy(sl, (size_t)T * 4);
+        float *dy = dev_poisoned(T * H);
+        be->moe_combine(be, dy, dye, dw, T, K, H, with_sh ? dsh : NULL, with_gate ? dsl : NULL);
+        compare("moe_combine", dy, ref, T * H, 1e-6);
+        be->free(be, dye), be->free(be, dw), be->free(be, dsh), be->free(be, dsl), be->free(be, dy);
+        free(ye), free(w), free(sh), free(sl), free(ref);
+    }
+}
+
 /* the device cache keeps a recurrent layer's state: zeroed at creation, kept across steps,
  * zeroed again by truncate(0); a rollback to a middle length is refused */
 static void test_kv_state(void) {
@@ -2243,6 +2353,7 @@ int main(void) {
     RUN(test_gdn_batch(1));
     RUN(test_gdn_batch(0));
     RUN(test_moe_rows());
+    RUN(test_moe_device_ops());
     RUN(test_kv_state());
     RUN(test_sample());
     CHECK_OK(be->synchronize(be));

@@ -63,6 +63,11 @@ struct kiln_backend {
      * these (the caller uploads them one by one). */
     kiln_status (*upload_matrices)(kiln_backend *be, int count, const kiln_matrix *hosts,
                                    kiln_matrix *outs);
+    /* Optional (NULL: not offered): count matrices of one format and shape uploaded as one
+     * [count*rows, cols] matrix, matrix i its rows [i*rows, (i+1)*rows) (the experts of a MoE
+     * layer stored one tensor each, for matmul_gather). KILN_ERR_UNSUPPORTED: not for these. */
+    kiln_status (*upload_stack)(kiln_backend *be, int count, const kiln_matrix *hosts,
+                                kiln_matrix *out);
     void (*free_matrix)(kiln_backend *be, kiln_matrix *m);
     kiln_status (*synchronize)(kiln_backend *be);
     /* Optional (NULL: not offered). Bracket a run of ops that the backend may record and replay
@@ -163,6 +168,29 @@ struct kiln_backend {
                         int64_t n, int64_t width);
     void (*scatter_add_rows)(kiln_backend *be, float *y, const float *src, const int32_t *rows,
                              const float *weights, int64_t n, int64_t width);
+    /* The MoE block with its routing on the backend (optional; all three or none, NULL: the
+     * router logits go to the host for the top-k choice and the experts run bucket by bucket).
+     * CPU references: kiln_cpu_moe_route_ref, kiln_cpu_matmul_gather_ref,
+     * kiln_cpu_moe_combine_ref. Nothing waits for the host, so a decode step can be recorded.
+     * moe_route: per token t the top k of softmax(logits[t, 0..E)) (ties: lower index) into
+     * experts [T, k], weights [T, k] (renormalised over the k when norm_topk), each times
+     * expert_scale[expert] when expert_scale [E] is given */
+    void (*moe_route)(kiln_backend *be, int32_t *experts, float *weights, const float *logits,
+                      int64_t T, int n_experts, int top_k, bool norm_topk,
+                      const float *expert_scale);
+    /* y[i, rows] = x[i / x_div, cols] @ W_e^T (+ bias rows) for i < n, e = experts[i], W_e the
+     * rows [e*rows, (e+1)*rows) of stack [E*rows, cols] */
+    void (*matmul_gather)(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
+                          const int32_t *experts, const kiln_matrix *stack, int64_t rows);
+    /* y[t, H] = sum_j weights[t*k + j] * ye[t*k + j, H] (+ sigmoid(shared_logit[t]) *
+     * shared[t, H] when shared is given; weight 1 when shared_logit is NULL); y may not alias */
+    void (*moe_combine)(kiln_backend *be, float *y, const float *ye, const float *weights,
+                        int64_t T, int top_k, int64_t hidden, const float *shared,
+                        const float *shared_logit);
+    /* Forwards of up to this many tokens route on the backend with the ops above (0: never;
+     * CPU 0: its bucketed experts read each one once; CUDA 64). KILN_MOE_DEVICE_TOKENS=N
+     * overrides it (moe.c). */
+    int moe_device_max_tokens;
 
     /* Token choice (kiln_cpu_sample_ref): ids[i] = the token kiln_sampler_sample would pick from
      * logits row rows[i].logits_row with rows[i]'s parameters, penalty window and uniform draw.

@@ -244,6 +244,26 @@ static void cpu_gather_rows(kiln_backend *be, float *dst, const float *src, cons
                             int64_t n, int64_t width) {
     kiln_cpu_gather_rows(dst, src, rows, n, width);
 }
+static void cpu_moe_route(kiln_backend *be, int32_t *experts, float *weights, const float *logits,
+                          int64_t T, int n_experts, int top_k, bool norm_topk,
+                          const float *expert_scale) {
+    (void)be;
+    kiln_cpu_moe_route_ref(experts, weights, logits, T, n_experts, top_k, norm_topk, expert_scale);
+}
+/* one threaded matmul (the CPU matmul op) per (token, expert) pair */
+static void cpu_matmul_gather(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
+                              const int32_t *experts, const kiln_matrix *stack, int64_t rows) {
+    for (int64_t i = 0; i < n; i++) {
+        const kiln_matrix w = kiln_matrix_rows(stack, (int64_t)experts[i] * rows, rows);
+        kiln_cpu_matmul(be->pool, y + i * rows, x + (i / x_div) * stack->cols, 1, &w);
+    }
+}
+static void cpu_moe_combine(kiln_backend *be, float *y, const float *ye, const float *weights,
+                            int64_t T, int top_k, int64_t hidden, const float *shared,
+                            const float *shared_logit) {
+    (void)be;
+    kiln_cpu_moe_combine_ref(y, ye, weights, T, top_k, hidden, shared, shared_logit);
+}
 static void cpu_scatter_add_rows(kiln_backend *be, float *y, const float *src, const int32_t *rows,
                                  const float *w, int64_t n, int64_t width) {
     kiln_cpu_scatter_add_rows(y, src, rows, w, n, width);
@@ -300,6 +320,10 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->gdn_delta = cpu_gdn_delta;
     be->gather_rows = cpu_gather_rows;
     be->scatter_add_rows = cpu_scatter_add_rows;
+    be->moe_route = cpu_moe_route;
+    be->matmul_gather = cpu_matmul_gather;
+    be->moe_combine = cpu_moe_combine;
+    be->moe_device_max_tokens = 0; /* the bucketed experts read each selected one once */
     be->sample = cpu_sample;
     be->kv_new = cpu_kv_new;
     *out = be;

@@ -39,6 +39,14 @@ void kiln_cpu_matmul_ref(float *y, const float *x, int64_t n, const kiln_matrix 
     }
 }
 
+void kiln_cpu_matmul_gather_ref(float *y, const float *x, int64_t x_div, int64_t n,
+                                const int32_t *experts, const kiln_matrix *stack, int64_t rows) {
+    for (int64_t i = 0; i < n; i++) {
+        const kiln_matrix w = kiln_matrix_rows(stack, (int64_t)experts[i] * rows, rows);
+        kiln_cpu_matmul_ref(y + i * rows, x + (i / x_div) * stack->cols, 1, &w);
+    }
+}
+
 /* ---- GEMV (decode) -------------------------------------------------------------------------- */
 
 typedef struct {

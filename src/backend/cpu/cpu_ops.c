@@ -288,3 +288,48 @@ void kiln_cpu_scatter_add_rows(float *y, const float *src, const int32_t *rows,
         for (int64_t c = 0; c < width; c++) dst[c] += weights[i] * s[c];
     }
 }
+
+void kiln_cpu_moe_route_ref(int32_t *experts, float *weights, const float *logits, int64_t T, int E,
+                            int k, bool norm_topk, const float *expert_scale) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        int32_t *idx = experts + t * k;
+        float *w = weights + t * k;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += exp((double)l[e] - mx);
+        for (int j = 0; j < k; j++) {
+            int best = -1, first_left = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++) taken |= idx[i] == e;
+                if (taken) continue;
+                if (first_left < 0) first_left = e;
+                if (!isnan(l[e]) && (best < 0 || l[e] > l[best])) best = e;
+            }
+            idx[j] = best >= 0 ? best : first_left;
+            w[j] = (float)(exp((double)l[idx[j]] - mx) / sum);
+        }
+        if (norm_topk) {
+            float s = 0;
+            for (int j = 0; j < k; j++) s += w[j];
+            for (int j = 0; j < k; j++) w[j] /= s;
+        }
+        for (int j = 0; expert_scale && j < k; j++) w[j] *= expert_scale[idx[j]];
+    }
+}
+
+void kiln_cpu_moe_combine_ref(float *y, const float *ye, const float *weights, int64_t T, int k,
+                              int64_t H, const float *shared, const float *shared_logit) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            float acc = 0.0f;
+            for (int j = 0; j < k; j++) acc += weights[t * k + j] * ye[(t * k + j) * H + h];
+            if (shared) {
+                const float g = shared_logit ? 1.0f / (1.0f + expf(-shared_logit[t])) : 1.0f;
+                acc += g * shared[t * H + h];
+            }
+            y[t * H + h] = acc;
+        }
+}

@@ -141,6 +141,22 @@ void kiln_cpu_gather_rows(float *dst, const float *src, const int32_t *rows, int
 void kiln_cpu_scatter_add_rows(float *y, const float *src, const int32_t *rows,
                                const float *weights, int64_t n, int64_t width);
 
+/* The MoE ops with routing on the backend (backend.h moe_route, matmul_gather, moe_combine).
+ * Route: per token t < T, the top k of softmax(logits[t, 0..E)) (ties: lower index; a NaN logit
+ * is chosen only when nothing else is left) into experts [T, k] with weights [T, k] =
+ * exp(l - max) / sum (in double, rounded to float), renormalised over the k when norm_topk, then
+ * times expert_scale[expert] when expert_scale [E] is given. */
+void kiln_cpu_moe_route_ref(int32_t *experts, float *weights, const float *logits, int64_t T,
+                            int n_experts, int top_k, bool norm_topk, const float *expert_scale);
+/* y[i, rows] = x[i / x_div, cols] @ W_e^T for i < n, e = experts[i], W_e = rows [e*rows,
+ * (e+1)*rows) of stack (kiln_cpu_matmul_ref of that row view on one row). */
+void kiln_cpu_matmul_gather_ref(float *y, const float *x, int64_t x_div, int64_t n,
+                                const int32_t *experts, const kiln_matrix *stack, int64_t rows);
+/* y[t, H] = sum_j weights[t*k + j] * ye[t*k + j, H] in j order, then + g * shared[t, H] with
+ * g = sigmoid(shared_logit[t]) (1 without shared_logit) when shared is given. */
+void kiln_cpu_moe_combine_ref(float *y, const float *ye, const float *weights, int64_t T, int top_k,
+                              int64_t hidden, const float *shared, const float *shared_logit);
+
 /* The sampling op's reference (backend.h `sample`, cpu_sample.c): for each row, the token
  * kiln_sampler_sample picks with the row's parameters, penalty window and uniform draw u, by the
  * same arithmetic in the same order (penalties, argmax, softmax at the temperature, top-k, top-p,

@@ -476,29 +476,38 @@ static bool fuse_weights_on(void) {
 }
 
 /* Consecutive row ranges of one allocation per part (codes or dense data, scales, biases,
- * output biases), each part's size a multiple of 256 bytes so that every slice keeps the
- * allocation's alignment; else KILN_ERR_UNSUPPORTED (uploaded one by one). */
-static kiln_status cu_upload_matrices(kiln_backend *be, int count, const kiln_matrix *hosts,
-                                      kiln_matrix *outs) {
+ * output biases), each part's size a multiple of `align` bytes; else KILN_ERR_UNSUPPORTED (the
+ * caller uploads them one by one). outs[0] owns the allocations, outs[1..] are views. */
+static kiln_status upload_row_ranges(kiln_backend *be, int count, const kiln_matrix *hosts,
+                                     kiln_matrix *outs, size_t align) {
     kcu_state *st = kcu_st(be);
-    if (!fuse_weights_on() || count < 2 || count > 8) return KILN_ERR_UNSUPPORTED;
     const kiln_matrix *h0 = &hosts[0];
     const bool q = kiln_matrix_is_quantized(h0);
     if (!q && h0->dtype != KILN_DT_F32 && h0->dtype != KILN_DT_F16 && h0->dtype != KILN_DT_BF16)
         return KILN_ERR_UNSUPPORTED;
-    size_t data[8], sc[8], bias[8], data_all = 0, sc_all = 0, bias_all = 0;
+    if (q && (h0->bits < 2 || h0->bits > 8 || h0->bits == 7 || h0->group_size % 32 ||
+              h0->cols % h0->group_size))
+        return KILN_ERR_UNSUPPORTED; /* upload_matrix says why */
+    size_t *data = (size_t *)calloc(3 * (size_t)count, sizeof(size_t));
+    if (!data) return kiln_error(KILN_ERR_OOM, "out of memory");
+    size_t *sc = data + count, *bias = sc + count, data_all = 0, sc_all = 0, bias_all = 0;
     for (int i = 0; i < count; i++) {
         const kiln_matrix *h = &hosts[i];
         if (h->dtype != h0->dtype || h->cols != h0->cols || h->bits != h0->bits ||
             h->group_size != h0->group_size || h->scale_dtype != h0->scale_dtype ||
-            (h->bias != NULL) != (h0->bias != NULL) || h->rows <= 0)
+            (h->bias != NULL) != (h0->bias != NULL) || h->rows <= 0) {
+            free(data);
             return KILN_ERR_UNSUPPORTED;
+        }
         data[i] = q ? (size_t)(h->rows * kiln_matrix_row_code_bytes(h))
                     : (size_t)(h->rows * h->cols) * kiln_dtype_size(h->dtype);
         sc[i] =
             q ? (size_t)(h->rows * (h->cols / h->group_size)) * kiln_dtype_size(h->scale_dtype) : 0;
         bias[i] = h->bias ? (size_t)h->rows * 4 : 0;
-        if (data[i] % 256 || sc[i] % 256 || bias[i] % 256) return KILN_ERR_UNSUPPORTED;
+        if (data[i] % align || sc[i] % align || bias[i] % align) {
+            free(data);
+            return KILN_ERR_UNSUPPORTED;
+        }
         data_all += data[i], sc_all += sc[i], bias_all += bias[i];
     }
     kiln_matrix all = *h0;
@@ -510,6 +519,7 @@ static kiln_status cu_upload_matrices(kiln_backend *be, int count, const kiln_ma
     if (bias_all) all.bias = (const float *)cu_alloc(be, bias_all);
     if (!all.data || (q && (!all.scales || !all.biases)) || (bias_all && !all.bias)) {
         cu_free_matrix(be, &all);
+        free(data);
         return kiln_error(KILN_ERR_OOM, "cuda: uploading %d matrices (%zu bytes): %s", count,
                           data_all, st->sticky_msg);
     }
@@ -534,6 +544,7 @@ static kiln_status cu_upload_matrices(kiln_backend *be, int count, const kiln_ma
         outs[i].view = i > 0; /* outs[0] owns the allocations (its pointers are their starts) */
         od += data[i], os += sc[i], ob += bias[i];
     }
+    free(data);
     if (st->sticky != KILN_OK) {
         cu_free_matrix(be, &all);
         for (int i = 0; i < count; i++) memset(&outs[i], 0, sizeof outs[i]);
@@ -541,6 +552,32 @@ static kiln_status cu_upload_matrices(kiln_backend *be, int count, const kiln_ma
                           st->sticky_msg);
     }
     return KILN_OK;
+}
+
+/* Each part a multiple of 256 bytes, so that every slice keeps the allocation's alignment. */
+static kiln_status cu_upload_matrices(kiln_backend *be, int count, const kiln_matrix *hosts,
+                                      kiln_matrix *outs) {
+    if (!fuse_weights_on() || count < 2 || count > 8) return KILN_ERR_UNSUPPORTED;
+    return upload_row_ranges(be, count, hosts, outs, 256);
+}
+
+/* Experts of one shape back to back: the slices of whole rows keep the alignment the GEMV
+ * kernels need wherever a row does (moe.cu checks the stack's start). */
+static kiln_status cu_upload_stack(kiln_backend *be, int count, const kiln_matrix *hosts,
+                                   kiln_matrix *out) {
+    memset(out, 0, sizeof *out);
+    if (count < 1) return KILN_ERR_UNSUPPORTED;
+    for (int i = 1; i < count; i++)
+        if (hosts[i].rows != hosts[0].rows) return KILN_ERR_UNSUPPORTED;
+    kiln_matrix *outs = (kiln_matrix *)calloc((size_t)count, sizeof *outs);
+    if (!outs) return kiln_error(KILN_ERR_OOM, "out of memory");
+    kiln_status s = upload_row_ranges(be, count, hosts, outs, 1);
+    if (s == KILN_OK) {
+        *out = outs[0];
+        out->rows = hosts[0].rows * count;
+    }
+    free(outs);
+    return s;
 }
 
 static kiln_status cu_synchronize(kiln_backend *be) {
@@ -613,6 +650,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->download = cu_download;
     be->upload_matrix = cu_upload_matrix;
     be->upload_matrices = cu_upload_matrices;
+    be->upload_stack = cu_upload_stack;
     be->free_matrix = cu_free_matrix;
     be->synchronize = cu_synchronize;
     be->graph_begin = cu_graph_begin;
@@ -647,6 +685,10 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->gdn_delta = kcu_gdn_delta;
     be->gather_rows = kcu_gather_rows;
     be->scatter_add_rows = kcu_scatter_add_rows;
+    be->moe_route = kcu_moe_route;
+    be->matmul_gather = kcu_matmul_gather;
+    be->moe_combine = kcu_moe_combine;
+    be->moe_device_max_tokens = 64;
     be->kv_new = kcu_kv_new;
     /* paged caches in device memory for every --kv kind but the default f32 (kv_paged.cu);
      * KILN_CUDA_PAGED=0 goes back to contiguous f32/f16/bf16 caches only */

@@ -1,0 +1,297 @@
+/* moe_gather.cuh — the MoE block on the device, with no wait for the host (internal; moe.cu
+ * launches these): the router's top-k choice per token (k_moe_route), the experts' matmuls on
+ * the rows each (token, choice) pair selected (k_moe_gather_dense / k_moe_gather_quant: a GEMV
+ * whose weight rows come from the stack slice of the expert named in device memory), and the
+ * weighted sum of a token's expert outputs (k_moe_combine). Semantics: the CPU references
+ * kiln_cpu_moe_route_ref, kiln_cpu_matmul_gather_ref and kiln_cpu_moe_combine_ref (cpu_ops.h).
+ *
+ * The gather GEMV gives each output row one warp: lanes read 16-byte pieces of the row (dense: 8
+ * values; quantized: 32 codes = B words with their group's scale and bias) two at a time and the
+ * warp sums. blockIdx.y is the pair, blockIdx.x a group of MOEG_WARPS rows of its expert. A decode
+ * step of a 30B-A3B shape (8 pairs x 768 rows) is 6144 warps, enough to stream the experts.
+ * tests/emu/moe_emulate.cc compiles this file on the CPU (MOE_HOST_EMU). */
+#ifndef KILN_CUDA_MOE_GATHER_CUH
+#define KILN_CUDA_MOE_GATHER_CUH
+
+#ifndef MOE_HOST_EMU
+#include "backend/cuda/cuda_common.cuh"
+#define MOE_SMEM(name) extern __shared__ float name[]
+#endif
+#include "backend/cuda/quant_words.cuh"
+
+#include <stdint.h>
+
+#define MOEG_WARPS    4   /* gather GEMV: warps (rows) per block */
+#define MOER_THREADS  128 /* route: threads per token */
+#define MOEC_THREADS  256 /* combine: threads per block (one hidden element each) */
+#define MOEG_MAX_GRID 65535
+
+/* matmul_gather: y[i, rows] = x[i / x_div, cols] @ W_e^T (+ bias_e), e = experts[i], for the
+ * pairs i0 <= i < i0 + gridDim.y; W_e = rows [e*rows, (e+1)*rows) of the stack. */
+struct moeg_args {
+    float *y;                    /* [n, rows] */
+    const float *x;              /* [ceil(n / x_div), cols] */
+    const int32_t *experts;      /* [n] */
+    const void *w;               /* dense [E*rows, cols] or codes [E*rows, cols*bits/32] */
+    const void *scales, *biases; /* quantized: [E*rows, cols/group] of sdt */
+    const float *bias;           /* [E*rows] or NULL */
+    int64_t rows, cols, x_div, i0;
+    int n_experts, sdt, group;
+};
+
+/* Eight consecutive weights at p (16-byte aligned) of a dense dtype, as f32. */
+template <int DT> __device__ __forceinline__ void moeg_load8(const void *p, float (&v)[8]) {
+    if constexpr (DT == KILN_DT_F32) {
+        const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+    } else {
+        const uint4 u = __ldg((const uint4 *)p);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (DT == KILN_DT_BF16) {
+                v[2 * i] = __uint_as_float(w[i] << 16);
+                v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+                v[2 * i] = kcu_f16((uint16_t)(w[i] & 0xffffu));
+                v[2 * i + 1] = kcu_f16((uint16_t)(w[i] >> 16));
+            }
+        }
+    }
+}
+
+/* The warp's output row: the pair, its expert (NaN out for one outside [0, E): a routing bug
+ * shows instead of reading another matrix), the weight row and the x row. False: no row. */
+struct moeg_row {
+    float *out;
+    const float *x;
+    int64_t wrow; /* row of the stack */
+};
+__device__ __forceinline__ bool moeg_locate(const moeg_args &A, int warp, int lane, moeg_row &r) {
+    const int64_t row = (int64_t)blockIdx.x * MOEG_WARPS + warp, i = A.i0 + blockIdx.y;
+    if (row >= A.rows) return false;
+    const int e = kcu_ld(A.experts + i);
+    r.out = A.y + i * A.rows + row;
+    if (e < 0 || e >= A.n_experts) {
+        if (lane == 0) *r.out = __uint_as_float(0x7fc00000u);
+        return false;
+    }
+    r.wrow = (int64_t)e * A.rows + row;
+    r.x = A.x + (i / A.x_div) * A.cols;
+    return true;
+}
+
+__device__ __forceinline__ void moeg_store(const moeg_args &A, const moeg_row &r, int lane,
+                                           float acc) {
+    acc = kcu_warp_sum(acc);
+    if (lane == 0) *r.out = acc + (A.bias ? A.bias[r.wrow] : 0.0f);
+}
+
+/* Dense weights (f32 / f16 / bf16): cols % 8 == 0, rows 16-byte aligned, x 16-byte aligned. */
+template <int DT>
+__global__ void __launch_bounds__(MOEG_WARPS * 32)
+    k_moe_gather_dense(const __grid_constant__ moeg_args A) {
+    KCU_PDL_ENTER();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    moeg_row r;
+    if (!moeg_locate(A, warp, lane, r)) return;
+    const int64_t es = DT == KILN_DT_F32 ? 4 : 2;
+    const char *wp = (const char *)A.w + r.wrow * A.cols * es;
+    float acc = 0.0f;
+    for (int64_t c = (int64_t)lane * 8; c < A.cols; c += 2 * 256) { /* two chunks in flight */
+        float wv[2][8];
+        const bool second = c + 256 < A.cols;
+        moeg_load8<DT>(wp + c * es, wv[0]);
+        if (second) moeg_load8<DT>(wp + (c + 256) * es, wv[1]);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (u == 1 && !second) break;
+            const float4 *xp = (const float4 *)(r.x + c + u * 256);
+            const float4 a = kcu_ld(xp), b = kcu_ld(xp + 1);
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc = fmaf(wv[u][k], xv[k], acc);
+        }
+    }
+    moeg_store(A, r, lane, acc);
+}
+
+/* Affine-quantized weights of B bits: cols % 32 == 0, group % 32 == 0, codes 16-byte aligned
+ * (load_words), x 16-byte aligned. Per 32 codes of one group:
+ * sum_j (s*q_j + b) x_j = s*2^B (sum_j f_j x_j - sum_j x_j) + b sum_j x_j (code_f1). */
+template <int B>
+__global__ void __launch_bounds__(MOEG_WARPS * 32)
+    k_moe_gather_quant(const __grid_constant__ moeg_args A) {
+    KCU_PDL_ENTER();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    moeg_row r;
+    if (!moeg_locate(A, warp, lane, r)) return;
+    const int64_t wpr = A.cols / 32 * B, g0 = r.wrow * (A.cols / A.group);
+    const uint32_t *wp = (const uint32_t *)A.w + r.wrow * wpr;
+    const float scale_b = (float)(1 << B);
+    float acc = 0.0f;
+    for (int64_t c = (int64_t)lane * 32; c < A.cols; c += 2 * 1024) { /* two pieces in flight */
+        uint32_t wd[2][B];
+        float s[2], bb[2];
+        const bool second = c + 1024 < A.cols;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (u == 1 && !second) break;
+            const int64_t cu = c + u * 1024;
+            load_words<B>(wp + cu / 32 * B, wd[u]);
+            s[u] = kcu_load(A.scales, g0 + cu / A.group, A.sdt) * scale_b;
+            bb[u] = kcu_load(A.biases, g0 + cu / A.group, A.sdt);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (u == 1 && !second) break;
+            const float4 *xp = (const float4 *)(r.x + c + u * 1024);
+            float d = 0.0f, sx = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float4 a = kcu_ld(xp + k);
+                sx += (a.x + a.y) + (a.z + a.w);
+                d = fmaf(code_f1<B>(wd[u], 4 * k), a.x, d);
+                d = fmaf(code_f1<B>(wd[u], 4 * k + 1), a.y, d);
+                d = fmaf(code_f1<B>(wd[u], 4 * k + 2), a.z, d);
+                d = fmaf(code_f1<B>(wd[u], 4 * k + 3), a.w, d);
+            }
+            acc = fmaf(s[u], d - sx, fmaf(bb[u], sx, acc));
+        }
+    }
+    moeg_store(A, r, lane, acc);
+}
+
+/* moe_route: token blockIdx.x's top k of softmax(logits) (ties: lower index) into experts /
+ * weights [T, k], renormalised when norm_topk, times expert_scale[expert] when given. */
+struct moer_args {
+    int32_t *experts;          /* [T, k] */
+    float *weights;            /* [T, k] */
+    const float *logits;       /* [T, E] */
+    const float *expert_scale; /* [E] or NULL */
+    int n_experts, top_k;
+    bool norm_topk;
+};
+/* Dynamic shared memory (all of it, so that an emulated block shares it too): the reductions'
+ * slots and the choices, then the token's logits and one taken flag per expert. */
+struct moer_shared {
+    float red_v[MOER_THREADS / 32];
+    int red_i[MOER_THREADS / 32];
+    float stat[2]; /* max, sum of exp */
+    int chosen[64];
+    float chosen_w[64];
+};
+#define MOER_HEAD ((sizeof(moer_shared) + 15) / 16 * 16)
+static inline size_t moer_smem_bytes(int n_experts) {
+    return MOER_HEAD + (size_t)n_experts * sizeof(float) + (size_t)n_experts;
+}
+
+/* (v, i) beats (bv, bi): larger value, or equal value and lower index (NaN never beats). */
+__device__ __forceinline__ bool moer_beats(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(MOER_THREADS) k_moe_route(const __grid_constant__ moer_args A) {
+    KCU_PDL_ENTER();
+    MOE_SMEM(sm);
+    const int E = A.n_experts, K = A.top_k, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    moer_shared &S = *(moer_shared *)sm;
+    float *lg = (float *)((char *)sm + MOER_HEAD);    /* [E] */
+    unsigned char *taken = (unsigned char *)(lg + E); /* [E] */
+    float *red_v = S.red_v, *stat = S.stat, *chosen_w = S.chosen_w;
+    int *red_i = S.red_i, *chosen = S.chosen;
+    const float *src = A.logits + (int64_t)blockIdx.x * E;
+    float mx = -INFINITY;
+    for (int e = tid; e < E; e += MOER_THREADS) {
+        lg[e] = kcu_ld(src + e);
+        taken[e] = 0;
+        mx = fmaxf(mx, lg[e]);
+    }
+    mx = kcu_warp_max(mx);
+    if (lane == 0) red_v[warp] = mx;
+    __syncthreads();
+    if (tid == 0) {
+        float m = red_v[0];
+        for (int w = 1; w < MOER_THREADS / 32; w++) m = fmaxf(m, red_v[w]);
+        stat[0] = m;
+    }
+    __syncthreads();
+    mx = stat[0];
+    float sum = 0.0f;
+    for (int e = tid; e < E; e += MOER_THREADS) sum += expf(lg[e] - mx);
+    sum = kcu_warp_sum(sum);
+    __syncthreads(); /* everyone has read stat[0] and red_v */
+    if (lane == 0) red_v[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < MOER_THREADS / 32; w++) s += red_v[w];
+        stat[1] = s;
+    }
+    for (int j = 0; j < K; j++) {
+        __syncthreads(); /* taken[] and red_* from the last round are settled */
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = tid; e < E; e += MOER_THREADS)
+            if (!taken[e] && moer_beats(lg[e], e, bv, bi)) bv = lg[e], bi = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (moer_beats(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        if (lane == 0) red_v[warp] = bv, red_i[warp] = bi;
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < MOER_THREADS / 32; w++)
+                if (moer_beats(red_v[w], red_i[w], bv, bi)) bv = red_v[w], bi = red_i[w];
+            if (bi >= E) /* every expert left is NaN: the first of them, as the host scan */
+                for (bi = 0; taken[bi]; bi++) {
+                }
+            taken[bi] = 1;
+            chosen[j] = bi;
+            chosen_w[j] = expf(lg[bi] - stat[0]) / stat[1];
+        }
+    }
+    if (tid == 0) {
+        float s = 0.0f;
+        for (int j = 0; j < K; j++) s += chosen_w[j];
+        for (int j = 0; j < K; j++) {
+            float w = A.norm_topk ? chosen_w[j] / s : chosen_w[j];
+            if (A.expert_scale) w *= A.expert_scale[chosen[j]];
+            A.experts[(int64_t)blockIdx.x * K + j] = chosen[j];
+            A.weights[(int64_t)blockIdx.x * K + j] = w;
+        }
+    }
+}
+
+/* moe_combine: y[t, h] = sum_j weights[t*k + j] * ye[t*k + j, h] (j ascending), plus
+ * sigmoid(shared_logit[t]) * shared[t, h] (weight 1 without shared_logit) when shared is given.
+ * Grid: (ceil(H / MOEC_THREADS), T). */
+struct moec_args {
+    float *y;                  /* [T, H] */
+    const float *ye;           /* [T*k, H] */
+    const float *weights;      /* [T*k] */
+    const float *shared;       /* [T, H] or NULL */
+    const float *shared_logit; /* [T] or NULL */
+    int64_t hidden;
+    int top_k;
+};
+__global__ void __launch_bounds__(MOEC_THREADS) k_moe_combine(const __grid_constant__ moec_args A) {
+    KCU_PDL_ENTER();
+    const int64_t h = (int64_t)blockIdx.x * MOEC_THREADS + threadIdx.x, t = blockIdx.y;
+    if (h >= A.hidden) return;
+    float acc = 0.0f;
+    for (int j = 0; j < A.top_k; j++) {
+        const int64_t p = t * A.top_k + j;
+        acc += kcu_ld(A.weights + p) * kcu_ld(A.ye + p * A.hidden + h);
+    }
+    if (A.shared) {
+        const float g = A.shared_logit ? 1.0f / (1.0f + expf(-kcu_ld(A.shared_logit + t))) : 1.0f;
+        acc += g * kcu_ld(A.shared + t * A.hidden + h);
+    }
+    A.y[t * A.hidden + h] = acc;
+}
+
+#endif

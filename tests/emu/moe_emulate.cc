@@ -1,0 +1,295 @@
+/* moe_emulate.cc — runs the MoE device-routing kernels (src/backend/cuda/moe_gather.cuh:
+ * k_moe_route, k_moe_gather_dense, k_moe_gather_quant, k_moe_combine) on the CPU and compares them
+ * with the CPU reference ops (kiln_cpu_moe_route_ref, kiln_cpu_matmul_gather_ref,
+ * kiln_cpu_moe_combine_ref). The header is compiled as C++ with MOE_HOST_EMU; every CUDA thread
+ * of a block is a std::thread, __syncthreads a block barrier, a warp shuffle an exchange between
+ * two barriers of the warp's 32 threads; blocks run one after another (thread_blocks.h).
+ *
+ * Checked besides the values: outputs start as NaN (a row never written shows), weight and code
+ * loads must be aligned to their size (a fault on the device), dynamic shared memory is exactly
+ * moer_smem_bytes followed by a guard zone, an expert id outside the stack writes NaN rows.
+ * Cases: route over 8..512 experts, top 1..10, ties, a NaN logit, renormalised or not, with and
+ * without per-expert scales; gathered matmuls in bf16 / f16 / f32 and 2..8-bit codes (groups
+ * 32/64/128, bf16 / f16 / f32 scales), widths that take one, two and a partial second piece per
+ * lane, pairs reading x rows by x_div 1 and k; the weighted sum with and without a shared
+ * expert. A development check for machines without a GPU (no races, timing or fast-math
+ * effects); run by tests/test_moe_emulate.sh (CTest). */
+#include "cuda_shim.h"
+#include "thread_blocks.h"
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "util/half.h"
+}
+
+#define MOE_HOST_EMU    1
+#define KCU_PDL_ENTER() /* nothing to wait for on the CPU */
+static std::atomic<int> emu_misaligned{0};
+#define MOE_SMEM(name) float *name = emu_smem
+template <typename T> static T __ldg(const T *p) {
+    if (((uintptr_t)p % sizeof(T)) != 0) emu_misaligned++;
+    T r;
+    memcpy(&r, (const void *)p, sizeof r);
+    return r;
+}
+template <typename T> static T kcu_ld(const T *p) {
+    return __ldg(p);
+}
+static float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int sh) {
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
+}
+static float kcu_f16(uint16_t h) {
+    return kiln_f16_to_f32(h);
+}
+static float kcu_load(const void *p, int64_t i, int dt) {
+    if (dt == KILN_DT_F32) return __ldg((const float *)p + i);
+    const uint16_t h = __ldg((const uint16_t *)p + i);
+    return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+}
+#include "backend/cuda/moe_gather.cuh"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd_u32() {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 32);
+}
+static float rnd() { /* uniform in [-1, 1) */
+    return (float)((rnd_u32() >> 8) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(e / (s > 0 ? s : 1));
+}
+
+static void report(bool ok, const char *label) {
+    cases++;
+    if (!ok) failures++;
+    printf("%s %s\n", ok ? "ok  " : "FAIL", label);
+}
+
+/* ---- route ---- */
+
+static void route_case(int E, int K, int T, bool norm, bool scaled, bool ties, bool with_nan) {
+    std::vector<float> logits((size_t)T * E), scale(E);
+    for (auto &l : logits) l = rnd() * 4.0f;
+    if (ties) /* the best value repeated: the lower index must win */
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < E; e += 3) logits[(size_t)t * E + e] = 4.5f;
+    if (with_nan) logits[1] = NAN;
+    for (auto &s : scale) s = 0.5f + rnd() * 0.25f;
+    std::vector<int32_t> ex((size_t)T * K, -7), ref_ex((size_t)T * K);
+    std::vector<float> w((size_t)T * K, NAN), ref_w((size_t)T * K);
+    kiln_cpu_moe_route_ref(ref_ex.data(), ref_w.data(), logits.data(), T, E, K, norm,
+                           scaled ? scale.data() : nullptr);
+    const moer_args A = {ex.data(), w.data(), logits.data(), scaled ? scale.data() : nullptr,
+                         E,         K,        norm};
+    emu_run(
+        "k_moe_route", {(unsigned)T, 1, 1}, moer_smem_bytes(E), [&] { k_moe_route(A); },
+        MOER_THREADS);
+    bool same = ex == ref_ex;
+    /* a NaN logit makes the softmax sum NaN on both sides: only the choice is compared */
+    const double err = with_nan ? 0.0 : rel_l2(w.data(), ref_w.data(), w.size());
+    char label[160];
+    snprintf(label, sizeof label,
+             "route E=%d k=%d T=%d norm=%d scale=%d ties=%d nan=%d: %s, "
+             "weights rel %.2e",
+             E, K, T, norm, scaled, ties, with_nan, same ? "same experts" : "DIFFERENT experts",
+             err);
+    report(same && err <= 1e-5, label);
+}
+
+/* ---- gather ---- */
+
+static uint16_t to16(float x, int dt) {
+    return dt == KILN_DT_BF16 ? kiln_f32_to_bf16(x) : kiln_f32_to_f16(x);
+}
+
+/* n pairs over a stack of E experts of `rows` x `cols`; dense dtype dt (bits 0) or bits-bit codes
+ * of group `group` with scales of sdt. */
+static void gather_case(int E, int rows, int cols, int n, int x_div, int dt, int bits, int group,
+                        int sdt) {
+    const int64_t R = (int64_t)E * rows;
+    kiln_matrix w;
+    memset(&w, 0, sizeof w);
+    w.rows = R, w.cols = cols;
+    std::vector<uint32_t> words; /* 16-byte aligned storage for data / scales / biases */
+    std::vector<uint32_t> sc_words, bi_words;
+    if (bits) {
+        const int64_t wpr = (int64_t)cols * bits / 32, gpr = cols / group;
+        words.resize((size_t)(R * wpr) + 4);
+        for (auto &v : words) v = rnd_u32();
+        const int ss = sdt == KILN_DT_F32 ? 4 : 2;
+        sc_words.resize((size_t)(R * gpr * ss / 4) + 4), bi_words.resize(sc_words.size());
+        for (int64_t g = 0; g < R * gpr; g++) {
+            const float s = 0.01f + 0.01f * (rnd() + 1.0f), b = -0.1f + 0.05f * rnd();
+            if (sdt == KILN_DT_F32) {
+                ((float *)sc_words.data())[g] = s, ((float *)bi_words.data())[g] = b;
+            } else {
+                ((uint16_t *)sc_words.data())[g] = to16(s, sdt);
+                ((uint16_t *)bi_words.data())[g] = to16(b, sdt);
+            }
+        }
+        w.dtype = KILN_DT_U32, w.bits = bits, w.group_size = group;
+        w.scale_dtype = (kiln_dtype)sdt, w.scales = sc_words.data(), w.biases = bi_words.data();
+    } else {
+        const int es = dt == KILN_DT_F32 ? 4 : 2;
+        words.resize((size_t)(R * cols * es / 4) + 4);
+        for (int64_t i = 0; i < R * cols; i++) {
+            const float v = rnd() * 0.5f;
+            if (dt == KILN_DT_F32)
+                ((float *)words.data())[i] = v;
+            else
+                ((uint16_t *)words.data())[i] = to16(v, dt);
+        }
+        w.dtype = (kiln_dtype)dt;
+    }
+    w.data = words.data();
+    const int nx = (n + x_div - 1) / x_div;
+    std::vector<float> x((size_t)nx * cols);
+    for (auto &v : x) v = rnd();
+    std::vector<int32_t> experts(n);
+    for (int i = 0; i < n; i++) experts[i] = (int32_t)(rnd_u32() % (uint32_t)E);
+    experts[0] = E - 1; /* the last slice is read */
+    std::vector<float> y((size_t)n * rows, NAN), ref((size_t)n * rows);
+    kiln_cpu_matmul_gather_ref(ref.data(), x.data(), x_div, n, experts.data(), &w, rows);
+    moeg_args A;
+    memset(&A, 0, sizeof A);
+    A.y = y.data(), A.x = x.data(), A.experts = experts.data(), A.w = w.data;
+    A.scales = w.scales, A.biases = w.biases, A.rows = rows, A.cols = cols, A.x_div = x_div;
+    A.n_experts = E, A.sdt = sdt, A.group = group;
+    const emu_dim3 grid = {(unsigned)((rows + MOEG_WARPS - 1) / MOEG_WARPS), (unsigned)n, 1};
+    const int before = emu_misaligned.load();
+    emu_run("k_moe_gather", grid, 0, [&] {
+        switch (bits) {
+        case 0:
+            if (dt == KILN_DT_BF16) k_moe_gather_dense<KILN_DT_BF16>(A);
+            if (dt == KILN_DT_F16) k_moe_gather_dense<KILN_DT_F16>(A);
+            if (dt == KILN_DT_F32) k_moe_gather_dense<KILN_DT_F32>(A);
+            break;
+        case 2:
+            k_moe_gather_quant<2>(A);
+            break;
+        case 3:
+            k_moe_gather_quant<3>(A);
+            break;
+        case 4:
+            k_moe_gather_quant<4>(A);
+            break;
+        case 5:
+            k_moe_gather_quant<5>(A);
+            break;
+        case 6:
+            k_moe_gather_quant<6>(A);
+            break;
+        case 7:
+            k_moe_gather_quant<7>(A);
+            break;
+        case 8:
+            k_moe_gather_quant<8>(A);
+            break;
+        }
+    });
+    const int misaligned = emu_misaligned.load() - before;
+    const double err = rel_l2(y.data(), ref.data(), y.size());
+    char label[200];
+    snprintf(label, sizeof label,
+             "gather E=%d %dx%d n=%d x_div=%d %s bits=%d group=%d scales=%s: rel %.2e%s", E, rows,
+             cols, n, x_div, bits ? "codes" : kiln_dtype_name((kiln_dtype)dt), bits, group,
+             bits ? kiln_dtype_name((kiln_dtype)sdt) : "-", err,
+             misaligned ? " MISALIGNED loads" : "");
+    report(err <= 1e-5 && misaligned == 0, label);
+}
+
+/* An expert id outside the stack: that pair's rows come out NaN, the others right. */
+static void gather_bad_expert(void) {
+    const int E = 2, rows = 8, cols = 64, n = 2;
+    std::vector<uint16_t> wd((size_t)E * rows * cols + 8);
+    for (auto &v : wd) v = kiln_f32_to_bf16(rnd());
+    std::vector<float> x((size_t)n * cols), y((size_t)n * rows, 0.0f);
+    for (auto &v : x) v = rnd();
+    const int32_t experts[2] = {1, E};
+    moeg_args A;
+    memset(&A, 0, sizeof A);
+    A.y = y.data(), A.x = x.data(), A.experts = experts, A.w = wd.data(), A.rows = rows;
+    A.cols = cols, A.x_div = 1, A.n_experts = E;
+    emu_run(
+        "k_moe_gather_dense", {(unsigned)(rows / MOEG_WARPS), (unsigned)n, 1}, 0,
+        [&] { k_moe_gather_dense<KILN_DT_BF16>(A); }, MOEG_WARPS * 32);
+    bool ok = true;
+    for (int r = 0; r < rows; r++) ok &= std::isfinite(y[r]) && std::isnan(y[rows + r]);
+    report(ok, "gather with an expert id past the stack writes NaN rows");
+}
+
+/* ---- combine ---- */
+
+static void combine_case(int T, int K, int H, bool shared, bool logit) {
+    std::vector<float> ye((size_t)T * K * H), w((size_t)T * K), sh((size_t)T * H), sl(T);
+    for (auto &v : ye) v = rnd();
+    for (auto &v : w) v = rnd() * 0.5f + 0.5f;
+    for (auto &v : sh) v = rnd();
+    for (auto &v : sl) v = rnd() * 3.0f;
+    std::vector<float> y((size_t)T * H, NAN), ref((size_t)T * H);
+    const float *shp = shared ? sh.data() : nullptr, *slp = logit ? sl.data() : nullptr;
+    kiln_cpu_moe_combine_ref(ref.data(), ye.data(), w.data(), T, K, H, shp, slp);
+    const moec_args A = {y.data(), ye.data(), w.data(), shp, slp, H, K};
+    emu_run(
+        "k_moe_combine", {(unsigned)((H + MOEC_THREADS - 1) / MOEC_THREADS), (unsigned)T, 1}, 0,
+        [&] { k_moe_combine(A); }, MOEC_THREADS);
+    const double err = rel_l2(y.data(), ref.data(), y.size());
+    char label[160];
+    snprintf(label, sizeof label, "combine T=%d k=%d H=%d shared=%d gate=%d: rel %.2e", T, K, H,
+             shared, logit, err);
+    report(err <= 1e-6, label);
+}
+
+int main() {
+    route_case(8, 2, 3, false, false, false, false);
+    route_case(8, 2, 2, true, false, true, false);
+    route_case(128, 8, 3, true, false, false, false);
+    route_case(128, 8, 2, true, true, true, false);
+    route_case(512, 10, 2, true, false, false, false);
+    route_case(300, 1, 2, false, true, false, false);
+    route_case(64, 4, 1, false, false, false, true);
+
+    gather_case(3, 5, 64, 6, 2, KILN_DT_BF16, 0, 0, 0);
+    gather_case(4, 9, 768, 8, 8, KILN_DT_BF16, 0, 0, 0);
+    gather_case(3, 6, 520, 5, 1, KILN_DT_F16, 0, 0, 0);
+    gather_case(2, 7, 264, 4, 2, KILN_DT_F32, 0, 0, 0);
+    for (int bits = 2; bits <= 8; bits++)
+        gather_case(3, 6, 256, 6, 2, 0, bits, bits % 2 ? 32 : 64, KILN_DT_BF16);
+    gather_case(4, 5, 2048, 4, 2, 0, 4, 64, KILN_DT_BF16);
+    gather_case(4, 5, 1536, 4, 4, 0, 8, 128, KILN_DT_F16);
+    gather_case(3, 4, 1536, 3, 1, 0, 3, 32, KILN_DT_F32);
+    gather_case(2, 3, 64, 2, 1, 0, 6, 32, KILN_DT_BF16);
+    gather_bad_expert();
+
+    combine_case(1, 8, 300, false, false);
+    combine_case(3, 2, 512, true, true);
+    combine_case(2, 4, 100, true, false);
+
+    printf("%d cases, %d failed\n", cases, failures);
+    return failures ? 1 : 0;
+}
