@@ -42,61 +42,6 @@ static void check_pattern(const char *name, const char *want) {
     kiln_model_free(m);
 }
 
-/* Gemma 4 with the MoE block: no shared fixture has one, so tests/gemma4_moe_ref.py builds a tiny
- * random model and its float64 numpy logits from a reading of transformers' modeling_gemma4.py
- * (not transformers output). Full forward and token-by-token decoding must match it. */
-static void check_gemma4_moe(void) {
-    char dir[512], cmd[2048], path[600];
-    snprintf(dir, sizeof dir, "%s/gemma4_moe", test_tmpdir());
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s' '%s' >&2",
-             test_source("tests/gemma4_moe_ref.py"), dir);
-    CHECK_MSG(system(cmd) == 0, "gemma4 moe: %s failed", cmd);
-    snprintf(path, sizeof path, "%s/input_ids.json", dir);
-    char *text = test_read_file(path, NULL);
-    CHECK_MSG(text != NULL, "gemma4 moe: no %s", path);
-    if (!text) return;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    int T = 0;
-    int32_t *ids = fixture_json_ids(j, &T);
-    cJSON_Delete(j);
-    kiln_model *m = NULL;
-    CHECK_OK(kiln_model_load(dir, NULL, &m));
-    if (!m) {
-        free(ids);
-        return;
-    }
-    const kiln_model_info *info = kiln_model_get_info(m);
-    CHECK_MSG(strcmp(info->layer_pattern, "S+M F+M") == 0, "gemma4 moe: layer pattern '%s'",
-              info->layer_pattern);
-    const int V = info->vocab_size;
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/logits.f32", dir);
-    float *ref = (float *)test_read_file(path, &len);
-    CHECK(ref && len == (size_t)T * V * sizeof(float));
-    float *logits = malloc((size_t)T * V * sizeof(float));
-    kiln_seq *seq = NULL;
-    CHECK_OK(kiln_seq_new(m, &seq));
-    kiln_batch_entry e = {seq, ids, T, KILN_LOGITS_ALL, logits};
-    CHECK_OK(kiln_forward(m, &e, 1));
-    double err = ref ? test_rel_l2(logits, ref, (size_t)T * V) : 1;
-    CHECK_MSG(err <= 1e-4, "gemma4 moe: full forward rel L2 %.3g > 1e-4", err);
-    fprintf(stderr, "%-18s full forward   rel L2 %.2e (numpy reference)\n", "gemma4_text+moe", err);
-    CHECK_OK(kiln_seq_truncate(seq, 0));
-    for (int t = 0; t < T; t++) {
-        e = (kiln_batch_entry){seq, ids + t, 1, KILN_LOGITS_LAST, logits + (size_t)t * V};
-        CHECK_OK(kiln_forward(m, &e, 1));
-    }
-    err = ref ? test_rel_l2(logits, ref, (size_t)T * V) : 1;
-    CHECK_MSG(err <= 1e-4, "gemma4 moe: stepwise rel L2 %.3g > 1e-4", err);
-    fprintf(stderr, "%-18s token by token rel L2 %.2e (numpy reference)\n", "gemma4_text+moe", err);
-    kiln_seq_free(seq);
-    free(logits);
-    free(ref);
-    free(ids);
-    kiln_model_free(m);
-}
-
 /* The routing log: a line worked out by hand, then the lines the MoE fixtures' CPU runs wrote
  * (KILN_MOE_LOG, set before the first model loads): parseable, distinct experts, margin >= 0. */
 static void check_route_log(const char *path) {
@@ -145,7 +90,7 @@ int main(void) {
     check_pattern("qwen3_moe-mlx-q4g32", "F+M F+M F+M");
     check_pattern("gemma3_text", "S F S F");
     check_pattern("gemma4_text", "S S S F");
-    check_gemma4_moe();
+    fixture_gemma4_moe_check(KILN_DEVICE_CPU, 1e-4, false);
     check_route_log(route_log);
     return test_finish();
 }

@@ -19,13 +19,15 @@
  * activations all in the backend's memory), so it runs on the CPU and on CUDA alike: the embedding
  * and per-layer-input scales and layer_scalar are `scale` ops, per-layer inputs are sliced out with
  * copy2d, the final soft-cap is the `softcap` op (logits_head.c). KV-shared layers only `attend`
- * to their source layer's cache (stored earlier in the same step). The MoE router logits come to
- * the host for the top-k choice, as in moe.c; the experts run as gather_rows -> matmuls ->
- * scatter_add_rows. */
+ * to their source layer's cache (stored earlier in the same step). The MoE block routes as moe.c
+ * does: on the backend for decode-sized batches where it offers the MoE ops (route, gathered
+ * matmuls over the (token, choice) pairs, weighted sum; the step can then be recorded), else with
+ * the router logits on the host and the experts as gather_rows -> matmuls -> scatter_add_rows. */
 #include "model/model.h"
 #include "model/moe.h"
 
 #include "util/half.h"
+#include "util/hash.h"
 #include "util/log.h"
 #include "util/status.h"
 
@@ -54,7 +56,8 @@ typedef struct gemma_layer {
     kiln_matrix router;  /* [E, hidden] */
     float *router_w;     /* backend [hidden]: router.scale / sqrt(hidden), the router norm's w */
     float *expert_scale; /* [E] (host) per_expert_scale, applied to the routing weights */
-    kiln_matrix gate_up, down;                              /* [E*2F, hidden], [E*hidden, F] */
+    float *expert_scale_dev;   /* [E] the same in backend memory (backends with moe_route) */
+    kiln_matrix gate_up, down; /* [E*2F, hidden], [E*hidden, F] */
     float *pre_ffn_norm2, *post_ffn_norm1, *post_ffn_norm2; /* [hidden] */
 } gemma_layer;
 
@@ -88,7 +91,7 @@ static void gemma_free(kiln_model *m) {
         gemma_layer *L = &s->layers[i];
         float *v[] = {L->attn_norm,      L->post_attn_norm, L->pre_ffn_norm, L->post_ffn_norm,
                       L->q_norm,         L->k_norm,         L->ple_norm,     L->pre_ffn_norm2,
-                      L->post_ffn_norm1, L->post_ffn_norm2, L->router_w};
+                      L->post_ffn_norm1, L->post_ffn_norm2, L->router_w,     L->expert_scale_dev};
         for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) kiln_weights_free_vector(m, v[j]);
         kiln_matrix *w[] = {&L->wq,       &L->wk,     &L->wv,      &L->wo,
                             &L->w_gate,   &L->w_up,   &L->w_down,  &L->ple_gate,
@@ -233,6 +236,12 @@ static kiln_status load_moe(kiln_model *m, gemma_state *s, gemma_layer *L, const
     if (!L->router_w) return kiln_error(KILN_ERR_OOM, "out of backend memory for '%s'", n);
     snprintf(n, sizeof n, "%s.router.per_expert_scale", p);
     KILN_TRY(host_floats(m, n, E, &L->expert_scale));
+    if (m->be->moe_route) {
+        L->expert_scale_dev = m->be->alloc(m->be, (size_t)E * sizeof(float));
+        if (!L->expert_scale_dev)
+            return kiln_error(KILN_ERR_OOM, "out of backend memory for '%s'", n);
+        m->be->upload(m->be, L->expert_scale_dev, L->expert_scale, (size_t)E * sizeof(float));
+    }
     snprintf(n, sizeof n, "%s.experts.gate_up_proj", p);
     KILN_TRY(load_experts(m, n, E, 2 * (int64_t)F, H, &L->gate_up));
     snprintf(n, sizeof n, "%s.experts.down_proj", p);
@@ -425,8 +434,41 @@ static int64_t al4(int64_t n) {
  * so each selected expert runs one matmul over its rows. y, r in backend memory; y must not alias
  * r. The router logits come to the host for the top-k choice (as in moe.c); the buckets go back as
  * row ids and weights. */
+/* The same on the backend (moe.c's device forward): pair t*K + j is token t's j-th choice. */
+static kiln_status gemma_moe_device(kiln_model *m, gemma_state *s, const gemma_layer *L, float *y,
+                                    const float *r, int64_t T) {
+    kiln_backend *be = m->be;
+    const int64_t H = s->hidden, E = s->n_experts, K = s->top_k, F = s->moe_ffn, P = T * K;
+    /* backend scratch: logits [T, E]; rn [T, H]; experts (int32), weights [P]; gu [P, 2F];
+     * g, u [P, F]; ye [P, H]; each region 16-byte aligned */
+    const int64_t nl = al4(T * E), nh = al4(T * H), np = al4(P), nf = al4(P * F), ny = al4(P * H);
+    KILN_TRY(kiln_scratch_reserve(be, &s->moe, (size_t)(nl + nh + 2 * np + 4 * nf + ny) * 4));
+    float *logits = s->moe.ptr, *rn = logits + nl, *w = rn + nh, *gu = w + 2 * np, *g = gu + 2 * nf,
+          *u = g + nf, *ye = u + nf;
+    int32_t *experts = (int32_t *)(w + np);
+    kiln_moe_count_device_call();
+    be->rmsnorm(be, rn, r, L->router_w, T, H, s->eps, false);
+    be->matmul(be, logits, rn, T, &L->router);
+    be->moe_route(be, experts, w, logits, T, (int)E, (int)K, true, L->expert_scale_dev);
+    be->rmsnorm(be, rn, r, L->pre_ffn_norm2, T, H, s->eps, false);
+    be->matmul_gather(be, gu, rn, K, P, experts, &L->gate_up, 2 * F);
+    be->copy2d(be, g, F, gu, 2 * F, P, F);
+    be->copy2d(be, u, F, gu + F, 2 * F, P, F);
+    be->gelu_tanh_mul(be, g, g, u, P * F);
+    be->matmul_gather(be, ye, g, 1, P, experts, &L->down, H);
+    be->moe_combine(be, y, ye, w, T, (int)K, H, NULL, NULL);
+    be->rmsnorm(be, y, y, L->post_ffn_norm2, T, H, s->eps, false);
+    return KILN_OK;
+}
+
+static bool gemma_moe_on_device(const kiln_model *m, const gemma_state *s, const gemma_layer *L,
+                                int64_t T) {
+    return L->expert_scale_dev && s->top_k <= 64 && T <= kiln_moe_device_max_tokens(m->be);
+}
+
 static kiln_status gemma_moe(kiln_model *m, gemma_state *s, const gemma_layer *L, float *y,
                              const float *r, int64_t T) {
+    if (gemma_moe_on_device(m, s, L, T)) return gemma_moe_device(m, s, L, y, r, T);
     kiln_backend *be = m->be;
     const int64_t H = s->hidden, E = s->n_experts, K = s->top_k, F = s->moe_ffn;
     /* backend scratch: logits [T, E]; rn, xe, ye [T, H]; gu [T, 2F]; g, u [T, F]; weights and row
@@ -579,12 +621,17 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     int *kv_n = bkv.n;
 
     /* decode steps run as one recorded unit where the backend offers it (llama.c), unless a
-     * layer routes experts (gemma_moe waits for the routes on the host) */
-    bool any_moe = false;
-    for (int l = 0; l < s->n_layers; l++) any_moe |= s->layers[l].moe;
-    const bool graph = !any_moe && kiln_decode_step_recordable(be, &bkv, T, n_entries);
+     * layer routes experts on the host (gemma_moe waits for the routes there); the MoE scratch
+     * is part of the key */
+    bool host_moe = false;
+    for (int l = 0; l < s->n_layers; l++)
+        host_moe |= s->layers[l].moe && !gemma_moe_on_device(m, s, &s->layers[l], T);
+    const bool graph = !host_moe && kiln_decode_step_recordable(be, &bkv, T, n_entries);
     bool replayed = false;
-    if (graph) replayed = be->graph_begin(be, kiln_decode_step_key(s, a.x, a.tok, &bkv, n_entries));
+    if (graph) {
+        uint64_t key = kiln_decode_step_key(s, a.x, a.tok, &bkv, n_entries);
+        replayed = be->graph_begin(be, key ? kiln_hash_mix(key, (uintptr_t)s->moe.ptr) : 0);
+    }
     if (!replayed) {
         be->embed(be, a.x, a.tok, T, &s->embed);
         be->scale(be, a.x, s->embed_scale, T * H);

@@ -80,6 +80,12 @@ bool kiln_weights_has(const kiln_model *m, const char *name);
 kiln_status kiln_weights_matrices(kiln_model *m, int count, const char *const *modules,
                                   const int64_t *rows, int64_t cols, bool want_bias,
                                   kiln_matrix *outs);
+/* The matrices modules[0..count) (each [rows, cols], one format, no output bias) as one
+ * [count*rows, cols] matrix where the backend offers upload_stack (MoE experts stored one tensor
+ * each); KILN_ERR_UNSUPPORTED (no error set) where it does not or they differ, for the caller to
+ * load them one by one. */
+kiln_status kiln_weights_stack(kiln_model *m, int count, const char *const *modules, int64_t rows,
+                               int64_t cols, kiln_matrix *out);
 void kiln_weights_free_matrix(kiln_model *m, kiln_matrix *w);
 void kiln_weights_free_vector(kiln_model *m, float *v);
 

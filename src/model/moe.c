@@ -1,10 +1,14 @@
-/* moe.c — the sparse MoE block (see moe.h): loading both expert layouts and the grouped forward
- * (tokens are bucketed per selected expert so each expert runs one matmul over its rows). The
- * forward runs on any backend: router logits come to the host for the top-k choice, the buckets
- * go back as row ids and weights, and the experts run as backend ops (gather, matmuls, weighted
- * scatter-add). */
+/* moe.c — the sparse MoE block (see moe.h): loading both expert layouts and the two forwards.
+ * Bucketed (any backend, any token count): router logits come to the host for the top-k choice,
+ * tokens are bucketed per selected expert so each expert runs one matmul over its rows, the
+ * buckets go back as row ids and weights, and the experts run as backend ops (gather, matmuls,
+ * weighted scatter-add). On the device (backends with moe_route / matmul_gather / moe_combine,
+ * up to moe_device_max_tokens tokens: decode steps): the top-k choice, one gathered matmul per
+ * projection over all (token, choice) pairs and the weighted sum all stay on the backend, so
+ * nothing waits for the host and the step can be recorded as a graph. */
 #include "model/moe.h"
 
+#include "backend/cpu/cpu_ops.h"
 #include "util/status.h"
 
 #include <math.h>
@@ -63,6 +67,34 @@ static kiln_status load_stacked(kiln_model *m, const char *module, int E, int64_
     return m->be->upload_matrix(m->be, &host, out);
 }
 
+/* The HF layout's experts (`<prefix>.experts.N.{gate,up,down}_proj`) as the three stacks of
+ * mlx-lm's layout, where the backend uploads them so (kiln_weights_stack); o->stacked tells. */
+static kiln_status load_expert_stacks(kiln_model *m, const char *prefix, kiln_moe *o) {
+    static const char *parts[3] = {"gate_proj", "up_proj", "down_proj"};
+    const int E = o->n_experts;
+    char **names = calloc((size_t)E, sizeof *names);
+    if (!names) return kiln_error(KILN_ERR_OOM, "out of memory");
+    kiln_status st = KILN_OK;
+    for (int e = 0; e < E && st == KILN_OK; e++)
+        if (!(names[e] = malloc(strlen(prefix) + 48)))
+            st = kiln_error(KILN_ERR_OOM, "out of memory");
+    int made = 0;
+    for (; made < 3 && st == KILN_OK; made++) {
+        for (int e = 0; e < E; e++) sprintf(names[e], "%s.experts.%d.%s", prefix, e, parts[made]);
+        st = kiln_weights_stack(m, E, (const char *const *)names, made < 2 ? o->ffn : o->hidden,
+                                made < 2 ? o->hidden : o->ffn, &o->stack[made]);
+    }
+    if (st == KILN_OK) {
+        o->stacked = true;
+    } else {
+        for (int p = 0; p < 3; p++) kiln_weights_free_matrix(m, &o->stack[p]);
+        if (st == KILN_ERR_UNSUPPORTED) st = KILN_OK; /* one tensor at a time, then */
+    }
+    for (int e = 0; e < E; e++) free(names[e]);
+    free(names);
+    return st;
+}
+
 kiln_status kiln_moe_load(kiln_model *m, const char *prefix, int hidden, int n_experts, int top_k,
                           int ffn, bool norm_topk, int shared_ffn, kiln_moe *o) {
     char n[400];
@@ -92,6 +124,10 @@ kiln_status kiln_moe_load(kiln_model *m, const char *prefix, int hidden, int n_e
             KILN_TRY(load_stacked(m, n, n_experts, p < 2 ? ffn : hidden, p < 2 ? hidden : ffn,
                                   &o->stack[p]));
         }
+    } else if (m->be->matmul_gather && m->be->upload_stack) {
+        KILN_TRY(load_expert_stacks(m, prefix, o)); /* sets o->stacked where the backend could */
+    }
+    if (o->stacked) {
         for (int e = 0; e < n_experts; e++) {
             o->gate[e] = kiln_matrix_rows(&o->stack[0], (int64_t)e * ffn, ffn);
             o->up[e] = kiln_matrix_rows(&o->stack[1], (int64_t)e * ffn, ffn);
@@ -143,25 +179,7 @@ void kiln_moe_free(kiln_model *m, kiln_moe *o) {
 }
 
 void kiln_moe_route(const float *logits, int E, int k, bool norm_topk, int *idx, float *w) {
-    float mx = logits[0];
-    for (int e = 1; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    double sum = 0;
-    for (int e = 0; e < E; e++) sum += exp((double)logits[e] - mx);
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int i = 0; i < j; i++) taken |= idx[i] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
-        }
-        idx[j] = best;
-        w[j] = (float)(exp((double)logits[best] - mx) / sum);
-    }
-    if (norm_topk) {
-        float s = 0;
-        for (int j = 0; j < k; j++) s += w[j];
-        for (int j = 0; j < k; j++) w[j] /= s;
-    }
+    kiln_cpu_moe_route_ref(idx, w, logits, 1, E, k, norm_topk, NULL);
 }
 
 /* The routing log (env KILN_MOE_LOG=FILE, read once): one line per token of every MoE call,
@@ -206,8 +224,67 @@ static void route_log_call(const kiln_model *m, int64_t T, const float *logits, 
     fflush(f);
 }
 
+static _Atomic long device_calls;
+void kiln_moe_count_device_call(void) {
+    atomic_fetch_add(&device_calls, 1);
+}
+long kiln_moe_device_calls(void) {
+    return atomic_load(&device_calls);
+}
+
+int kiln_moe_device_max_tokens(const kiln_backend *be) {
+    if (!be->moe_route || !be->matmul_gather || !be->moe_combine) return 0;
+    const char *env = getenv("KILN_MOE_DEVICE_TOKENS");
+    if (env && *env) return atoi(env) > 0 ? atoi(env) : 0;
+    return be->moe_device_max_tokens;
+}
+
+static int64_t align4(int64_t n) { /* floats, so each scratch region starts 16-byte aligned */
+    return (n + 3) & ~(int64_t)3;
+}
+
+/* The block on the backend: route, gathered gate / up / down over the T*K (token, choice) pairs
+ * (pair t*K + j reads x row t), the shared expert, and the weighted sum. */
+static kiln_status moe_forward_device(kiln_model *m, const kiln_moe *o, float *y, const float *x,
+                                      int64_t T, kiln_scratch *work) {
+    kiln_backend *be = m->be;
+    const int64_t H = o->hidden, E = o->n_experts, K = o->top_k, F = o->ffn, SF = o->shared_ffn;
+    const int64_t P = T * K;
+    /* backend scratch: router logits [T, E]; shared gate logits [T]; experts (int32), weights
+     * [P]; g, u [P, F]; ye [P, H]; shared expert sg, su [T, SF], sy [T, H] */
+    const int64_t n_l = align4(T * E), n_sl = align4(T), n_p = align4(P), n_g = align4(P * F),
+                  n_ye = align4(P * H), n_sg = align4(T * SF), n_sy = SF > 0 ? align4(T * H) : 0;
+    const size_t floats = (size_t)(n_l + n_sl + 2 * n_p + 2 * n_g + n_ye + 2 * n_sg + n_sy);
+    KILN_TRY(kiln_scratch_reserve(be, work, floats * sizeof(float)));
+    float *logits = work->ptr, *sh_logit = logits + n_l, *w = sh_logit + n_sl, *g = w + 2 * n_p,
+          *u = g + n_g, *ye = u + n_g, *sg = ye + n_ye, *su = sg + n_sg, *sy = su + n_sg;
+    int32_t *experts = (int32_t *)(w + n_p);
+    kiln_moe_count_device_call();
+    be->matmul(be, logits, x, T, &o->router);
+    be->moe_route(be, experts, w, logits, T, (int)E, (int)K, o->norm_topk, NULL);
+    be->matmul_gather(be, g, x, K, P, experts, &o->stack[0], F);
+    be->matmul_gather(be, u, x, K, P, experts, &o->stack[1], F);
+    be->silu_mul(be, g, g, u, P * F);
+    be->matmul_gather(be, ye, g, 1, P, experts, &o->stack[2], H);
+    if (SF > 0) {
+        float *const ys[3] = {sg, su, sh_logit};
+        const kiln_matrix *const ws[3] = {&o->sh_gate, &o->sh_up, &o->sh_router};
+        be->matmul_multi(be, 3, ys, x, T, ws);
+        be->silu_mul(be, sg, sg, su, T * SF);
+        be->matmul(be, sy, sg, T, &o->sh_down);
+    }
+    be->moe_combine(be, y, ye, w, T, (int)K, H, SF > 0 ? sy : NULL, SF > 0 ? sh_logit : NULL);
+    return KILN_OK;
+}
+
+bool kiln_moe_on_device(const kiln_model *m, const kiln_moe *o, int64_t T) {
+    /* the routing log needs the logits on the host: logged runs keep the bucketed forward */
+    return o->stacked && o->top_k <= 64 && T <= kiln_moe_device_max_tokens(m->be) && !route_log();
+}
+
 kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const float *x, int64_t T,
                              kiln_scratch *work) {
+    if (kiln_moe_on_device(m, o, T)) return moe_forward_device(m, o, y, x, T, work);
     kiln_backend *be = m->be;
     const int64_t H = o->hidden, E = o->n_experts, K = o->top_k;
     const int64_t F = o->ffn > o->shared_ffn ? o->ffn : o->shared_ffn;

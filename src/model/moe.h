@@ -3,7 +3,8 @@
  * shared expert scaled by sigmoid(shared_expert_gate(x)). Experts load from the HF layout
  * (`<prefix>.experts.N.{gate,up,down}_proj`) or mlx-lm's stacked one
  * (`<prefix>.switch_mlp.{gate,up,down}_proj` [E, out, in], read as per-expert row views).
- * Only the experts a token selects are read. Runs on any backend (routing on the host). */
+ * Only the experts a token selects are read. Runs on any backend: routing on the host, or on the
+ * backend for small batches where it offers the MoE ops (backend.h moe_route). */
 #ifndef KILN_MODEL_MOE_H
 #define KILN_MODEL_MOE_H
 
@@ -14,7 +15,8 @@
 typedef struct kiln_moe {
     int hidden, n_experts, top_k, ffn, shared_ffn; /* shared_ffn 0 = no shared expert */
     bool norm_topk;
-    bool stacked;         /* mlx-lm switch_mlp layout: expert matrices are views */
+    bool stacked;         /* stack[] holds the experts (mlx-lm switch_mlp layout, or the HF one
+                             uploaded by upload_stack); the per-expert matrices are its views */
     kiln_matrix router;   /* [E, hidden] */
     kiln_matrix stack[3]; /* stacked only: gate/up [E*ffn, hidden], down [E*hidden, ffn] */
     kiln_matrix *gate;    /* [E] each [ffn, hidden] */
@@ -35,6 +37,19 @@ void kiln_moe_free(kiln_model *m, kiln_moe *moe);
  * scratch kept across calls). y must not alias x. */
 kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *moe, float *y, const float *x,
                              int64_t T, kiln_scratch *work);
+
+/* Forwards of up to this many tokens run the block with its routing on the backend (0: never):
+ * KILN_MOE_DEVICE_TOKENS=N when set, else be->moe_device_max_tokens; 0 without the ops. */
+int kiln_moe_device_max_tokens(const kiln_backend *be);
+
+/* Whether kiln_moe_forward of T tokens runs on the backend with nothing waiting for the host (so
+ * a decode step through it can be recorded). */
+bool kiln_moe_on_device(const kiln_model *m, const kiln_moe *o, int64_t T);
+
+/* MoE blocks run on the backend so far in this process (moe.c and gemma.c count them): how
+ * tests see which forward ran. */
+void kiln_moe_count_device_call(void);
+long kiln_moe_device_calls(void);
 
 /* Router math on one token: probs[E] = softmax(logits); picks top_k (ties -> lower index) into
  * idx[k] with weights w[k] (renormalised if norm_topk). Exposed for tests. */

@@ -541,15 +541,17 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
 
     be->embed(be, a.x, a.tok, T, &s->embed);
     /* decode steps run as one recorded unit where the backend offers it (llama.c), unless a
-     * layer routes experts (moe.c waits for the routes on the host). The recorded launches also
-     * carry each sequence's recurrent state pointers (the conv and delta-rule ops take them as
-     * arguments), so those are part of the key. */
-    bool any_moe = false;
-    for (int l = 0; l < s->n_layers; l++) any_moe |= s->layers[l].moe;
-    const bool graph = !any_moe && kiln_decode_step_recordable(be, &bkv, T, n_entries);
+     * layer routes experts on the host (moe.c waits for the routes there). The recorded launches
+     * also carry each sequence's recurrent state pointers (the conv and delta-rule ops take them
+     * as arguments) and the MoE scratch, so those are part of the key. */
+    bool host_moe = false;
+    for (int l = 0; l < s->n_layers; l++)
+        host_moe |= s->layers[l].moe && !kiln_moe_on_device(m, &s->layers[l].sparse, T);
+    const bool graph = !host_moe && kiln_decode_step_recordable(be, &bkv, T, n_entries);
     bool replayed = false;
     if (graph) {
         uint64_t key = kiln_decode_step_key(s, a.x, a.tok, &bkv, n_entries);
+        key = key ? kiln_hash_mix(key, (uintptr_t)s->moe.ptr) : 0;
         for (int l = 0; key && l < s->n_layers; l++)
             for (int i = 0; s->layers[l].linear && i < n_entries; i++)
                 key = kiln_hash_mix(key, (uintptr_t)e[i].seq->kv->vt->layer_state(e[i].seq->kv, l));

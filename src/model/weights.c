@@ -247,6 +247,25 @@ kiln_status kiln_weights_matrices(kiln_model *m, int count, const char *const *m
     return st;
 }
 
+kiln_status kiln_weights_stack(kiln_model *m, int count, const char *const *modules, int64_t rows,
+                               int64_t cols, kiln_matrix *out) {
+    memset(out, 0, sizeof *out);
+    if (!m->be->upload_stack || count < 1) return KILN_ERR_UNSUPPORTED;
+    kiln_matrix *hosts = calloc((size_t)count, sizeof *hosts);
+    if (!hosts) return kiln_error(KILN_ERR_OOM, "out of memory for %d matrices", count);
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < count && st == KILN_OK; i++) {
+        float *no_bias = NULL; /* want_bias false: none */
+        st = weights_host_matrix(m, modules[i], rows, cols, false, &hosts[i], &no_bias);
+        if (st == KILN_OK && !same_format(&hosts[0], &hosts[i])) st = KILN_ERR_UNSUPPORTED;
+    }
+    if (st == KILN_OK) st = m->be->upload_stack(m->be, count, hosts, out);
+    free(hosts);
+    if (st == KILN_OK || st == KILN_ERR_OOM || st == KILN_ERR_DEVICE) return st;
+    kiln_error_clear(); /* the one-by-one load that follows says what is wrong, if anything */
+    return KILN_ERR_UNSUPPORTED;
+}
+
 kiln_status kiln_scratch_reserve(kiln_backend *be, kiln_scratch *s, size_t bytes) {
     if (bytes <= s->cap) return KILN_OK;
     if (s->ptr) be->free(be, s->ptr);

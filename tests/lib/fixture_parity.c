@@ -306,3 +306,68 @@ void fixture_sampling_check(const char *name, kiln_device device) {
     free(prow);
     kiln_model_free(m);
 }
+
+void fixture_gemma4_moe_check(kiln_device device, double tol, bool python_optional) {
+    char dir[512], cmd[2048], path[600];
+    snprintf(dir, sizeof dir, "%s/gemma4_moe", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s' '%s' >&2",
+             test_source("tests/gemma4_moe_ref.py"), dir);
+    const int rc = system(cmd);
+    if (rc != 0 && python_optional) {
+        fprintf(stderr,
+                "gemma4_text+moe    numpy reference LEFT OUT: '%s' failed (no python3 "
+                "with numpy?)\n",
+                cmd);
+        return;
+    }
+    CHECK_MSG(rc == 0, "gemma4 moe: %s failed", cmd);
+    snprintf(path, sizeof path, "%s/input_ids.json", dir);
+    char *text = test_read_file(path, NULL);
+    CHECK_MSG(text != NULL, "gemma4 moe: no %s", path);
+    if (!text) return;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    int T = 0;
+    int32_t *ids = fixture_json_ids(j, &T);
+    cJSON_Delete(j);
+    kiln_model *m = NULL;
+    kiln_load_options lo;
+    kiln_load_options_default(&lo);
+    lo.device = device;
+    CHECK_OK(kiln_model_load(dir, &lo, &m));
+    if (!m) {
+        free(ids);
+        return;
+    }
+    const kiln_model_info *info = kiln_model_get_info(m);
+    CHECK_MSG(strcmp(info->layer_pattern, "S+M F+M") == 0, "gemma4 moe: layer pattern '%s'",
+              info->layer_pattern);
+    const int V = info->vocab_size;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    float *ref = (float *)test_read_file(path, &len);
+    CHECK(ref && len == (size_t)T * V * sizeof(float));
+    float *logits = malloc((size_t)T * V * sizeof(float));
+    kiln_seq *seq = NULL;
+    CHECK_OK(kiln_seq_new(m, &seq));
+    kiln_batch_entry e = {seq, ids, T, KILN_LOGITS_ALL, logits};
+    CHECK_OK(kiln_forward(m, &e, 1));
+    double err = ref ? test_rel_l2(logits, ref, (size_t)T * V) : 1;
+    CHECK_MSG(err <= tol, "gemma4 moe: full forward rel L2 %.3g > %g", err, tol);
+    fprintf(stderr, "%-18s full forward   rel L2 %.2e (numpy reference, %s)\n", "gemma4_text+moe",
+            err, device == KILN_DEVICE_CUDA ? "cuda" : "cpu");
+    CHECK_OK(kiln_seq_truncate(seq, 0));
+    for (int t = 0; t < T; t++) {
+        e = (kiln_batch_entry){seq, ids + t, 1, KILN_LOGITS_LAST, logits + (size_t)t * V};
+        CHECK_OK(kiln_forward(m, &e, 1));
+    }
+    err = ref ? test_rel_l2(logits, ref, (size_t)T * V) : 1;
+    CHECK_MSG(err <= tol, "gemma4 moe: stepwise rel L2 %.3g > %g", err, tol);
+    fprintf(stderr, "%-18s token by token rel L2 %.2e (numpy reference, %s)\n", "gemma4_text+moe",
+            err, device == KILN_DEVICE_CUDA ? "cuda" : "cpu");
+    kiln_seq_free(seq);
+    free(logits);
+    free(ref);
+    free(ids);
+    kiln_model_free(m);
+}

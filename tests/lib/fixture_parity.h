@@ -27,6 +27,13 @@ void fixture_parity_check(const char *name, const fixture_parity_opts *o);
  * alone and (from step 12) second in a batch of two; the ids must agree at every step. */
 void fixture_sampling_check(const char *name, kiln_device device);
 
+/* Gemma 4 with the MoE block: no shared fixture has one, so tests/gemma4_moe_ref.py builds a tiny
+ * random model and its float64 numpy logits from a reading of transformers' modeling_gemma4.py
+ * (not transformers output). Full forward and token-by-token decoding on `device` must match it
+ * within relative L2 tol. python_optional: a machine whose python3 cannot run the script (no
+ * numpy) leaves the check out with a line saying so, instead of failing. */
+void fixture_gemma4_moe_check(kiln_device device, double tol, bool python_optional);
+
 /* A JSON array of numbers as malloc'd int32 ids (n set to its length). */
 int32_t *fixture_json_ids(const cJSON *arr, int *n);
 

@@ -1,0 +1,190 @@
+/* test_moe_device.c — the MoE block with its routing on the backend (backend.h moe_route,
+ * matmul_gather, moe_combine; model/moe.c's device forward, gemma.c's), on the CPU backend:
+ *  1. the ops against values worked out here: top-k choices and softmax weights (ties, NaN,
+ *     renormalisation, per-expert scales), gathered matmuls against weights dequantized by this
+ *     file's own bit reader (bf16, f32, 3/4/8-bit codes), the weighted sum with a shared expert;
+ *  2. the MoE fixtures (mlx-lm stacked experts) and the Gemma 4 MoE model forced onto that path
+ *     (KILN_MOE_DEVICE_TOKENS) still match transformers' / numpy's logits as test_families asks,
+ *     and the forward really ran there (kiln_moe_device_calls); the HF layout on the CPU keeps
+ *     its tensors in place and so the bucketed forward. */
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "fixture_parity.h"
+#include "kiln.h"
+#include "model/moe.h"
+#include "test_util.h"
+#include "util/half.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kiln_backend *cpu;
+
+#define CHECK_NEAR(got, want, tol)                                                                 \
+    CHECK_MSG(fabs((double)(got) - (double)(want)) <= (tol), "%s = %.9g, want %.9g", #got,         \
+              (double)(got), (double)(want))
+
+static void check_route(void) {
+    /* two tokens: distinct logits, then a tie (lower index first) */
+    const float logits[8] = {0.5f, 2.0f, 1.0f, 3.0f, 1.0f, 2.0f, 2.0f, 0.0f};
+    int32_t ex[4];
+    float w[4];
+    cpu->moe_route(cpu, ex, w, logits, 2, 4, 2, false, NULL);
+    CHECK_MSG(ex[0] == 3 && ex[1] == 1, "route token 0: %d,%d (want 3,1)", ex[0], ex[1]);
+    CHECK_MSG(ex[2] == 1 && ex[3] == 2, "route token 1 (tie): %d,%d (want 1,2)", ex[2], ex[3]);
+    const double z0 = exp(0.5) + exp(2.0) + exp(1.0) + exp(3.0);
+    CHECK_NEAR(w[0], exp(3.0) / z0, 1e-6);
+    CHECK_NEAR(w[1], exp(2.0) / z0, 1e-6);
+    const double z1 = exp(1.0) + 2 * exp(2.0) + 1.0;
+    CHECK_NEAR(w[2], exp(2.0) / z1, 1e-6);
+    /* renormalised over the k, then times the chosen experts' scales */
+    const float scale[4] = {10.0f, 20.0f, 30.0f, 40.0f};
+    cpu->moe_route(cpu, ex, w, logits, 1, 4, 2, true, scale);
+    const double s = exp(3.0) + exp(2.0);
+    CHECK_NEAR(w[0], exp(3.0) / s * 40.0, 1e-5);
+    CHECK_NEAR(w[1], exp(2.0) / s * 20.0, 1e-5);
+    /* NaN logits lose to every number and are taken last, lowest index first */
+    const float nan_logits[4] = {NAN, 1.0f, NAN, 0.0f};
+    int32_t ex3[3];
+    float w3[3];
+    cpu->moe_route(cpu, ex3, w3, nan_logits, 1, 4, 3, false, NULL);
+    CHECK_MSG(ex3[0] == 1 && ex3[1] == 3 && ex3[2] == 0, "route with NaN: %d,%d,%d (want 1,3,0)",
+              ex3[0], ex3[1], ex3[2]);
+    /* kiln_moe_route (the host forward's) is the same choice */
+    int idx[2];
+    float wh[2];
+    kiln_moe_route(logits + 4, 4, 2, false, idx, wh);
+    CHECK_MSG(idx[0] == 1 && idx[1] == 2, "kiln_moe_route tie: %d,%d", idx[0], idx[1]);
+}
+
+/* Code c of a row's little-endian bit stream of `bits`-bit codes, read bit by bit. */
+static unsigned code_at(const uint32_t *row, int64_t c, int bits) {
+    unsigned v = 0;
+    for (int b = 0; b < bits; b++) {
+        const int64_t bit = c * bits + b;
+        v |= ((row[bit / 32] >> (bit % 32)) & 1u) << b;
+    }
+    return v;
+}
+
+/* A stack of E experts of `rows` rows, gathered for pairs with x_div 2, against double sums over
+ * weights this test dequantizes itself. bits 0: dense of dtype dt. */
+static void check_gather_case(kiln_dtype dt, int bits, int group) {
+    enum { E = 3, ROWS = 5, COLS = 64, N = 6, XDIV = 2 };
+    const int64_t R = (int64_t)E * ROWS;
+    kiln_matrix w = {.dtype = bits ? KILN_DT_U32 : dt, .rows = R, .cols = COLS};
+    double *ref_w = malloc((size_t)(R * COLS) * sizeof(double)); /* [R, COLS] */
+    void *data = NULL;
+    uint16_t *sc = NULL, *bi = NULL;
+    uint64_t seed = 1234u + (uint64_t)bits * 7u + (uint64_t)dt;
+    if (bits) {
+        const int64_t wpr = COLS * bits / 32, gpr = COLS / group;
+        uint32_t *codes = malloc((size_t)(R * wpr) * 4);
+        sc = malloc((size_t)(R * gpr) * 2);
+        bi = malloc((size_t)(R * gpr) * 2);
+        for (int64_t i = 0; i < R * wpr; i++) codes[i] = (uint32_t)(test_rand_u64(&seed) >> 7);
+        for (int64_t i = 0; i < R * gpr; i++) {
+            sc[i] = kiln_f32_to_bf16(test_rand_uniform(&seed, 0.01f, 0.03f));
+            bi[i] = kiln_f32_to_bf16(test_rand_uniform(&seed, -0.2f, -0.1f));
+        }
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < COLS; c++) {
+                const int64_t g = r * gpr + c / group;
+                ref_w[r * COLS + c] =
+                    (double)kiln_bf16_to_f32(sc[g]) * code_at(codes + r * wpr, c, bits) +
+                    kiln_bf16_to_f32(bi[g]);
+            }
+        data = codes;
+        w.bits = bits, w.group_size = group, w.scale_dtype = KILN_DT_BF16;
+        w.scales = sc, w.biases = bi;
+    } else if (dt == KILN_DT_BF16) {
+        uint16_t *h = malloc((size_t)(R * COLS) * 2);
+        for (int64_t i = 0; i < R * COLS; i++) {
+            h[i] = kiln_f32_to_bf16(test_rand_uniform(&seed, -0.5f, 0.5f));
+            ref_w[i] = kiln_bf16_to_f32(h[i]);
+        }
+        data = h;
+    } else {
+        float *f = malloc((size_t)(R * COLS) * 4);
+        for (int64_t i = 0; i < R * COLS; i++)
+            ref_w[i] = f[i] = test_rand_uniform(&seed, -0.5f, 0.5f);
+        data = f;
+    }
+    w.data = data;
+    float x[(N / XDIV) * COLS], y[N * ROWS];
+    for (int i = 0; i < (N / XDIV) * COLS; i++) x[i] = test_rand_uniform(&seed, -1.0f, 1.0f);
+    const int32_t experts[N] = {2, 0, 1, 1, 2, 2};
+    cpu->matmul_gather(cpu, y, x, XDIV, N, experts, &w, ROWS);
+    double err = 0, norm = 0;
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < ROWS; r++) {
+            double want = 0;
+            for (int c = 0; c < COLS; c++)
+                want +=
+                    ref_w[((int64_t)experts[i] * ROWS + r) * COLS + c] * x[(i / XDIV) * COLS + c];
+            err += (y[i * ROWS + r] - want) * (y[i * ROWS + r] - want);
+            norm += want * want;
+        }
+    const double rel = sqrt(err / (norm > 0 ? norm : 1));
+    CHECK_MSG(rel <= 1e-6, "matmul_gather %s bits %d group %d: rel L2 %.3g", kiln_dtype_name(dt),
+              bits, group, rel);
+    free(data), free(sc), free(bi), free(ref_w);
+}
+
+static void check_combine(void) {
+    /* T = 2 tokens, k = 2, H = 3 */
+    const float ye[12] = {1, 2, 3, 4, 5, 6, -1, 0, 1, 10, 20, 30};
+    const float wts[4] = {0.25f, 0.75f, 0.5f, 0.1f};
+    const float shared[6] = {100, 200, 300, 1, 1, 1};
+    const float logit[2] = {0.0f, 2.0f};
+    float y[6];
+    cpu->moe_combine(cpu, y, ye, wts, 2, 2, 3, NULL, NULL);
+    const float want[6] = {3.25f, 4.25f, 5.25f, 0.5f, 2.0f, 3.5f};
+    for (int i = 0; i < 6; i++) CHECK_NEAR(y[i], want[i], 1e-6);
+    cpu->moe_combine(cpu, y, ye, wts, 2, 2, 3, shared, logit);
+    const double g1 = 1.0 / (1.0 + exp(-2.0));
+    CHECK_NEAR(y[0], 3.25 + 0.5 * 100, 1e-5);
+    CHECK_NEAR(y[5], 3.5 + g1, 1e-5);
+    cpu->moe_combine(cpu, y, ye, wts, 2, 2, 3, shared, NULL); /* no gate: weight 1 */
+    CHECK_NEAR(y[4], 2.0 + 1.0, 1e-6);
+}
+
+/* The fixture forced onto the device forward: parity as test_families, and MoE calls counted. */
+static void check_fixture(const char *name, bool want_device) {
+    const long before = kiln_moe_device_calls();
+    const fixture_parity_opts o = {.device = KILN_DEVICE_CPU, .tol = 1e-4, .allow_near_tie = false};
+    fixture_parity_check(name, &o);
+    const long ran = kiln_moe_device_calls() - before;
+    CHECK_MSG(want_device ? ran > 0 : ran == 0, "%s: %ld MoE blocks ran on the device path", name,
+              ran);
+    fprintf(stderr, "%-22s %ld MoE blocks routed on the backend\n", name, ran);
+}
+
+int main(void) {
+    CHECK_OK(kiln_backend_cpu_new(2, &cpu));
+    if (!cpu) return test_finish();
+    CHECK_MSG(kiln_moe_device_max_tokens(cpu) == 0, "the CPU routes on the host by default");
+    check_route();
+    check_gather_case(KILN_DT_BF16, 0, 0);
+    check_gather_case(KILN_DT_F32, 0, 0);
+    check_gather_case(KILN_DT_U32, 4, 32);
+    check_gather_case(KILN_DT_U32, 3, 32);
+    check_gather_case(KILN_DT_U32, 8, 64);
+    check_combine();
+
+    setenv("KILN_MOE_DEVICE_TOKENS", "100000", 1); /* every forward, prefill included */
+    CHECK(kiln_moe_device_max_tokens(cpu) == 100000);
+    check_fixture("qwen3_moe-mlx-q4g32", true);
+    check_fixture("qwen3_moe-mlx-q8g64", true);
+    check_fixture("qwen3_next-mlx-q4g32", true);
+    check_fixture("qwen3_next-mlx-q8g64", true);
+    check_fixture("qwen3_moe", false); /* HF layout: no upload_stack on the CPU */
+    const long before = kiln_moe_device_calls();
+    fixture_gemma4_moe_check(KILN_DEVICE_CPU, 1e-4, false);
+    CHECK_MSG(kiln_moe_device_calls() > before, "gemma4 moe did not route on the backend");
+    setenv("KILN_MOE_DEVICE_TOKENS", "1", 1); /* decode steps only */
+    check_fixture("qwen3_next-mlx-q4g32", true);
+    kiln_backend_free(cpu);
+    return test_finish();
+}
