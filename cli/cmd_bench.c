@@ -154,14 +154,16 @@ int cmd_bench(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     double p50 = median(pre, (int)R), d50 = median(dec, (int)R);
     double ttft_ms = 1e3 * P / p50;
-    double gbps = (double)in->weight_bytes * (d50 / nb) / 1e9;
+    double gbps = (double)in->active_weight_bytes * (d50 / nb) / 1e9;
     if (json) {
         printf("{\"model\":\"%s\",\"arch\":\"%s\",\"context\":%lld,\"prompt\":%lld,\"gen\":%lld,"
                "\"batch\":%lld,"
                "\"runs\":%lld,\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"ttft_ms\":%.2f,"
-               "\"decode_weight_gb_s\":%.2f,\"peak_rss_mb\":%.1f,\"weight_bytes\":%lld}\n",
+               "\"decode_weight_gb_s\":%.2f,\"peak_rss_mb\":%.1f,\"weight_bytes\":%lld,"
+               "\"active_weight_bytes\":%lld}\n",
                mo.model_dir ? mo.model_dir : cli_default_model_dir(), in->architecture, C, P, G, B,
-               R, p50, d50, ttft_ms, gbps, ru.ru_maxrss / 1024.0, (long long)in->weight_bytes);
+               R, p50, d50, ttft_ms, gbps, ru.ru_maxrss / 1024.0, (long long)in->weight_bytes,
+               (long long)in->active_weight_bytes);
     } else {
         printf("model        %s (%s, %.1fM params, %.1f MB weights)\n",
                mo.model_dir ? mo.model_dir : cli_default_model_dir(), in->architecture,

@@ -31,8 +31,11 @@ int cmd_info(int argc, char **argv) {
     printf("model:          %s\n", mo.model_dir ? mo.model_dir : cli_default_model_dir());
     printf("architecture:   %s\n", in->architecture);
     printf("parameters:     %lld (%.2fM)\n", (long long)in->n_params, in->n_params / 1e6);
-    printf("weights:        %lld bytes (%.2f MB)\n", (long long)in->weight_bytes,
+    printf("weights:        %lld bytes (%.2f MB)", (long long)in->weight_bytes,
            in->weight_bytes / 1e6);
+    if (in->active_weight_bytes != in->weight_bytes)
+        printf(", %.2f MB read per decoded token (routed experts)", in->active_weight_bytes / 1e6);
+    printf("\n");
     printf("layers:         %d  [%s]  (F full attention, S sliding window, L linear; +M MoE MLP)\n",
            in->n_layers, in->layer_pattern);
     printf("hidden:         %d, heads %d, kv heads %d, head dim %d\n", in->hidden_size, in->n_heads,

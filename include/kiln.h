@@ -99,10 +99,12 @@ typedef struct kiln_model_info {
     int n_heads;
     int n_kv_heads;
     int head_dim;
-    int64_t n_params;           /* logical parameters (quantized weights counted unpacked) */
-    int64_t weight_bytes;       /* bytes of weight data as stored */
-    int64_t kv_bytes_per_token; /* across all layers, for the model's cache kind */
-    int64_t state_bytes_fixed;  /* per-sequence fixed state (recurrent layers), 0 if none */
+    int64_t n_params;            /* logical parameters (quantized weights counted unpacked) */
+    int64_t weight_bytes;        /* bytes of weight data as stored */
+    int64_t active_weight_bytes; /* of those, what one decode token reads: all but the experts
+                                    a MoE layer's router leaves out (top_k of E) */
+    int64_t kv_bytes_per_token;  /* across all layers, for the model's cache kind */
+    int64_t state_bytes_fixed;   /* per-sequence fixed state (recurrent layers), 0 if none */
     int max_position;
     int n_eos;
     const int32_t *eos_ids;    /* [n_eos] */

@@ -53,9 +53,12 @@ static kiln_status describe_weights(kiln_model *m) {
     size_t cap = 4096, len = 0;
     char *summary = calloc(cap, 1);
     if (!summary) return kiln_error(KILN_ERR_OOM, "out of memory");
+    int64_t expert_bytes = 0; /* routed experts' tensors (HF `experts.`, mlx-lm `switch_mlp.`) */
     for (int i = 0; i < n; i++) {
         const kiln_st_tensor *t = kiln_st_at(m->archive, i);
         bytes += (int64_t)t->nbytes;
+        if (strstr(t->name, ".experts.") || strstr(t->name, ".switch_mlp."))
+            expert_bytes += (int64_t)t->nbytes;
         size_t nl = strlen(t->name);
         bool is_qaux = (nl > 7 && strcmp(t->name + nl - 7, ".scales") == 0) ||
                        (nl > 7 && strcmp(t->name + nl - 7, ".biases") == 0);
@@ -97,6 +100,12 @@ static kiln_status describe_weights(kiln_model *m) {
     }
     m->info.n_params = params;
     m->info.weight_bytes = bytes;
+    /* a decode token reads top_k of the E experts of each MoE layer */
+    const kiln_config *c = &m->cfg;
+    const int E = kiln_config_int(c, "num_experts", kiln_config_int(c, "num_local_experts", 0));
+    const int K = kiln_config_int(c, "num_experts_per_tok", kiln_config_int(c, "top_k_experts", 0));
+    m->info.active_weight_bytes =
+        E > 0 && K > 0 && K <= E ? bytes - expert_bytes + expert_bytes / E * K : bytes;
     m->quant_summary = summary;
     m->info.quant_summary = summary;
     return KILN_OK;
