@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """make_family_model.py — random-weight models of the non-Llama families (Qwen3.5 hybrid DeltaNet,
-Gemma 4 with per-layer inputs) at real layer shapes, in Hugging Face layout (config.json + bf16
+Gemma 4 with per-layer inputs, Qwen3-MoE) at real layer shapes, in Hugging Face layout (config.json + bf16
 model.safetensors), for `kiln bench`. The config starts from the family's test fixture
 (/work/shared/fixtures/<family>/config.json, written by transformers) with the sizes replaced.
 
-    /usr/bin/python3 bench/make_family_model.py --shape qwen3.5-0.8b|qwen3.5-4b|gemma-4-e4b \
+    /usr/bin/python3 bench/make_family_model.py --shape qwen3.5-0.8b|qwen3.5-4b|gemma-4-e4b| \
+        qwen3-30b-a3b \
         --out DIR [--layers N] [--seed 1]
 
 --layers N keeps the first N layers of the real pattern (every other size stays real), so a big
@@ -17,6 +18,9 @@ Shapes (from public configs; see docs/perf-families.md):
                 ffn 3584, DeltaNet 16 key / 16 value heads of 128, vocab 248320, tied
   qwen3.5-4b:   hidden 2560, 32 layers, 16 heads / 4 KV of 256, ffn 9216, DeltaNet 16 key /
                 32 value heads of 128, vocab 248320, tied
+  qwen3-30b-a3b: hidden 2048, 48 layers of attention + MoE, 32 heads / 4 KV of 128, 128
+                experts of ffn 768, top 8 (renormalised), vocab 151936, untied; experts one
+                tensor each (the HF layout)
   gemma-4-e4b:  hidden 2560, 42 layers (5 sliding : 1 full, window 512), 8 heads / 2 KV,
                 head 256 (full layers 512), ffn 10240, per-layer inputs 256, last 18 layers
                 KV-shared, vocab 262144, tied
@@ -41,6 +45,11 @@ SHAPES = {
                        intermediate_size=9216, linear_num_key_heads=16, linear_num_value_heads=32,
                        linear_key_head_dim=128, linear_value_head_dim=128, vocab_size=248320,
                        tie_word_embeddings=True),
+    "qwen3-30b-a3b": dict(family="qwen3_moe", hidden_size=2048, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          intermediate_size=6144, moe_intermediate_size=768,
+                          num_local_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                          vocab_size=151936, tie_word_embeddings=False),
     "gemma-4-e4b": dict(family="gemma4_text", hidden_size=2560, num_hidden_layers=42,
                         num_attention_heads=8, num_key_value_heads=2, head_dim=256,
                         global_head_dim=512, intermediate_size=10240,
@@ -115,6 +124,42 @@ def qwen35_tensors(c):
     yield "model.norm.weight", (h,), "n0"
 
 
+def qwen3_moe_config(base, s, n_layers):
+    c = dict(base)
+    c.update({k: v for k, v in s.items() if k != "family"})
+    c.update(num_hidden_layers=n_layers, max_position_embeddings=40960, mlp_only_layers=[],
+             decoder_sparse_step=1)
+    c["rope_parameters"] = {"rope_theta": 1000000.0, "rope_type": "default"}
+    return c
+
+
+def qwen3_moe_tensors(c):
+    h, V, E, F = (c["hidden_size"], c["vocab_size"], c["num_local_experts"],
+                  c["moe_intermediate_size"])
+    H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    yield "model.embed_tokens.weight", (V, h), "w"
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (h,), "n1"
+        yield p + "post_attention_layernorm.weight", (h,), "n1"
+        a = p + "self_attn."
+        yield a + "q_proj.weight", (H * hd, h), "w"
+        yield a + "k_proj.weight", (KV * hd, h), "w"
+        yield a + "v_proj.weight", (KV * hd, h), "w"
+        yield a + "o_proj.weight", (h, H * hd), "w"
+        yield a + "q_norm.weight", (hd,), "n1"
+        yield a + "k_norm.weight", (hd,), "n1"
+        yield p + "mlp.gate.weight", (E, h), "router"
+        for e in range(E):  # the HF layout: one tensor per expert and projection
+            x = f"{p}mlp.experts.{e}."
+            yield x + "gate_proj.weight", (F, h), "w"
+            yield x + "up_proj.weight", (F, h), "w"
+            yield x + "down_proj.weight", (h, F), "w"
+    yield "model.norm.weight", (h,), "n1"
+    if not c["tie_word_embeddings"]:
+        yield "lm_head.weight", (V, h), "w"
+
+
 def gemma4_tensors(c):
     h, V, P = c["hidden_size"], c["vocab_size"], c["hidden_size_per_layer_input"]
     n = c["num_hidden_layers"]
@@ -168,6 +213,8 @@ def values(kind, shape, pool, rng):
         x *= 0.02
     elif kind == "n1":  # plain norms: w near 1
         x = 1.0 + 0.02 * x
+    elif kind == "router":  # logits of a few units: routes spread over the experts
+        x *= 0.5
     elif kind == "one":
         x[:] = 1.0
     elif kind == "conv":
@@ -194,6 +241,9 @@ def main():
     if s["family"] == "qwen3_5_text":
         c = qwen35_config(base, s, n)
         specs = list(qwen35_tensors(c))
+    elif s["family"] == "qwen3_moe":
+        c = qwen3_moe_config(base, s, n)
+        specs = list(qwen3_moe_tensors(c))
     else:
         c = gemma4_config(base, s, n_real, n)
         specs = list(gemma4_tensors(c))

@@ -15,13 +15,16 @@ build_kiln() {
     KILN_STAGES=none bash bench/gpu_bench.sh "$B" 2>&1 | grep -E "error|\[t=" | head -20
     stamp "built"
 }
-make_model() { # shape: random weights in $M/shape (bench/make_random_model.py; Qwen3.5 and
-    # Gemma 4 shapes by bench/make_family_model.py from the carried fixtures)
+make_model() { # shape: random weights in $M/shape (bench/make_random_model.py; Qwen3.5, Gemma 4
+    # and Qwen3-MoE shapes by bench/make_family_model.py from the carried fixtures)
     [ -f "$M/$1/config.json" ] && ls "$M/$1"/*.safetensors >/dev/null 2>&1 && return 0
     case $1 in
     qwen3.5-* | gemma-4-*)
         KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py --shape "$1" \
             --out "$M/$1" >/dev/null 2>&1 ;;
+    *-l[0-9]*) # shape-lN: the first N layers of a family shape (qwen3-30b-a3b-l8)
+        KILN_FIXTURES=$KILN_SHARED/fixtures python3 bench/make_family_model.py \
+            --shape "${1%-l*}" --layers "${1##*-l}" --out "$M/$1" >/dev/null 2>&1 ;;
     *) python3 bench/make_random_model.py --shape "$1" --out "$M/$1" >/dev/null 2>&1 ;;
     esac
 }

@@ -11,6 +11,12 @@
 # with the same A/Bs, 8k context decode, the per-op profile at batch 64, and the tensor-core
 # GEMM at 64 tokens with forced splits / block shapes, and at 8 / 64 tokens with its split-K
 # summed in the kernel (KILN_CUDA_TC_REDUCE=1, opt-in). Summaries to stdout and $OUT/log.
+# PART=3 (again within 30 s): the MoE block with its routing on the device (sixteenth session,
+# written without a GPU): test_cuda_ops' MoE groups, the MoE parity tests (test_parity_cuda_hybrid
+# also replays MoE decode steps from graphs; test_parity_cuda_gemma's Gemma 4 MoE), then
+# Qwen3-30B-A3B's shape cut to 8 layers (bf16, and 4-bit by kiln convert) at batch 1 / 8 / 64,
+# device routing (default) against host routing (KILN_MOE_DEVICE_TOKENS=0), and the batch-1
+# profile.
 LIMIT=${LIMIT:-540}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -34,7 +40,26 @@ b64() { # model: batch 64 (prefill decode tok/s), default | ATT_PREP=0 | FUSE_WE
         "KILN_CUDA_ATT_PREP=0 $(bench_tok_s $1 64 128 64 KILN_CUDA_ATT_PREP=0) |" \
         "KILN_CUDA_FUSE_WEIGHTS=1 $(bench_tok_s $1 64 128 64 KILN_CUDA_FUSE_WEIGHTS=1)"
 }
-if [ "$PART" = 1 ]; then
+if [ "$PART" = 3 ]; then
+    [ -x "$B/kiln" ] || build_kiln
+    models_converted_in_background qwen3-30b-a3b-l8:4
+    run_tests "test_cuda_ops KILN_TEST_ONLY=test_moe" test_parity_cuda_hybrid \
+        test_parity_cuda_gemma
+    wait $MODELS
+    for m in qwen3-30b-a3b-l8 qwen3-30b-a3b-l8-q4; do
+        "$B/kiln" info --model "$M/$m" 2>&1 | grep -E "^weights"
+        for b in 1 8 64; do
+            left 60 || break
+            echo "$m batch $b (prefill decode tok/s): device routing $(bench_tok_s $m $b 128 64)" \
+                "| KILN_MOE_DEVICE_TOKENS=0 $(bench_tok_s $m $b 128 64 KILN_MOE_DEVICE_TOKENS=0)"
+        done
+    done
+    if left 40; then
+        stamp "profile: qwen3-30b-a3b-l8 bf16 batch 1"
+        KILN_CUDA_PROFILE=1 timeout 40 "$B/kiln" bench --device cuda --model "$M/qwen3-30b-a3b-l8" \
+            --prompt 16 --gen 8 --runs 1 2>&1 | grep -vE "^\s*$" | tail -25 | cut -c1-150
+    fi
+elif [ "$PART" = 1 ]; then
     models_in_background qwen3-0.6b llama-3-8b
     build_kiln
     run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention,test_upload_matrices,test_tc_" \
