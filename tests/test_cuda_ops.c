@@ -1662,6 +1662,45 @@ static void test_moe_device_ops(void) {
         free(x), free(ref);
         free_matrix(&m);
     }
+    /* the gathered GLU: gate and up as two stacks (SiLU), or one stack of gate-then-up rows per
+     * expert (GELU), dense and 4-bit, and a width for the generic kernel */
+    static const int glu_cases[][5] = {/* bits (0: bf16), group, rows, cols, one stack */
+                                       {0, 0, 64, 512, 0},
+                                       {0, 0, 48, 1024, 1},
+                                       {4, 64, 96, 2048, 0},
+                                       {8, 32, 40, 768, 1},
+                                       {0, 0, 12, 36, 0}};
+    for (size_t c = 0; c < sizeof glu_cases / sizeof glu_cases[0]; c++) {
+        const int *gc = glu_cases[c];
+        const int64_t rows = gc[2], cols = gc[3], stride = gc[4] ? 2 * rows : rows;
+        const int64_t up_off = gc[4] ? rows : 0;
+        test_matrix g, u;
+        if (gc[0]) {
+            make_quant(&g, gc[0], gc[1], KILN_DT_BF16, E * stride, cols, false);
+            make_quant(&u, gc[0], gc[1], KILN_DT_BF16, E * stride, cols, false);
+        } else {
+            make_dense(&g, KILN_DT_BF16, E * stride, cols, false);
+            make_dense(&u, KILN_DT_BF16, E * stride, cols, false);
+        }
+        const test_matrix *up = gc[4] ? &g : &u;
+        const kiln_glu_act act = gc[4] ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
+        int32_t experts[16];
+        for (int i = 0; i < n; i++) experts[i] = (int32_t)(test_rand_u64(&rng) % E);
+        float *x = rand_f32((n / x_div) * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
+        kiln_cpu_matmul_gather_glu_ref(ref, x, x_div, n, experts, &g.host, &up->host, rows, stride,
+                                       up_off, act);
+        float *dx = dev_copy(x, (size_t)((n / x_div) * cols) * 4), *dy = dev_poisoned(n * rows);
+        int32_t *dex = dev_copy(experts, sizeof experts);
+        be->matmul_gather_glu(be, dy, dx, x_div, n, dex, &g.dev, &up->dev, rows, stride, up_off,
+                              act);
+        char what[96];
+        snprintf(what, sizeof what, "matmul_gather_glu bits=%d %lldx%lld%s", gc[0], (long long)rows,
+                 (long long)cols, gc[4] ? " one stack" : "");
+        compare(what, dy, ref, n * rows, 2e-5);
+        be->free(be, dx), be->free(be, dy), be->free(be, dex);
+        free(x), free(ref);
+        free_matrix(&g), free_matrix(&u);
+    }
     /* upload_stack: E separate matrices become one stack the gather reads expert by expert */
     for (int q = 0; q < 2; q++) {
         const int64_t rows = 48, cols = 512;

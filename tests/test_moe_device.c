@@ -2,7 +2,8 @@
  * matmul_gather, moe_combine; model/moe.c's device forward, gemma.c's), on the CPU backend:
  *  1. the ops against values worked out here: top-k choices and softmax weights (ties, NaN,
  *     renormalisation, per-expert scales), gathered matmuls against weights dequantized by this
- *     file's own bit reader (bf16, f32, 3/4/8-bit codes), the weighted sum with a shared expert;
+ *     file's own bit reader (bf16, f32, 3/4/8-bit codes), the gathered SwiGLU / GeGLU (two stacks,
+ *     and one of gate-then-up rows), the weighted sum with a shared expert;
  *  2. the MoE fixtures (mlx-lm stacked experts) and the Gemma 4 MoE model forced onto that path
  *     (KILN_MOE_DEVICE_TOKENS) still match transformers' / numpy's logits as test_families asks,
  *     and the forward really ran there (kiln_moe_device_calls); the HF layout on the CPU keeps
@@ -132,6 +133,43 @@ static void check_gather_case(kiln_dtype dt, int bits, int group) {
     free(data), free(sc), free(bi), free(ref_w);
 }
 
+/* The gathered SwiGLU / GeGLU against dense weights written here: gate and up as two stacks, and
+ * as one stack of gate-then-up rows per expert (Gemma's gate_up), against explicit sums. */
+static void check_gather_glu(bool one_stack) {
+    enum { E = 3, ROWS = 4, COLS = 16, N = 4 };
+    const int64_t stride = one_stack ? 2 * ROWS : ROWS, up_off = one_stack ? ROWS : 0;
+    float *g = malloc((size_t)(E * stride * COLS) * 4),
+          *u = malloc((size_t)(E * stride * COLS) * 4);
+    uint64_t seed = one_stack ? 77 : 78;
+    for (int64_t i = 0; i < E * stride * COLS; i++) {
+        g[i] = test_rand_uniform(&seed, -0.5f, 0.5f);
+        u[i] = test_rand_uniform(&seed, -0.5f, 0.5f);
+    }
+    const kiln_matrix gm = {.dtype = KILN_DT_F32, .rows = E * stride, .cols = COLS, .data = g};
+    const kiln_matrix um = {
+        .dtype = KILN_DT_F32, .rows = E * stride, .cols = COLS, .data = one_stack ? g : u};
+    float x[N * COLS], y[N * ROWS];
+    for (int i = 0; i < N * COLS; i++) x[i] = test_rand_uniform(&seed, -1.0f, 1.0f);
+    const int32_t experts[N] = {1, 2, 0, 2};
+    const kiln_glu_act act = one_stack ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
+    cpu->matmul_gather_glu(cpu, y, x, 1, N, experts, &gm, &um, ROWS, stride, up_off, act);
+    const float *ud = one_stack ? g : u;
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < ROWS; r++) {
+            double a = 0, b = 0;
+            const int64_t gr = experts[i] * stride + r, ur = experts[i] * stride + up_off + r;
+            for (int c = 0; c < COLS; c++) {
+                a += (double)g[gr * COLS + c] * x[i * COLS + c];
+                b += (double)ud[ur * COLS + c] * x[i * COLS + c];
+            }
+            const double act_a =
+                one_stack ? 0.5 * a * (1 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+                          : a / (1 + exp(-a));
+            CHECK_NEAR(y[i * ROWS + r], act_a * b, 1e-5);
+        }
+    free(g), free(u);
+}
+
 static void check_combine(void) {
     /* T = 2 tokens, k = 2, H = 3 */
     const float ye[12] = {1, 2, 3, 4, 5, 6, -1, 0, 1, 10, 20, 30};
@@ -171,6 +209,8 @@ int main(void) {
     check_gather_case(KILN_DT_U32, 4, 32);
     check_gather_case(KILN_DT_U32, 3, 32);
     check_gather_case(KILN_DT_U32, 8, 64);
+    check_gather_glu(false);
+    check_gather_glu(true);
     check_combine();
 
     setenv("KILN_MOE_DEVICE_TOKENS", "100000", 1); /* every forward, prefill included */

@@ -40,6 +40,10 @@ typedef struct kiln_sample_row {
     double u;                 /* uniform in [0, 1) for the inverse-CDF draw (unused when greedy) */
 } kiln_sample_row;
 
+/* What every backend's moe_route takes (CUDA keeps a token's logits in shared memory). */
+#define KILN_MOE_ROUTE_MAX_EXPERTS 4096
+#define KILN_MOE_ROUTE_MAX_K       64
+
 struct kiln_backend {
     const char *name; /* "cpu", "cuda" */
     kiln_device device;
@@ -168,13 +172,15 @@ struct kiln_backend {
                         int64_t n, int64_t width);
     void (*scatter_add_rows)(kiln_backend *be, float *y, const float *src, const int32_t *rows,
                              const float *weights, int64_t n, int64_t width);
-    /* The MoE block with its routing on the backend (optional; all three or none, NULL: the
+    /* The MoE block with its routing on the backend (optional; all four or none, NULL: the
      * router logits go to the host for the top-k choice and the experts run bucket by bucket).
      * CPU references: kiln_cpu_moe_route_ref, kiln_cpu_matmul_gather_ref,
-     * kiln_cpu_moe_combine_ref. Nothing waits for the host, so a decode step can be recorded.
-     * moe_route: per token t the top k of softmax(logits[t, 0..E)) (ties: lower index) into
-     * experts [T, k], weights [T, k] (renormalised over the k when norm_topk), each times
-     * expert_scale[expert] when expert_scale [E] is given */
+     * kiln_cpu_matmul_gather_glu_ref, kiln_cpu_moe_combine_ref. Nothing waits for the host, so a
+     * decode step can be recorded. moe_route: per token t the top k of softmax(logits[t, 0..E))
+     * (ties: lower index) into experts [T, k], weights [T, k] (renormalised over the k when
+     * norm_topk), each times expert_scale[expert] when expert_scale [E] is given; n_experts <=
+     * KILN_MOE_ROUTE_MAX_EXPERTS, top_k <= KILN_MOE_ROUTE_MAX_K (callers route larger ones on the
+     * host) */
     void (*moe_route)(kiln_backend *be, int32_t *experts, float *weights, const float *logits,
                       int64_t T, int n_experts, int top_k, bool norm_topk,
                       const float *expert_scale);
@@ -182,6 +188,13 @@ struct kiln_backend {
      * rows [e*rows, (e+1)*rows) of stack [E*rows, cols] */
     void (*matmul_gather)(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
                           const int32_t *experts, const kiln_matrix *stack, int64_t rows);
+    /* y[i, rows] = act(x_i @ G_e^T) * (x_i @ U_e^T), x_i = x[i / x_div], e = experts[i], G_e
+     * the rows [e*stride, + rows) of gate, U_e the rows [e*stride + up_offset, + rows) of up (one
+     * format; gate and up may be the same stack: Gemma's gate_up, stride 2F, up_offset F) */
+    void (*matmul_gather_glu)(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
+                              const int32_t *experts, const kiln_matrix *gate,
+                              const kiln_matrix *up, int64_t rows, int64_t stride,
+                              int64_t up_offset, kiln_glu_act act);
     /* y[t, H] = sum_j weights[t*k + j] * ye[t*k + j, H] (+ sigmoid(shared_logit[t]) *
      * shared[t, H] when shared is given; weight 1 when shared_logit is NULL); y may not alias */
     void (*moe_combine)(kiln_backend *be, float *y, const float *ye, const float *weights,

@@ -439,22 +439,20 @@ static kiln_status gemma_moe_device(kiln_model *m, gemma_state *s, const gemma_l
                                     const float *r, int64_t T) {
     kiln_backend *be = m->be;
     const int64_t H = s->hidden, E = s->n_experts, K = s->top_k, F = s->moe_ffn, P = T * K;
-    /* backend scratch: logits [T, E]; rn [T, H]; experts (int32), weights [P]; gu [P, 2F];
-     * g, u [P, F]; ye [P, H]; each region 16-byte aligned */
+    /* backend scratch: logits [T, E]; rn [T, H]; experts (int32), weights [P]; g [P, F] (the
+     * experts' GeGLU); ye [P, H]; each region 16-byte aligned */
     const int64_t nl = al4(T * E), nh = al4(T * H), np = al4(P), nf = al4(P * F), ny = al4(P * H);
-    KILN_TRY(kiln_scratch_reserve(be, &s->moe, (size_t)(nl + nh + 2 * np + 4 * nf + ny) * 4));
-    float *logits = s->moe.ptr, *rn = logits + nl, *w = rn + nh, *gu = w + 2 * np, *g = gu + 2 * nf,
-          *u = g + nf, *ye = u + nf;
+    KILN_TRY(kiln_scratch_reserve(be, &s->moe, (size_t)(nl + nh + 2 * np + nf + ny) * 4));
+    float *logits = s->moe.ptr, *rn = logits + nl, *w = rn + nh, *g = w + 2 * np, *ye = g + nf;
     int32_t *experts = (int32_t *)(w + np);
     kiln_moe_count_device_call();
     be->rmsnorm(be, rn, r, L->router_w, T, H, s->eps, false);
     be->matmul(be, logits, rn, T, &L->router);
     be->moe_route(be, experts, w, logits, T, (int)E, (int)K, true, L->expert_scale_dev);
     be->rmsnorm(be, rn, r, L->pre_ffn_norm2, T, H, s->eps, false);
-    be->matmul_gather(be, gu, rn, K, P, experts, &L->gate_up, 2 * F);
-    be->copy2d(be, g, F, gu, 2 * F, P, F);
-    be->copy2d(be, u, F, gu + F, 2 * F, P, F);
-    be->gelu_tanh_mul(be, g, g, u, P * F);
+    /* expert e's gate_up rows: gate [e*2F, +F), up [e*2F + F, +F) */
+    be->matmul_gather_glu(be, g, rn, K, P, experts, &L->gate_up, &L->gate_up, F, 2 * F, F,
+                          KILN_GLU_GELU_TANH);
     be->matmul_gather(be, ye, g, 1, P, experts, &L->down, H);
     be->moe_combine(be, y, ye, w, T, (int)K, H, NULL, NULL);
     be->rmsnorm(be, y, y, L->post_ffn_norm2, T, H, s->eps, false);
@@ -463,7 +461,8 @@ static kiln_status gemma_moe_device(kiln_model *m, gemma_state *s, const gemma_l
 
 static bool gemma_moe_on_device(const kiln_model *m, const gemma_state *s, const gemma_layer *L,
                                 int64_t T) {
-    return L->expert_scale_dev && s->top_k <= 64 && T <= kiln_moe_device_max_tokens(m->be);
+    return L->expert_scale_dev && s->top_k <= KILN_MOE_ROUTE_MAX_K &&
+           s->n_experts <= KILN_MOE_ROUTE_MAX_EXPERTS && T <= kiln_moe_device_max_tokens(m->be);
 }
 
 static kiln_status gemma_moe(kiln_model *m, gemma_state *s, const gemma_layer *L, float *y,

@@ -233,7 +233,8 @@ long kiln_moe_device_calls(void) {
 }
 
 int kiln_moe_device_max_tokens(const kiln_backend *be) {
-    if (!be->moe_route || !be->matmul_gather || !be->moe_combine) return 0;
+    if (!be->moe_route || !be->matmul_gather || !be->matmul_gather_glu || !be->moe_combine)
+        return 0;
     const char *env = getenv("KILN_MOE_DEVICE_TOKENS");
     if (env && *env) return atoi(env) > 0 ? atoi(env) : 0;
     return be->moe_device_max_tokens;
@@ -243,28 +244,28 @@ static int64_t align4(int64_t n) { /* floats, so each scratch region starts 16-b
     return (n + 3) & ~(int64_t)3;
 }
 
-/* The block on the backend: route, gathered gate / up / down over the T*K (token, choice) pairs
- * (pair t*K + j reads x row t), the shared expert, and the weighted sum. */
+/* The block on the backend: route, the gathered SwiGLU (gate and up in one op) and down over the
+ * T*K (token, choice) pairs (pair t*K + j reads x row t), the shared expert, and the weighted
+ * sum. */
 static kiln_status moe_forward_device(kiln_model *m, const kiln_moe *o, float *y, const float *x,
                                       int64_t T, kiln_scratch *work) {
     kiln_backend *be = m->be;
     const int64_t H = o->hidden, E = o->n_experts, K = o->top_k, F = o->ffn, SF = o->shared_ffn;
     const int64_t P = T * K;
     /* backend scratch: router logits [T, E]; shared gate logits [T]; experts (int32), weights
-     * [P]; g, u [P, F]; ye [P, H]; shared expert sg, su [T, SF], sy [T, H] */
+     * [P]; g [P, F] (the experts' SwiGLU); ye [P, H]; shared expert sg, su [T, SF], sy [T, H] */
     const int64_t n_l = align4(T * E), n_sl = align4(T), n_p = align4(P), n_g = align4(P * F),
                   n_ye = align4(P * H), n_sg = align4(T * SF), n_sy = SF > 0 ? align4(T * H) : 0;
-    const size_t floats = (size_t)(n_l + n_sl + 2 * n_p + 2 * n_g + n_ye + 2 * n_sg + n_sy);
+    const size_t floats = (size_t)(n_l + n_sl + 2 * n_p + n_g + n_ye + 2 * n_sg + n_sy);
     KILN_TRY(kiln_scratch_reserve(be, work, floats * sizeof(float)));
     float *logits = work->ptr, *sh_logit = logits + n_l, *w = sh_logit + n_sl, *g = w + 2 * n_p,
-          *u = g + n_g, *ye = u + n_g, *sg = ye + n_ye, *su = sg + n_sg, *sy = su + n_sg;
+          *ye = g + n_g, *sg = ye + n_ye, *su = sg + n_sg, *sy = su + n_sg;
     int32_t *experts = (int32_t *)(w + n_p);
     kiln_moe_count_device_call();
     be->matmul(be, logits, x, T, &o->router);
     be->moe_route(be, experts, w, logits, T, (int)E, (int)K, o->norm_topk, NULL);
-    be->matmul_gather(be, g, x, K, P, experts, &o->stack[0], F);
-    be->matmul_gather(be, u, x, K, P, experts, &o->stack[1], F);
-    be->silu_mul(be, g, g, u, P * F);
+    be->matmul_gather_glu(be, g, x, K, P, experts, &o->stack[0], &o->stack[1], F, F, 0,
+                          KILN_GLU_SILU);
     be->matmul_gather(be, ye, g, 1, P, experts, &o->stack[2], H);
     if (SF > 0) {
         float *const ys[3] = {sg, su, sh_logit};
@@ -279,7 +280,9 @@ static kiln_status moe_forward_device(kiln_model *m, const kiln_moe *o, float *y
 
 bool kiln_moe_on_device(const kiln_model *m, const kiln_moe *o, int64_t T) {
     /* the routing log needs the logits on the host: logged runs keep the bucketed forward */
-    return o->stacked && o->top_k <= 64 && T <= kiln_moe_device_max_tokens(m->be) && !route_log();
+    return o->stacked && o->top_k <= KILN_MOE_ROUTE_MAX_K &&
+           o->n_experts <= KILN_MOE_ROUTE_MAX_EXPERTS && T <= kiln_moe_device_max_tokens(m->be) &&
+           !route_log();
 }
 
 kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const float *x, int64_t T,

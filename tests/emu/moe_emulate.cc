@@ -1,9 +1,10 @@
 /* moe_emulate.cc — runs the MoE device-routing kernels (src/backend/cuda/moe_gather.cuh:
- * k_moe_route, k_moe_gather_dense, k_moe_gather_quant, k_moe_combine) on the CPU and compares them
- * with the CPU reference ops (kiln_cpu_moe_route_ref, kiln_cpu_matmul_gather_ref,
- * kiln_cpu_moe_combine_ref). The header is compiled as C++ with MOE_HOST_EMU; every CUDA thread
- * of a block is a std::thread, __syncthreads a block barrier, a warp shuffle an exchange between
- * two barriers of the warp's 32 threads; blocks run one after another (thread_blocks.h).
+ * k_moe_route, k_moe_gather plain and with SwiGLU / GeGLU, k_moe_combine) on the CPU and compares
+ * them with the CPU reference ops (kiln_cpu_moe_route_ref, kiln_cpu_matmul_gather_ref,
+ * kiln_cpu_matmul_gather_glu_ref, kiln_cpu_moe_combine_ref). The header is compiled as C++ with
+ * MOE_HOST_EMU; every CUDA thread of a block is a std::thread, __syncthreads a block barrier, a
+ * warp shuffle an exchange between two barriers of the warp's 32 threads; blocks run one after
+ * another (thread_blocks.h).
  *
  * Checked besides the values: outputs start as NaN (a row never written shows), weight and code
  * loads must be aligned to their size (a fault on the device), dynamic shared memory is exactly
@@ -11,9 +12,10 @@
  * Cases: route over 8..512 experts, top 1..10, ties, a NaN logit, renormalised or not, with and
  * without per-expert scales; gathered matmuls in bf16 / f16 / f32 and 2..8-bit codes (groups
  * 32/64/128, bf16 / f16 / f32 scales), widths that take one, two and a partial second piece per
- * lane, pairs reading x rows by x_div 1 and k; the weighted sum with and without a shared
- * expert. A development check for machines without a GPU (no races, timing or fast-math
- * effects); run by tests/test_moe_emulate.sh (CTest). */
+ * lane, pairs reading x rows by x_div 1 and k; gate and up from two stacks (SiLU) and from one
+ * stack of gate-then-up rows (GELU); the weighted sum with and without a shared expert. A
+ * development check for machines without a GPU (no races, timing or fast-math effects); run by
+ * tests/test_moe_emulate.sh (CTest). */
 #include "cuda_shim.h"
 #include "thread_blocks.h"
 
@@ -54,6 +56,9 @@ static float __uint_as_float(uint32_t u) {
 }
 static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
+}
+static float kcu_tanh(float x) {
+    return tanhf(x);
 }
 static float kcu_f16(uint16_t h) {
     return kiln_f16_to_f32(h);
@@ -127,46 +132,93 @@ static uint16_t to16(float x, int dt) {
     return dt == KILN_DT_BF16 ? kiln_f32_to_bf16(x) : kiln_f32_to_f16(x);
 }
 
-/* n pairs over a stack of E experts of `rows` x `cols`; dense dtype dt (bits 0) or bits-bit codes
- * of group `group` with scales of sdt. */
-static void gather_case(int E, int rows, int cols, int n, int x_div, int dt, int bits, int group,
-                        int sdt) {
-    const int64_t R = (int64_t)E * rows;
-    kiln_matrix w;
+/* A random stack of R rows x cols: dense dtype dt (bits 0) or bits-bit codes of group `group` with
+ * scales of sdt; its bytes live in the three vectors (16-byte aligned storage). */
+struct emu_stack {
+    kiln_matrix m;
+    std::vector<uint32_t> words, sc, bi;
+};
+static void make_stack(emu_stack &st, int64_t R, int cols, int dt, int bits, int group, int sdt) {
+    kiln_matrix &w = st.m;
     memset(&w, 0, sizeof w);
     w.rows = R, w.cols = cols;
-    std::vector<uint32_t> words; /* 16-byte aligned storage for data / scales / biases */
-    std::vector<uint32_t> sc_words, bi_words;
     if (bits) {
         const int64_t wpr = (int64_t)cols * bits / 32, gpr = cols / group;
-        words.resize((size_t)(R * wpr) + 4);
-        for (auto &v : words) v = rnd_u32();
+        st.words.resize((size_t)(R * wpr) + 4);
+        for (auto &v : st.words) v = rnd_u32();
         const int ss = sdt == KILN_DT_F32 ? 4 : 2;
-        sc_words.resize((size_t)(R * gpr * ss / 4) + 4), bi_words.resize(sc_words.size());
+        st.sc.resize((size_t)(R * gpr * ss / 4) + 4), st.bi.resize(st.sc.size());
         for (int64_t g = 0; g < R * gpr; g++) {
-            const float s = 0.01f + 0.01f * (rnd() + 1.0f), b = -0.1f + 0.05f * rnd();
+            const float sv = 0.01f + 0.01f * (rnd() + 1.0f), bv = -0.1f + 0.05f * rnd();
             if (sdt == KILN_DT_F32) {
-                ((float *)sc_words.data())[g] = s, ((float *)bi_words.data())[g] = b;
+                ((float *)st.sc.data())[g] = sv, ((float *)st.bi.data())[g] = bv;
             } else {
-                ((uint16_t *)sc_words.data())[g] = to16(s, sdt);
-                ((uint16_t *)bi_words.data())[g] = to16(b, sdt);
+                ((uint16_t *)st.sc.data())[g] = to16(sv, sdt);
+                ((uint16_t *)st.bi.data())[g] = to16(bv, sdt);
             }
         }
         w.dtype = KILN_DT_U32, w.bits = bits, w.group_size = group;
-        w.scale_dtype = (kiln_dtype)sdt, w.scales = sc_words.data(), w.biases = bi_words.data();
+        w.scale_dtype = (kiln_dtype)sdt, w.scales = st.sc.data(), w.biases = st.bi.data();
     } else {
         const int es = dt == KILN_DT_F32 ? 4 : 2;
-        words.resize((size_t)(R * cols * es / 4) + 4);
+        st.words.resize((size_t)(R * cols * es / 4) + 4);
         for (int64_t i = 0; i < R * cols; i++) {
             const float v = rnd() * 0.5f;
             if (dt == KILN_DT_F32)
-                ((float *)words.data())[i] = v;
+                ((float *)st.words.data())[i] = v;
             else
-                ((uint16_t *)words.data())[i] = to16(v, dt);
+                ((uint16_t *)st.words.data())[i] = to16(v, dt);
         }
         w.dtype = (kiln_dtype)dt;
     }
-    w.data = words.data();
+    w.data = st.words.data();
+}
+
+/* k_moe_gather<F>(A) for the stack's format */
+static void gather_kernel(const moeg_args &A, int dt, int bits) {
+    switch (bits ? 100 + bits : dt) {
+    case KILN_DT_F32:
+        k_moe_gather<KILN_DT_F32>(A);
+        break;
+    case KILN_DT_F16:
+        k_moe_gather<KILN_DT_F16>(A);
+        break;
+    case KILN_DT_BF16:
+        k_moe_gather<KILN_DT_BF16>(A);
+        break;
+    case 102:
+        k_moe_gather<102>(A);
+        break;
+    case 103:
+        k_moe_gather<103>(A);
+        break;
+    case 104:
+        k_moe_gather<104>(A);
+        break;
+    case 105:
+        k_moe_gather<105>(A);
+        break;
+    case 106:
+        k_moe_gather<106>(A);
+        break;
+    case 107:
+        k_moe_gather<107>(A);
+        break;
+    case 108:
+        k_moe_gather<108>(A);
+        break;
+    }
+}
+
+/* n pairs over E experts of `rows` x `cols`: glu 0 the plain gather; 1 SwiGLU over two stacks
+ * (Qwen); 2 GeGLU over one stack holding gate then up rows per expert (Gemma's gate_up). */
+static void gather_case(int E, int rows, int cols, int n, int x_div, int dt, int bits, int group,
+                        int sdt, int glu = 0) {
+    const int64_t stride = glu == 2 ? 2 * rows : rows, up_off = glu == 2 ? rows : 0;
+    emu_stack gs, us;
+    make_stack(gs, E * stride, cols, dt, bits, group, sdt);
+    if (glu == 1) make_stack(us, E * stride, cols, dt, bits, group, sdt);
+    const kiln_matrix *g = &gs.m, *u = glu == 1 ? &us.m : g;
     const int nx = (n + x_div - 1) / x_div;
     std::vector<float> x((size_t)nx * cols);
     for (auto &v : x) v = rnd();
@@ -174,50 +226,32 @@ static void gather_case(int E, int rows, int cols, int n, int x_div, int dt, int
     for (int i = 0; i < n; i++) experts[i] = (int32_t)(rnd_u32() % (uint32_t)E);
     experts[0] = E - 1; /* the last slice is read */
     std::vector<float> y((size_t)n * rows, NAN), ref((size_t)n * rows);
-    kiln_cpu_matmul_gather_ref(ref.data(), x.data(), x_div, n, experts.data(), &w, rows);
+    const int act = glu == 2 ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
+    if (glu)
+        kiln_cpu_matmul_gather_glu_ref(ref.data(), x.data(), x_div, n, experts.data(), g, u, rows,
+                                       stride, up_off, act);
+    else
+        kiln_cpu_matmul_gather_ref(ref.data(), x.data(), x_div, n, experts.data(), g, rows);
     moeg_args A;
     memset(&A, 0, sizeof A);
-    A.y = y.data(), A.x = x.data(), A.experts = experts.data(), A.w = w.data;
-    A.scales = w.scales, A.biases = w.biases, A.rows = rows, A.cols = cols, A.x_div = x_div;
-    A.n_experts = E, A.sdt = sdt, A.group = group;
+    A.y = y.data(), A.x = x.data(), A.experts = experts.data(), A.rows = rows, A.cols = cols;
+    A.x_div = x_div, A.stride = stride, A.n_experts = E, A.sdt = sdt, A.group = group;
+    A.glu = glu != 0, A.act = act;
+    A.m[0] = {g->data, g->scales, g->biases, nullptr, 0};
+    A.m[1] = {u->data, u->scales, u->biases, nullptr, up_off};
     const emu_dim3 grid = {(unsigned)((rows + MOEG_WARPS - 1) / MOEG_WARPS), (unsigned)n, 1};
     const int before = emu_misaligned.load();
-    emu_run("k_moe_gather", grid, 0, [&] {
-        switch (bits) {
-        case 0:
-            if (dt == KILN_DT_BF16) k_moe_gather_dense<KILN_DT_BF16>(A);
-            if (dt == KILN_DT_F16) k_moe_gather_dense<KILN_DT_F16>(A);
-            if (dt == KILN_DT_F32) k_moe_gather_dense<KILN_DT_F32>(A);
-            break;
-        case 2:
-            k_moe_gather_quant<2>(A);
-            break;
-        case 3:
-            k_moe_gather_quant<3>(A);
-            break;
-        case 4:
-            k_moe_gather_quant<4>(A);
-            break;
-        case 5:
-            k_moe_gather_quant<5>(A);
-            break;
-        case 6:
-            k_moe_gather_quant<6>(A);
-            break;
-        case 7:
-            k_moe_gather_quant<7>(A);
-            break;
-        case 8:
-            k_moe_gather_quant<8>(A);
-            break;
-        }
-    });
+    emu_run(
+        "k_moe_gather", grid, 0, [&] { gather_kernel(A, dt, bits); }, MOEG_WARPS * 32);
     const int misaligned = emu_misaligned.load() - before;
     const double err = rel_l2(y.data(), ref.data(), y.size());
-    char label[200];
+    char label[220];
     snprintf(label, sizeof label,
-             "gather E=%d %dx%d n=%d x_div=%d %s bits=%d group=%d scales=%s: rel %.2e%s", E, rows,
-             cols, n, x_div, bits ? "codes" : kiln_dtype_name((kiln_dtype)dt), bits, group,
+             "gather%s E=%d %dx%d n=%d x_div=%d %s bits=%d group=%d scales=%s: rel %.2e%s",
+             glu == 1   ? " swiglu"
+             : glu == 2 ? " geglu (one stack)"
+                        : "",
+             E, rows, cols, n, x_div, bits ? "codes" : kiln_dtype_name((kiln_dtype)dt), bits, group,
              bits ? kiln_dtype_name((kiln_dtype)sdt) : "-", err,
              misaligned ? " MISALIGNED loads" : "");
     report(err <= 1e-5 && misaligned == 0, label);
@@ -233,11 +267,12 @@ static void gather_bad_expert(void) {
     const int32_t experts[2] = {1, E};
     moeg_args A;
     memset(&A, 0, sizeof A);
-    A.y = y.data(), A.x = x.data(), A.experts = experts, A.w = wd.data(), A.rows = rows;
-    A.cols = cols, A.x_div = 1, A.n_experts = E;
+    A.y = y.data(), A.x = x.data(), A.experts = experts, A.rows = rows, A.cols = cols;
+    A.x_div = 1, A.stride = rows, A.n_experts = E;
+    A.m[0] = {wd.data(), nullptr, nullptr, nullptr, 0};
     emu_run(
-        "k_moe_gather_dense", {(unsigned)(rows / MOEG_WARPS), (unsigned)n, 1}, 0,
-        [&] { k_moe_gather_dense<KILN_DT_BF16>(A); }, MOEG_WARPS * 32);
+        "k_moe_gather", {(unsigned)(rows / MOEG_WARPS), (unsigned)n, 1}, 0,
+        [&] { k_moe_gather<KILN_DT_BF16>(A); }, MOEG_WARPS * 32);
     bool ok = true;
     for (int r = 0; r < rows; r++) ok &= std::isfinite(y[r]) && std::isnan(y[rows + r]);
     report(ok, "gather with an expert id past the stack writes NaN rows");
@@ -284,6 +319,11 @@ int main() {
     gather_case(4, 5, 1536, 4, 4, 0, 8, 128, KILN_DT_F16);
     gather_case(3, 4, 1536, 3, 1, 0, 3, 32, KILN_DT_F32);
     gather_case(2, 3, 64, 2, 1, 0, 6, 32, KILN_DT_BF16);
+    gather_case(4, 9, 768, 8, 8, KILN_DT_BF16, 0, 0, 0, 1);
+    gather_case(3, 6, 520, 6, 2, KILN_DT_F16, 0, 0, 0, 2);
+    gather_case(4, 5, 2048, 8, 8, 0, 4, 64, KILN_DT_BF16, 1);
+    gather_case(3, 7, 1536, 4, 2, 0, 8, 32, KILN_DT_F16, 2);
+    gather_case(3, 6, 256, 6, 2, 0, 3, 32, KILN_DT_F32, 1);
     gather_bad_expert();
 
     combine_case(1, 8, 300, false, false);

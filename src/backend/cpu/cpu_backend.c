@@ -258,6 +258,26 @@ static void cpu_matmul_gather(kiln_backend *be, float *y, const float *x, int64_
         kiln_cpu_matmul(be->pool, y + i * rows, x + (i / x_div) * stack->cols, 1, &w);
     }
 }
+static void cpu_matmul_gather_glu(kiln_backend *be, float *y, const float *x, int64_t x_div,
+                                  int64_t n, const int32_t *experts, const kiln_matrix *gate,
+                                  const kiln_matrix *up, int64_t rows, int64_t stride,
+                                  int64_t up_offset, kiln_glu_act act) {
+    float *u = malloc((size_t)rows * sizeof(float)); /* [rows] one pair's up products */
+    if (!u) return;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t e = experts[i];
+        const kiln_matrix g = kiln_matrix_rows(gate, e * stride, rows);
+        const kiln_matrix w = kiln_matrix_rows(up, e * stride + up_offset, rows);
+        const float *xi = x + (i / x_div) * gate->cols;
+        kiln_cpu_matmul(be->pool, y + i * rows, xi, 1, &g);
+        kiln_cpu_matmul(be->pool, u, xi, 1, &w);
+        if (act == KILN_GLU_GELU_TANH)
+            cpu_gelu_tanh_mul(be, y + i * rows, y + i * rows, u, rows);
+        else
+            cpu_silu_mul(be, y + i * rows, y + i * rows, u, rows);
+    }
+    free(u);
+}
 static void cpu_moe_combine(kiln_backend *be, float *y, const float *ye, const float *weights,
                             int64_t T, int top_k, int64_t hidden, const float *shared,
                             const float *shared_logit) {
@@ -322,6 +342,7 @@ kiln_status kiln_backend_cpu_new(int n_threads, kiln_backend **out) {
     be->scatter_add_rows = cpu_scatter_add_rows;
     be->moe_route = cpu_moe_route;
     be->matmul_gather = cpu_matmul_gather;
+    be->matmul_gather_glu = cpu_matmul_gather_glu;
     be->moe_combine = cpu_moe_combine;
     be->moe_device_max_tokens = 0; /* the bucketed experts read each selected one once */
     be->sample = cpu_sample;

@@ -39,6 +39,27 @@ void kiln_cpu_matmul_ref(float *y, const float *x, int64_t n, const kiln_matrix 
     }
 }
 
+void kiln_cpu_matmul_gather_glu_ref(float *y, const float *x, int64_t x_div, int64_t n,
+                                    const int32_t *experts, const kiln_matrix *gate,
+                                    const kiln_matrix *up, int64_t rows, int64_t stride,
+                                    int64_t up_offset, int act) {
+    float *u = malloc((size_t)rows * sizeof(float)); /* [rows] one pair's up products */
+    if (!u) return;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t e = experts[i];
+        const kiln_matrix g = kiln_matrix_rows(gate, e * stride, rows);
+        const kiln_matrix w = kiln_matrix_rows(up, e * stride + up_offset, rows);
+        const float *xi = x + (i / x_div) * gate->cols;
+        kiln_cpu_matmul_ref(y + i * rows, xi, 1, &g);
+        kiln_cpu_matmul_ref(u, xi, 1, &w);
+        if (act == KILN_GLU_GELU_TANH)
+            kiln_cpu_gelu_tanh_mul(y + i * rows, y + i * rows, u, rows);
+        else
+            kiln_cpu_silu_mul_ref(y + i * rows, y + i * rows, u, rows);
+    }
+    free(u);
+}
+
 void kiln_cpu_matmul_gather_ref(float *y, const float *x, int64_t x_div, int64_t n,
                                 const int32_t *experts, const kiln_matrix *stack, int64_t rows) {
     for (int64_t i = 0; i < n; i++) {

@@ -152,6 +152,12 @@ void kiln_cpu_moe_route_ref(int32_t *experts, float *weights, const float *logit
  * (e+1)*rows) of stack (kiln_cpu_matmul_ref of that row view on one row). */
 void kiln_cpu_matmul_gather_ref(float *y, const float *x, int64_t x_div, int64_t n,
                                 const int32_t *experts, const kiln_matrix *stack, int64_t rows);
+/* y[i, rows] = act(x_i @ G_e^T) * (x_i @ U_e^T) for i < n (backend.h matmul_gather_glu): two
+ * kiln_cpu_matmul_ref of row views, then act(g) * u as kiln_cpu_silu_mul_ref / GELU-tanh. */
+void kiln_cpu_matmul_gather_glu_ref(float *y, const float *x, int64_t x_div, int64_t n,
+                                    const int32_t *experts, const kiln_matrix *gate,
+                                    const kiln_matrix *up, int64_t rows, int64_t stride,
+                                    int64_t up_offset, int act);
 /* y[t, H] = sum_j weights[t*k + j] * ye[t*k + j, H] in j order, then + g * shared[t, H] with
  * g = sigmoid(shared_logit[t]) (1 without shared_logit) when shared is given. */
 void kiln_cpu_moe_combine_ref(float *y, const float *ye, const float *weights, int64_t T, int top_k,

@@ -687,6 +687,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->scatter_add_rows = kcu_scatter_add_rows;
     be->moe_route = kcu_moe_route;
     be->matmul_gather = kcu_matmul_gather;
+    be->matmul_gather_glu = kcu_matmul_gather_glu;
     be->moe_combine = kcu_moe_combine;
     be->moe_device_max_tokens = 64;
     be->kv_new = kcu_kv_new;

@@ -66,11 +66,15 @@ void kcu_gather_rows(kiln_backend *be, float *dst, const float *src, const int32
                      int64_t width);
 void kcu_scatter_add_rows(kiln_backend *be, float *y, const float *src, const int32_t *rows,
                           const float *weights, int64_t n, int64_t width);
-/* moe.cu: the MoE block's device routing (backend.h moe_route, matmul_gather, moe_combine) */
+/* moe.cu: the MoE block's device routing (backend.h moe_route, matmul_gather, matmul_gather_glu,
+ * moe_combine) */
 void kcu_moe_route(kiln_backend *be, int32_t *experts, float *weights, const float *logits,
                    int64_t T, int n_experts, int top_k, bool norm_topk, const float *expert_scale);
 void kcu_matmul_gather(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
                        const int32_t *experts, const kiln_matrix *w, int64_t rows);
+void kcu_matmul_gather_glu(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
+                           const int32_t *experts, const kiln_matrix *gate, const kiln_matrix *up,
+                           int64_t rows, int64_t stride, int64_t up_offset, kiln_glu_act act);
 void kcu_moe_combine(kiln_backend *be, float *y, const float *ye, const float *weights, int64_t T,
                      int top_k, int64_t hidden, const float *shared, const float *shared_logit);
 /* sampling.cu: the `sample` op (rows and history are host memory; see backend.h) */

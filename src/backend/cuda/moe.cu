@@ -1,21 +1,35 @@
 /* moe.cu — the backend ops that keep a MoE block's routing on the device (backend.h moe_route,
- * matmul_gather, moe_combine): launchers of moe_gather.cuh's kernels, with the plain per-element
- * kernel for stacks the gather GEMV does not take (odd widths, unaligned slices). No op waits for
- * the host, so a decode step with MoE layers records as one CUDA graph. */
+ * matmul_gather, matmul_gather_glu, moe_combine): launchers of moe_gather.cuh's kernels, with the
+ * plain per-element kernel for stacks the gather GEMV does not take (odd widths, unaligned slices).
+ * No op waits for the host, so a decode step with MoE layers records as one CUDA graph. */
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/moe_gather.cuh"
 #include "backend/cuda/quant.cuh"
 
-/* Any format, any shape: one warp per (pair, row), kcu_matrix_at per element. */
-__global__ void k_moe_gather_generic(const __grid_constant__ moeg_args A, kiln_matrix w) {
+/* Any format, any shape: a warp per output row of a pair, kcu_matrix_at per element. */
+__global__ void k_moe_gather_generic(const __grid_constant__ moeg_args A, kiln_matrix g,
+                                     kiln_matrix u) {
     KCU_PDL_ENTER();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    moeg_row r;
-    if (!moeg_locate(A, warp, lane, r)) return;
-    float acc = 0.0f;
-    for (int64_t c = lane; c < A.cols; c += 32)
-        acc += kcu_matrix_at(w, r.wrow, c) * kcu_ld(r.x + c);
-    moeg_store(A, r, lane, acc);
+    const int64_t row = (int64_t)blockIdx.x * MOEG_WARPS + warp, i = A.i0 + blockIdx.y;
+    if (row >= A.rows) return;
+    const int e = kcu_ld(A.experts + i);
+    float *out = A.y + i * A.rows + row;
+    if (e < 0 || e >= A.n_experts) {
+        if (lane == 0) *out = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    const float *x = A.x + (i / A.x_div) * A.cols;
+    float v[2] = {0.0f, 0.0f};
+    for (int p = 0; p <= A.glu; p++) {
+        const kiln_matrix &w = p ? u : g;
+        const int64_t wrow = (int64_t)e * A.stride + A.m[p].row_off + row;
+        float acc = 0.0f;
+        for (int64_t c = lane; c < A.cols; c += 32)
+            acc += kcu_matrix_at(w, wrow, c) * kcu_ld(x + c);
+        v[p] = kcu_warp_sum(acc) + (w.bias ? w.bias[wrow] : 0.0f);
+    }
+    if (lane == 0) *out = A.glu ? moeg_act(v[0], A.act) * v[1] : v[0];
 }
 
 static bool aligned16(const void *p) {
@@ -27,8 +41,9 @@ extern "C" void kcu_moe_route(kiln_backend *be, int32_t *experts, float *weights
                               bool norm_topk, const float *expert_scale) {
     kcu_state *st = kcu_st(be);
     if (T <= 0) return;
-    if (top_k < 1 || top_k > 64 || top_k > n_experts || moer_smem_bytes(n_experts) > 40000) {
-        kcu_report(st, "moe_route", "top k must be 1..64 and at most the experts (at most 8000)",
+    if (top_k < 1 || top_k > KILN_MOE_ROUTE_MAX_K || top_k > n_experts ||
+        n_experts > KILN_MOE_ROUTE_MAX_EXPERTS) {
+        kcu_report(st, "moe_route", "top k must be 1..64 and at most the experts (at most 4096)",
                    __FILE__, __LINE__);
         return;
     }
@@ -42,64 +57,85 @@ extern "C" void kcu_moe_route(kiln_backend *be, int32_t *experts, float *weights
     }
 }
 
-/* Which gather kernel takes the stack: 0 = the generic one. */
+/* Which gather kernel takes the stack: the F of k_moe_gather, or -1 for the generic one. */
 static int gather_kind(const kiln_matrix *w, const float *x) {
-    if (!aligned16(x) || w->cols % 8) return 0;
+    if (!aligned16(x) || w->cols % 8) return -1;
     if (kiln_matrix_is_quantized(w)) {
         const bool ok = w->bits >= 2 && w->bits <= 8 && w->group_size % 32 == 0 &&
                         w->cols % 32 == 0 && aligned16(w->data);
-        return ok ? 100 + w->bits : 0;
+        return ok ? 100 + w->bits : -1;
     }
-    return aligned16(w->data) ? 1 : 0;
+    const bool dense =
+        w->dtype == KILN_DT_F32 || w->dtype == KILN_DT_F16 || w->dtype == KILN_DT_BF16;
+    return dense && aligned16(w->data) ? (int)w->dtype : -1;
 }
 
-extern "C" void kcu_matmul_gather(kiln_backend *be, float *y, const float *x, int64_t x_div,
-                                  int64_t n, const int32_t *experts, const kiln_matrix *w,
-                                  int64_t rows) {
+static bool same_format(const kiln_matrix *a, const kiln_matrix *b) {
+    return a->dtype == b->dtype && a->cols == b->cols && a->bits == b->bits &&
+           a->group_size == b->group_size && a->scale_dtype == b->scale_dtype;
+}
+
+/* Both ops: u NULL for the plain gather. Expert e reads rows [e*stride + off, + rows) of g (and
+ * [e*stride + up_off, + rows) of u). */
+static void gather_launch(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
+                          const int32_t *experts, const kiln_matrix *g, const kiln_matrix *u,
+                          int64_t rows, int64_t stride, int64_t up_off, int act) {
     kcu_state *st = kcu_st(be);
     if (n <= 0 || rows <= 0) return;
-    if (x_div < 1 || w->rows % rows) {
-        kcu_report(st, "matmul_gather", "the stack's rows are not whole experts", __FILE__,
-                   __LINE__);
+    if (x_div < 1 || stride < rows || g->rows % stride ||
+        (u && (!same_format(g, u) || u->rows != g->rows || up_off + rows > stride))) {
+        kcu_report(st, "matmul_gather", "the stacks' rows are not whole experts of one format",
+                   __FILE__, __LINE__);
         return;
     }
     moeg_args A = {};
-    A.y = y, A.x = x, A.experts = experts, A.w = w->data, A.scales = w->scales;
-    A.biases = w->biases, A.bias = w->bias, A.rows = rows, A.cols = w->cols, A.x_div = x_div;
-    A.n_experts = (int)(w->rows / rows), A.sdt = (int)w->scale_dtype, A.group = w->group_size;
-    const int kind = gather_kind(w, x);
+    A.y = y, A.x = x, A.experts = experts, A.rows = rows, A.cols = g->cols, A.x_div = x_div;
+    A.stride = stride, A.n_experts = (int)(g->rows / stride), A.sdt = (int)g->scale_dtype;
+    A.group = g->group_size, A.glu = u != NULL, A.act = act;
+    A.m[0] = {g->data, g->scales, g->biases, g->bias, 0};
+    if (u) A.m[1] = {u->data, u->scales, u->biases, u->bias, up_off};
+    int kind = gather_kind(g, x);
+    if (u && kind != gather_kind(u, x)) kind = -1;
     const unsigned row_blocks = (unsigned)((rows + MOEG_WARPS - 1) / MOEG_WARPS);
     for (int64_t i0 = 0; i0 < n; i0 += MOEG_MAX_GRID) {
         A.i0 = i0;
         const dim3 grid(row_blocks, (unsigned)(n - i0 < MOEG_MAX_GRID ? n - i0 : MOEG_MAX_GRID));
         const dim3 block(MOEG_WARPS * 32);
-#define KQ(B)                                                                                      \
-    case 100 + B:                                                                                  \
-        KCU_LAUNCH(st, k_moe_gather_quant<B>, grid, block, 0, A);                                  \
+#define KG(F)                                                                                      \
+    case F:                                                                                        \
+        KCU_LAUNCH(st, k_moe_gather<F>, grid, block, 0, A);                                        \
         break
         switch (kind) {
-        case 1:
-            if (w->dtype == KILN_DT_BF16)
-                KCU_LAUNCH(st, k_moe_gather_dense<KILN_DT_BF16>, grid, block, 0, A);
-            else if (w->dtype == KILN_DT_F16)
-                KCU_LAUNCH(st, k_moe_gather_dense<KILN_DT_F16>, grid, block, 0, A);
-            else
-                KCU_LAUNCH(st, k_moe_gather_dense<KILN_DT_F32>, grid, block, 0, A);
-            break;
-            KQ(2);
-            KQ(3);
-            KQ(4);
-            KQ(5);
-            KQ(6);
-            KQ(7);
-            KQ(8);
+            KG(KILN_DT_F32);
+            KG(KILN_DT_F16);
+            KG(KILN_DT_BF16);
+            KG(102);
+            KG(103);
+            KG(104);
+            KG(105);
+            KG(106);
+            KG(107);
+            KG(108);
         default:
-            KCU_LAUNCH(st, k_moe_gather_generic, grid, block, 0, A, *w);
+            KCU_LAUNCH(st, k_moe_gather_generic, grid, block, 0, A, *g, u ? *u : *g);
             break;
         }
-#undef KQ
+#undef KG
         KCU_LAUNCHED(st);
     }
+}
+
+extern "C" void kcu_matmul_gather(kiln_backend *be, float *y, const float *x, int64_t x_div,
+                                  int64_t n, const int32_t *experts, const kiln_matrix *w,
+                                  int64_t rows) {
+    gather_launch(be, y, x, x_div, n, experts, w, NULL, rows, rows, 0, 0);
+}
+
+extern "C" void kcu_matmul_gather_glu(kiln_backend *be, float *y, const float *x, int64_t x_div,
+                                      int64_t n, const int32_t *experts, const kiln_matrix *gate,
+                                      const kiln_matrix *up, int64_t rows, int64_t stride,
+                                      int64_t up_offset, kiln_glu_act act) {
+    gather_launch(be, y, x, x_div, n, experts, gate, up, rows, stride, up_offset, (int)act);
 }
 
 extern "C" void kcu_moe_combine(kiln_backend *be, float *y, const float *ye, const float *weights,

@@ -1,9 +1,11 @@
 /* moe_gather.cuh — the MoE block on the device, with no wait for the host (internal; moe.cu
  * launches these): the router's top-k choice per token (k_moe_route), the experts' matmuls on
- * the rows each (token, choice) pair selected (k_moe_gather_dense / k_moe_gather_quant: a GEMV
- * whose weight rows come from the stack slice of the expert named in device memory), and the
- * weighted sum of a token's expert outputs (k_moe_combine). Semantics: the CPU references
- * kiln_cpu_moe_route_ref, kiln_cpu_matmul_gather_ref and kiln_cpu_moe_combine_ref (cpu_ops.h).
+ * the rows each (token, choice) pair selected (k_moe_gather: a GEMV whose weight rows come from
+ * the stack slice of the expert named in device memory; with glu, gate and up rows of the pair and
+ * the activation in the same warp), and the weighted sum of a token's expert outputs
+ * (k_moe_combine). Semantics: the CPU references kiln_cpu_moe_route_ref,
+ * kiln_cpu_matmul_gather_ref, kiln_cpu_matmul_gather_glu_ref and kiln_cpu_moe_combine_ref
+ * (cpu_ops.h).
  *
  * The gather GEMV gives each output row one warp: lanes read 16-byte pieces of the row (dense: 8
  * values; quantized: 32 codes = B words with their group's scale and bias) two at a time and the
@@ -26,17 +28,24 @@
 #define MOEC_THREADS  256 /* combine: threads per block (one hidden element each) */
 #define MOEG_MAX_GRID 65535
 
-/* matmul_gather: y[i, rows] = x[i / x_div, cols] @ W_e^T (+ bias_e), e = experts[i], for the
- * pairs i0 <= i < i0 + gridDim.y; W_e = rows [e*rows, (e+1)*rows) of the stack. */
+/* One stack read by the gather: dense [E*stride, cols] or codes [E*stride, cols*bits/32] with
+ * scales / biases [E*stride, cols/group]; expert e's rows start at e*stride + row_off. */
+struct moeg_mat {
+    const void *w, *scales, *biases;
+    const float *bias; /* output bias [E*stride] or NULL */
+    int64_t row_off;
+};
+
+/* matmul_gather (glu 0): y[i, rows] = x[i / x_div, cols] @ W_e^T (+ bias_e) with e = experts[i],
+ * for the pairs i0 <= i < i0 + gridDim.y. matmul_gather_glu (glu 1): y[i, rows] =
+ * act(x_i @ G_e^T) * (x_i @ U_e^T), G from m[0], U from m[1]. */
 struct moeg_args {
-    float *y;                    /* [n, rows] */
-    const float *x;              /* [ceil(n / x_div), cols] */
-    const int32_t *experts;      /* [n] */
-    const void *w;               /* dense [E*rows, cols] or codes [E*rows, cols*bits/32] */
-    const void *scales, *biases; /* quantized: [E*rows, cols/group] of sdt */
-    const float *bias;           /* [E*rows] or NULL */
-    int64_t rows, cols, x_div, i0;
-    int n_experts, sdt, group;
+    float *y;               /* [n, rows] */
+    const float *x;         /* [ceil(n / x_div), cols] */
+    const int32_t *experts; /* [n] */
+    moeg_mat m[2];          /* the matrix (gate), up */
+    int64_t rows, cols, x_div, i0, stride;
+    int n_experts, sdt, group, glu, act;
 };
 
 /* Eight consecutive weights at p (16-byte aligned) of a dense dtype, as f32. */
@@ -61,92 +70,58 @@ template <int DT> __device__ __forceinline__ void moeg_load8(const void *p, floa
     }
 }
 
-/* The warp's output row: the pair, its expert (NaN out for one outside [0, E): a routing bug
- * shows instead of reading another matrix), the weight row and the x row. False: no row. */
-struct moeg_row {
-    float *out;
-    const float *x;
-    int64_t wrow; /* row of the stack */
-};
-__device__ __forceinline__ bool moeg_locate(const moeg_args &A, int warp, int lane, moeg_row &r) {
-    const int64_t row = (int64_t)blockIdx.x * MOEG_WARPS + warp, i = A.i0 + blockIdx.y;
-    if (row >= A.rows) return false;
-    const int e = kcu_ld(A.experts + i);
-    r.out = A.y + i * A.rows + row;
-    if (e < 0 || e >= A.n_experts) {
-        if (lane == 0) *r.out = __uint_as_float(0x7fc00000u);
-        return false;
-    }
-    r.wrow = (int64_t)e * A.rows + row;
-    r.x = A.x + (i / A.x_div) * A.cols;
-    return true;
-}
-
-__device__ __forceinline__ void moeg_store(const moeg_args &A, const moeg_row &r, int lane,
-                                           float acc) {
-    acc = kcu_warp_sum(acc);
-    if (lane == 0) *r.out = acc + (A.bias ? A.bias[r.wrow] : 0.0f);
-}
-
-/* Dense weights (f32 / f16 / bf16): cols % 8 == 0, rows 16-byte aligned, x 16-byte aligned. */
+/* The lane's share of row wrow . x for dense weights (cols % 8 == 0, rows 16-byte aligned,
+ * x 16-byte aligned): 8-value pieces, two in flight. */
 template <int DT>
-__global__ void __launch_bounds__(MOEG_WARPS * 32)
-    k_moe_gather_dense(const __grid_constant__ moeg_args A) {
-    KCU_PDL_ENTER();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    moeg_row r;
-    if (!moeg_locate(A, warp, lane, r)) return;
+__device__ __forceinline__ float moeg_dot_dense(const moeg_mat &m, int64_t wrow, const float *x,
+                                                int64_t cols, int lane) {
     const int64_t es = DT == KILN_DT_F32 ? 4 : 2;
-    const char *wp = (const char *)A.w + r.wrow * A.cols * es;
+    const char *wp = (const char *)m.w + wrow * cols * es;
     float acc = 0.0f;
-    for (int64_t c = (int64_t)lane * 8; c < A.cols; c += 2 * 256) { /* two chunks in flight */
+    for (int64_t c = (int64_t)lane * 8; c < cols; c += 2 * 256) {
         float wv[2][8];
-        const bool second = c + 256 < A.cols;
+        const bool second = c + 256 < cols;
         moeg_load8<DT>(wp + c * es, wv[0]);
         if (second) moeg_load8<DT>(wp + (c + 256) * es, wv[1]);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             if (u == 1 && !second) break;
-            const float4 *xp = (const float4 *)(r.x + c + u * 256);
+            const float4 *xp = (const float4 *)(x + c + u * 256);
             const float4 a = kcu_ld(xp), b = kcu_ld(xp + 1);
             const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
             for (int k = 0; k < 8; k++) acc = fmaf(wv[u][k], xv[k], acc);
         }
     }
-    moeg_store(A, r, lane, acc);
+    return acc;
 }
 
-/* Affine-quantized weights of B bits: cols % 32 == 0, group % 32 == 0, codes 16-byte aligned
- * (load_words), x 16-byte aligned. Per 32 codes of one group:
+/* The same for B-bit codes (cols % 32 == 0, group % 32 == 0, codes aligned for load_words):
+ * 32-code pieces, two in flight; per piece (one group)
  * sum_j (s*q_j + b) x_j = s*2^B (sum_j f_j x_j - sum_j x_j) + b sum_j x_j (code_f1). */
 template <int B>
-__global__ void __launch_bounds__(MOEG_WARPS * 32)
-    k_moe_gather_quant(const __grid_constant__ moeg_args A) {
-    KCU_PDL_ENTER();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    moeg_row r;
-    if (!moeg_locate(A, warp, lane, r)) return;
-    const int64_t wpr = A.cols / 32 * B, g0 = r.wrow * (A.cols / A.group);
-    const uint32_t *wp = (const uint32_t *)A.w + r.wrow * wpr;
+__device__ __forceinline__ float moeg_dot_quant(const moeg_mat &m, int64_t wrow, const float *x,
+                                                int64_t cols, int group, int sdt, int lane) {
+    const int64_t wpr = cols / 32 * B, g0 = wrow * (cols / group);
+    const uint32_t *wp = (const uint32_t *)m.w + wrow * wpr;
     const float scale_b = (float)(1 << B);
     float acc = 0.0f;
-    for (int64_t c = (int64_t)lane * 32; c < A.cols; c += 2 * 1024) { /* two pieces in flight */
+    for (int64_t c = (int64_t)lane * 32; c < cols; c += 2 * 1024) {
         uint32_t wd[2][B];
         float s[2], bb[2];
-        const bool second = c + 1024 < A.cols;
+        const bool second = c + 1024 < cols;
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             if (u == 1 && !second) break;
             const int64_t cu = c + u * 1024;
             load_words<B>(wp + cu / 32 * B, wd[u]);
-            s[u] = kcu_load(A.scales, g0 + cu / A.group, A.sdt) * scale_b;
-            bb[u] = kcu_load(A.biases, g0 + cu / A.group, A.sdt);
+            s[u] = kcu_load(m.scales, g0 + cu / group, sdt) * scale_b;
+            bb[u] = kcu_load(m.biases, g0 + cu / group, sdt);
         }
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             if (u == 1 && !second) break;
-            const float4 *xp = (const float4 *)(r.x + c + u * 1024);
+            const float4 *xp = (const float4 *)(x + c + u * 1024);
             float d = 0.0f, sx = 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; k++) {
@@ -160,7 +135,45 @@ __global__ void __launch_bounds__(MOEG_WARPS * 32)
             acc = fmaf(s[u], d - sx, fmaf(bb[u], sx, acc));
         }
     }
-    moeg_store(A, r, lane, acc);
+    return acc;
+}
+
+/* act(g) of a gated linear unit (kiln_glu_act): SiLU, or GELU with the tanh approximation. */
+__device__ __forceinline__ float moeg_act(float g, int act) {
+    if (act == KILN_GLU_GELU_TANH)
+        return 0.5f * g * (1.0f + kcu_tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return g / (1.0f + expf(-g));
+}
+
+/* A warp per output row (blockIdx.x * MOEG_WARPS + warp) of pair i0 + blockIdx.y: the expert id
+ * read on the device picks the stack rows (one outside [0, E) writes NaN: a routing bug shows
+ * instead of reading another matrix). F: a dense dtype (KILN_DT_*) or 100 + bits. */
+template <int F>
+__global__ void __launch_bounds__(MOEG_WARPS * 32)
+    k_moe_gather(const __grid_constant__ moeg_args A) {
+    KCU_PDL_ENTER();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * MOEG_WARPS + warp, i = A.i0 + blockIdx.y;
+    if (row >= A.rows) return;
+    const int e = kcu_ld(A.experts + i);
+    float *out = A.y + i * A.rows + row;
+    if (e < 0 || e >= A.n_experts) {
+        if (lane == 0) *out = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    const float *x = A.x + (i / A.x_div) * A.cols;
+    float v[2] = {0.0f, 0.0f};
+    for (int p = 0; p <= A.glu; p++) {
+        const moeg_mat &m = A.m[p];
+        const int64_t wrow = (int64_t)e * A.stride + m.row_off + row;
+        float acc;
+        if constexpr (F >= 100)
+            acc = moeg_dot_quant<F - 100>(m, wrow, x, A.cols, A.group, A.sdt, lane);
+        else
+            acc = moeg_dot_dense<F>(m, wrow, x, A.cols, lane);
+        v[p] = kcu_warp_sum(acc) + (m.bias ? m.bias[wrow] : 0.0f);
+    }
+    if (lane == 0) *out = A.glu ? moeg_act(v[0], A.act) * v[1] : v[0];
 }
 
 /* moe_route: token blockIdx.x's top k of softmax(logits) (ties: lower index) into experts /
@@ -178,8 +191,8 @@ struct moer_args {
 struct moer_shared {
     float red_v[MOER_THREADS / 32];
     int red_i[MOER_THREADS / 32];
-    float stat[2]; /* max, sum of exp */
-    int chosen[64];
+    float stat[2];  /* max, sum of exp */
+    int chosen[64]; /* KILN_MOE_ROUTE_MAX_K */
     float chosen_w[64];
 };
 #define MOER_HEAD ((sizeof(moer_shared) + 15) / 16 * 16)
