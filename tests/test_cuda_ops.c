@@ -1602,8 +1602,9 @@ static void test_moe_rows(void) {
 
 /* The MoE ops with routing on the device (moe.cu) against the CPU references: the top-k choice
  * (ids exactly), gathered matmuls over dense and quantized stacks (the GEMV kernels and the
- * generic one for widths they do not take, output biases, x rows shared by x_div pairs), stacks
- * made by upload_stack from separate matrices, and the weighted sum. */
+ * generic one for widths they do not take, output biases, x rows shared by x_div pairs; grouped
+ * or per pair as kiln_cuda_set_moe_grouped says), the gathered SwiGLU / GeGLU, stacks made by
+ * upload_stack from separate matrices, and the weighted sum. */
 static void test_moe_device_ops(void) {
     static const int route_cases[][4] = {
         {8, 2, 1, 0}, {128, 8, 5, 1}, {512, 10, 3, 1}, {60, 4, 2, 0}};
@@ -2392,7 +2393,10 @@ int main(void) {
     RUN(test_gdn_batch(1));
     RUN(test_gdn_batch(0));
     RUN(test_moe_rows());
-    RUN(test_moe_device_ops());
+    RUN(test_moe_device_ops()); /* 16 pairs over 5 experts: the grouped gather (auto) */
+    kiln_cuda_set_moe_grouped(0);
+    RUN(test_moe_device_ops()); /* the per-pair gather */
+    kiln_cuda_set_moe_grouped(-2);
     RUN(test_kv_state());
     RUN(test_sample());
     CHECK_OK(be->synchronize(be));

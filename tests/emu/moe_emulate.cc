@@ -13,7 +13,10 @@
  * without per-expert scales; gathered matmuls in bf16 / f16 / f32 and 2..8-bit codes (groups
  * 32/64/128, bf16 / f16 / f32 scales), widths that take one, two and a partial second piece per
  * lane, pairs reading x rows by x_div 1 and k; gate and up from two stacks (SiLU) and from one
- * stack of gate-then-up rows (GELU); the weighted sum with and without a shared expert. A
+ * stack of gate-then-up rows (GELU); every gather also in its grouped form (k_moe_group's
+ * buckets checked: each pair once, under its expert; the output the same bits as the per-pair
+ * kernel), with more pairs per expert than a warp carries at once; the weighted sum with and
+ * without a shared expert. A
  * development check for machines without a GPU (no races, timing or fast-math effects); run by
  * tests/test_moe_emulate.sh (CTest). */
 #include "cuda_shim.h"
@@ -56,6 +59,9 @@ static float __uint_as_float(uint32_t u) {
 }
 static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
+}
+static int atomicAdd(int *p, int v) {
+    return std::atomic_ref<int>(*p).fetch_add(v);
 }
 static float kcu_tanh(float x) {
     return tanhf(x);
@@ -210,6 +216,71 @@ static void gather_kernel(const moeg_args &A, int dt, int bits) {
     }
 }
 
+/* k_moe_gather_grouped<F>(A, offsets, list) for the stack's format */
+static void gather_grouped_kernel(const moeg_args &A, int dt, int bits, const int32_t *off,
+                                  const int32_t *list) {
+    switch (bits ? 100 + bits : dt) {
+    case KILN_DT_F32:
+        k_moe_gather_grouped<KILN_DT_F32>(A, off, list);
+        break;
+    case KILN_DT_F16:
+        k_moe_gather_grouped<KILN_DT_F16>(A, off, list);
+        break;
+    case KILN_DT_BF16:
+        k_moe_gather_grouped<KILN_DT_BF16>(A, off, list);
+        break;
+    case 102:
+        k_moe_gather_grouped<102>(A, off, list);
+        break;
+    case 103:
+        k_moe_gather_grouped<103>(A, off, list);
+        break;
+    case 104:
+        k_moe_gather_grouped<104>(A, off, list);
+        break;
+    case 105:
+        k_moe_gather_grouped<105>(A, off, list);
+        break;
+    case 106:
+        k_moe_gather_grouped<106>(A, off, list);
+        break;
+    case 107:
+        k_moe_gather_grouped<107>(A, off, list);
+        break;
+    case 108:
+        k_moe_gather_grouped<108>(A, off, list);
+        break;
+    }
+}
+
+/* The grouped form of the launch in A (k_moe_group, then k_moe_gather_grouped) into A.y: the
+ * buckets must hold every pair once, under its expert (ids outside the stack in bucket E). */
+static bool run_grouped(const moeg_args &A, int n, int dt, int bits) {
+    const int E = A.n_experts;
+    std::vector<int32_t> off(E + 2, -1), list(n, -1);
+    const moeg_group_args G = {A.experts, off.data(), list.data(), n, E};
+    emu_run(
+        "k_moe_group", {1, 1, 1}, moeg_group_smem_bytes(E), [&] { k_moe_group(G); },
+        MOEG_GROUP_THREADS);
+    bool ok = off[0] == 0 && off[E + 1] == n;
+    std::vector<int> seen(n, 0);
+    for (int e = 0; ok && e <= E; e++)
+        for (int p = off[e]; ok && p < off[e + 1]; p++) {
+            const int i = list[p];
+            ok = i >= 0 && i < n && !seen[i]++;
+            if (ok) {
+                const int ei = A.experts[i];
+                ok = e == E ? (ei < 0 || ei >= E) : ei == e;
+            }
+        }
+    const emu_dim3 grid = {(unsigned)((A.rows + MOEG_WARPS - 1) / MOEG_WARPS), (unsigned)(E + 1),
+                           1};
+    emu_run(
+        "k_moe_gather_grouped", grid, 0,
+        [&] { gather_grouped_kernel(A, dt, bits, off.data(), list.data()); }, MOEG_WARPS * 32);
+    return ok;
+}
+
 /* n pairs over E experts of `rows` x `cols`: glu 0 the plain gather; 1 SwiGLU over two stacks
  * (Qwen); 2 GeGLU over one stack holding gate then up rows per expert (Gemma's gate_up). */
 static void gather_case(int E, int rows, int cols, int n, int x_div, int dt, int bits, int group,
@@ -243,18 +314,24 @@ static void gather_case(int E, int rows, int cols, int n, int x_div, int dt, int
     const int before = emu_misaligned.load();
     emu_run(
         "k_moe_gather", grid, 0, [&] { gather_kernel(A, dt, bits); }, MOEG_WARPS * 32);
+    /* the grouped form: the same bits */
+    std::vector<float> yg((size_t)n * rows, NAN);
+    moeg_args Ag = A;
+    Ag.y = yg.data();
+    const bool buckets = run_grouped(Ag, n, dt, bits);
+    const bool same = memcmp(y.data(), yg.data(), y.size() * sizeof(float)) == 0;
     const int misaligned = emu_misaligned.load() - before;
     const double err = rel_l2(y.data(), ref.data(), y.size());
-    char label[220];
+    const char *kind = glu == 1 ? " swiglu" : glu == 2 ? " geglu (one stack)" : "";
+    char label[260];
     snprintf(label, sizeof label,
-             "gather%s E=%d %dx%d n=%d x_div=%d %s bits=%d group=%d scales=%s: rel %.2e%s",
-             glu == 1   ? " swiglu"
-             : glu == 2 ? " geglu (one stack)"
-                        : "",
-             E, rows, cols, n, x_div, bits ? "codes" : kiln_dtype_name((kiln_dtype)dt), bits, group,
-             bits ? kiln_dtype_name((kiln_dtype)sdt) : "-", err,
+             "gather%s E=%d %dx%d n=%d x_div=%d %s bits=%d group=%d scales=%s: rel %.2e, grouped "
+             "%s%s%s",
+             kind, E, rows, cols, n, x_div, bits ? "codes" : kiln_dtype_name((kiln_dtype)dt), bits,
+             group, bits ? kiln_dtype_name((kiln_dtype)sdt) : "-", err,
+             same ? "same bits" : "DIFFERENT", buckets ? "" : " BAD BUCKETS",
              misaligned ? " MISALIGNED loads" : "");
-    report(err <= 1e-5 && misaligned == 0, label);
+    report(err <= 1e-5 && misaligned == 0 && same && buckets, label);
 }
 
 /* An expert id outside the stack: that pair's rows come out NaN, the others right. */
@@ -276,6 +353,11 @@ static void gather_bad_expert(void) {
     bool ok = true;
     for (int r = 0; r < rows; r++) ok &= std::isfinite(y[r]) && std::isnan(y[rows + r]);
     report(ok, "gather with an expert id past the stack writes NaN rows");
+    std::vector<float> yg((size_t)n * rows, 0.0f);
+    A.y = yg.data();
+    ok = run_grouped(A, n, KILN_DT_BF16, 0);
+    for (int r = 0; r < rows; r++) ok &= yg[r] == y[r] && std::isnan(yg[rows + r]);
+    report(ok, "grouped gather with an expert id past the stack writes NaN rows");
 }
 
 /* ---- combine ---- */
@@ -324,6 +406,8 @@ int main() {
     gather_case(4, 5, 2048, 8, 8, 0, 4, 64, KILN_DT_BF16, 1);
     gather_case(3, 7, 1536, 4, 2, 0, 8, 32, KILN_DT_F16, 2);
     gather_case(3, 6, 256, 6, 2, 0, 3, 32, KILN_DT_F32, 1);
+    gather_case(3, 5, 512, 40, 4, KILN_DT_BF16, 0, 0, 0, 1); /* > MOEG_NP pairs per expert */
+    gather_case(2, 4, 256, 30, 3, 0, 4, 32, KILN_DT_BF16, 0);
     gather_bad_expert();
 
     combine_case(1, 8, 300, false, false);

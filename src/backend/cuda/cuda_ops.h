@@ -139,6 +139,9 @@ void kiln_cuda_set_tc_int8(int on);
 /* The tensor-core GEMM's split-K sum: 1 = by the last split inside the kernel (tc_reduce_last),
  * 0 = a k_tc_reduce launch (default), < 0 = env KILN_CUDA_TC_REDUCE. */
 void kiln_cuda_set_tc_reduce(int in_kernel);
+/* The MoE gather's grouped form (moe.cu): 1 always, 0 never, -1 auto (more pairs than half the
+ * experts), -2 back to KILN_CUDA_MOE_GROUPED. */
+void kiln_cuda_set_moe_grouped(int mode);
 /* The prefetch hint's budget in MB (prefetch.cu; 0 = off, the default); < 0 = env
  * KILN_CUDA_PREFETCH_MB. */
 void kiln_cuda_set_prefetch_mb(int mb);

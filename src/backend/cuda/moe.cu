@@ -6,6 +6,8 @@
 #include "backend/cuda/moe_gather.cuh"
 #include "backend/cuda/quant.cuh"
 
+#include <stdlib.h>
+
 /* Any format, any shape: a warp per output row of a pair, kcu_matrix_at per element. */
 __global__ void k_moe_gather_generic(const __grid_constant__ moeg_args A, kiln_matrix g,
                                      kiln_matrix u) {
@@ -75,6 +77,53 @@ static bool same_format(const kiln_matrix *a, const kiln_matrix *b) {
            a->group_size == b->group_size && a->scale_dtype == b->scale_dtype;
 }
 
+/* The grouped gather (k_moe_group + k_moe_gather_grouped) where pairs share experts: more pairs
+ * than half the experts (a decode batch of a few tokens or more). KILN_CUDA_MOE_GROUPED=0 / 1
+ * forces it off / on; kiln_cuda_set_moe_grouped does the same for tests. */
+static int g_moe_grouped = -2; /* -2: read the environment; -1 auto */
+extern "C" void kiln_cuda_set_moe_grouped(int mode) {
+    g_moe_grouped = mode;
+}
+static bool use_grouped(int64_t n, int n_experts) {
+    if (g_moe_grouped == -2) {
+        const char *e = getenv("KILN_CUDA_MOE_GROUPED");
+        g_moe_grouped = e && *e ? atoi(e) : -1;
+    }
+    if (g_moe_grouped >= 0) return g_moe_grouped == 1 && n <= 0x7fffffff;
+    return n >= 16 && 2 * n > n_experts && n <= 0x7fffffff;
+}
+
+static void grouped_launch(kcu_state *st, const moeg_args &A, int kind, int64_t n,
+                           unsigned row_blocks) {
+    const int E = A.n_experts;
+    int32_t *offsets = (int32_t *)kcu_scratch(st, (size_t)(E + 2 + n) * sizeof(int32_t));
+    if (!offsets) return; /* reported */
+    int32_t *list = offsets + E + 2;
+    const moeg_group_args G = {A.experts, offsets, list, (int)n, E};
+    KCU_LAUNCH(st, k_moe_group, 1, MOEG_GROUP_THREADS, moeg_group_smem_bytes(E), G);
+    KCU_LAUNCHED(st);
+    const dim3 grid(row_blocks, (unsigned)(E + 1)), block(MOEG_WARPS * 32);
+#define KG(F)                                                                                      \
+    case F:                                                                                        \
+        KCU_LAUNCH(st, k_moe_gather_grouped<F>, grid, block, 0, A, (const int32_t *)offsets,       \
+                   (const int32_t *)list);                                                         \
+        break
+    switch (kind) {
+        KG(KILN_DT_F32);
+        KG(KILN_DT_F16);
+        KG(KILN_DT_BF16);
+        KG(102);
+        KG(103);
+        KG(104);
+        KG(105);
+        KG(106);
+        KG(107);
+        KG(108);
+    }
+#undef KG
+    KCU_LAUNCHED(st);
+}
+
 /* Both ops: u NULL for the plain gather. Expert e reads rows [e*stride + off, + rows) of g (and
  * [e*stride + up_off, + rows) of u). */
 static void gather_launch(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
@@ -97,6 +146,10 @@ static void gather_launch(kiln_backend *be, float *y, const float *x, int64_t x_
     int kind = gather_kind(g, x);
     if (u && kind != gather_kind(u, x)) kind = -1;
     const unsigned row_blocks = (unsigned)((rows + MOEG_WARPS - 1) / MOEG_WARPS);
+    if (kind >= 0 && use_grouped(n, A.n_experts)) {
+        grouped_launch(st, A, kind, n, row_blocks);
+        return;
+    }
     for (int64_t i0 = 0; i0 < n; i0 += MOEG_MAX_GRID) {
         A.i0 = i0;
         const dim3 grid(row_blocks, (unsigned)(n - i0 < MOEG_MAX_GRID ? n - i0 : MOEG_MAX_GRID));

@@ -70,14 +70,18 @@ template <int DT> __device__ __forceinline__ void moeg_load8(const void *p, floa
     }
 }
 
-/* The lane's share of row wrow . x for dense weights (cols % 8 == 0, rows 16-byte aligned,
- * x 16-byte aligned): 8-value pieces, two in flight. */
-template <int DT>
-__device__ __forceinline__ float moeg_dot_dense(const moeg_mat &m, int64_t wrow, const float *x,
-                                                int64_t cols, int lane) {
+/* The lane's shares of row wrow . xs[q] for the first np <= NP x rows, dense weights (cols % 8 ==
+ * 0, rows and x 16-byte aligned): 8-value pieces of the row, two in flight, each used for every x.
+ * A pair's arithmetic does not depend on NP or on the other rows (the grouped gather gives the
+ * same bits as the per-pair one). */
+template <int DT, int NP>
+__device__ __forceinline__ void moeg_dot_dense(const moeg_mat &m, int64_t wrow,
+                                               const float *const (&xs)[NP], int np, int64_t cols,
+                                               int lane, float (&acc)[NP]) {
     const int64_t es = DT == KILN_DT_F32 ? 4 : 2;
     const char *wp = (const char *)m.w + wrow * cols * es;
-    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NP; q++) acc[q] = 0.0f;
     for (int64_t c = (int64_t)lane * 8; c < cols; c += 2 * 256) {
         float wv[2][8];
         const bool second = c + 256 < cols;
@@ -86,26 +90,31 @@ __device__ __forceinline__ float moeg_dot_dense(const moeg_mat &m, int64_t wrow,
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             if (u == 1 && !second) break;
-            const float4 *xp = (const float4 *)(x + c + u * 256);
-            const float4 a = kcu_ld(xp), b = kcu_ld(xp + 1);
-            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-            for (int k = 0; k < 8; k++) acc = fmaf(wv[u][k], xv[k], acc);
+            for (int q = 0; q < NP; q++) {
+                if (q >= np) break;
+                const float4 *xp = (const float4 *)(xs[q] + c + u * 256);
+                const float4 a = kcu_ld(xp), b = kcu_ld(xp + 1);
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[q] = fmaf(wv[u][k], xv[k], acc[q]);
+            }
         }
     }
-    return acc;
 }
 
 /* The same for B-bit codes (cols % 32 == 0, group % 32 == 0, codes aligned for load_words):
  * 32-code pieces, two in flight; per piece (one group)
  * sum_j (s*q_j + b) x_j = s*2^B (sum_j f_j x_j - sum_j x_j) + b sum_j x_j (code_f1). */
-template <int B>
-__device__ __forceinline__ float moeg_dot_quant(const moeg_mat &m, int64_t wrow, const float *x,
-                                                int64_t cols, int group, int sdt, int lane) {
+template <int B, int NP>
+__device__ __forceinline__ void moeg_dot_quant(const moeg_mat &m, int64_t wrow,
+                                               const float *const (&xs)[NP], int np, int64_t cols,
+                                               int group, int sdt, int lane, float (&acc)[NP]) {
     const int64_t wpr = cols / 32 * B, g0 = wrow * (cols / group);
     const uint32_t *wp = (const uint32_t *)m.w + wrow * wpr;
     const float scale_b = (float)(1 << B);
-    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NP; q++) acc[q] = 0.0f;
     for (int64_t c = (int64_t)lane * 32; c < cols; c += 2 * 1024) {
         uint32_t wd[2][B];
         float s[2], bb[2];
@@ -121,21 +130,24 @@ __device__ __forceinline__ float moeg_dot_quant(const moeg_mat &m, int64_t wrow,
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             if (u == 1 && !second) break;
-            const float4 *xp = (const float4 *)(x + c + u * 1024);
-            float d = 0.0f, sx = 0.0f;
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float4 a = kcu_ld(xp + k);
-                sx += (a.x + a.y) + (a.z + a.w);
-                d = fmaf(code_f1<B>(wd[u], 4 * k), a.x, d);
-                d = fmaf(code_f1<B>(wd[u], 4 * k + 1), a.y, d);
-                d = fmaf(code_f1<B>(wd[u], 4 * k + 2), a.z, d);
-                d = fmaf(code_f1<B>(wd[u], 4 * k + 3), a.w, d);
+            for (int q = 0; q < NP; q++) {
+                if (q >= np) break;
+                const float4 *xp = (const float4 *)(xs[q] + c + u * 1024);
+                float d = 0.0f, sx = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const float4 a = kcu_ld(xp + k);
+                    sx += (a.x + a.y) + (a.z + a.w);
+                    d = fmaf(code_f1<B>(wd[u], 4 * k), a.x, d);
+                    d = fmaf(code_f1<B>(wd[u], 4 * k + 1), a.y, d);
+                    d = fmaf(code_f1<B>(wd[u], 4 * k + 2), a.z, d);
+                    d = fmaf(code_f1<B>(wd[u], 4 * k + 3), a.w, d);
+                }
+                acc[q] = fmaf(s[u], d - sx, fmaf(bb[u], sx, acc[q]));
             }
-            acc = fmaf(s[u], d - sx, fmaf(bb[u], sx, acc));
         }
     }
-    return acc;
 }
 
 /* act(g) of a gated linear unit (kiln_glu_act): SiLU, or GELU with the tanh approximation. */
@@ -143,6 +155,36 @@ __device__ __forceinline__ float moeg_act(float g, int act) {
     if (act == KILN_GLU_GELU_TANH)
         return 0.5f * g * (1.0f + kcu_tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
     return g / (1.0f + expf(-g));
+}
+
+/* Row `row` of expert e for the first np <= NP pairs: out[q] = the plain product, or act(gate) *
+ * up with glu, output biases added; written by lane 0 to y[pairs[q], row]. */
+template <int F, int NP>
+__device__ __forceinline__ void moeg_rows(const moeg_args &A, int e, int64_t row,
+                                          const int64_t (&pairs)[NP], int np, int lane) {
+    const float *xs[NP];
+#pragma unroll
+    for (int q = 0; q < NP; q++) xs[q] = A.x + (pairs[q < np ? q : 0] / A.x_div) * A.cols;
+    float v[2][NP] = {};
+    for (int p = 0; p <= A.glu; p++) {
+        const moeg_mat &m = A.m[p];
+        const int64_t wrow = (int64_t)e * A.stride + m.row_off + row;
+        float acc[NP];
+        if constexpr (F >= 100)
+            moeg_dot_quant<F - 100, NP>(m, wrow, xs, np, A.cols, A.group, A.sdt, lane, acc);
+        else
+            moeg_dot_dense<F, NP>(m, wrow, xs, np, A.cols, lane, acc);
+        const float bias = m.bias ? m.bias[wrow] : 0.0f;
+#pragma unroll
+        for (int q = 0; q < NP; q++)
+            if (q < np) v[p][q] = kcu_warp_sum(acc[q]) + bias;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int q = 0; q < NP; q++)
+            if (q < np)
+                A.y[pairs[q] * A.rows + row] = A.glu ? moeg_act(v[0][q], A.act) * v[1][q] : v[0][q];
+    }
 }
 
 /* A warp per output row (blockIdx.x * MOEG_WARPS + warp) of pair i0 + blockIdx.y: the expert id
@@ -156,24 +198,84 @@ __global__ void __launch_bounds__(MOEG_WARPS * 32)
     const int64_t row = (int64_t)blockIdx.x * MOEG_WARPS + warp, i = A.i0 + blockIdx.y;
     if (row >= A.rows) return;
     const int e = kcu_ld(A.experts + i);
-    float *out = A.y + i * A.rows + row;
     if (e < 0 || e >= A.n_experts) {
-        if (lane == 0) *out = __uint_as_float(0x7fc00000u);
+        if (lane == 0) A.y[i * A.rows + row] = __uint_as_float(0x7fc00000u);
         return;
     }
-    const float *x = A.x + (i / A.x_div) * A.cols;
-    float v[2] = {0.0f, 0.0f};
-    for (int p = 0; p <= A.glu; p++) {
-        const moeg_mat &m = A.m[p];
-        const int64_t wrow = (int64_t)e * A.stride + m.row_off + row;
-        float acc;
-        if constexpr (F >= 100)
-            acc = moeg_dot_quant<F - 100>(m, wrow, x, A.cols, A.group, A.sdt, lane);
-        else
-            acc = moeg_dot_dense<F>(m, wrow, x, A.cols, lane);
-        v[p] = kcu_warp_sum(acc) + (m.bias ? m.bias[wrow] : 0.0f);
+    const int64_t pairs[1] = {i};
+    moeg_rows<F, 1>(A, e, row, pairs, 1, lane);
+}
+
+/* The grouped form, for batches whose pairs share experts: the pairs bucketed by expert
+ * (k_moe_group: offsets [E+2], list [n]; bucket E holds pairs whose id is outside [0, E)), then
+ * block (x, e) reads each of its MOEG_WARPS rows of expert e once per MOEG_NP of e's pairs, where
+ * the per-pair gather reads it once per pair. The same bits as k_moe_gather. */
+#define MOEG_NP            8
+#define MOEG_GROUP_THREADS 1024
+struct moeg_group_args {
+    const int32_t *experts; /* [n] */
+    int32_t *offsets;       /* [E + 2]: bucket e is list[offsets[e] .. offsets[e + 1]) */
+    int32_t *list;          /* [n] pair ids */
+    int n, n_experts;
+};
+static inline size_t moeg_group_smem_bytes(int n_experts) {
+    return (size_t)(n_experts + 1) * sizeof(int);
+}
+/* One block: count the pairs of each bucket, lay the buckets out in expert order (thread 0),
+ * then place each pair (its place inside the bucket is the order of arrival: a pair's result
+ * does not depend on it). */
+__global__ void __launch_bounds__(MOEG_GROUP_THREADS)
+    k_moe_group(const __grid_constant__ moeg_group_args A) {
+    KCU_PDL_ENTER();
+    MOE_SMEM(sm);
+    int *cursor = (int *)sm; /* [E + 1] counts, then each bucket's next free place */
+    const int E = A.n_experts;
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) cursor[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < A.n; i += blockDim.x) {
+        const int e = kcu_ld(A.experts + i);
+        atomicAdd(&cursor[e >= 0 && e < E ? e : E], 1);
     }
-    if (lane == 0) *out = A.glu ? moeg_act(v[0], A.act) * v[1] : v[0];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0;
+        for (int e = 0; e <= E; e++) {
+            const int c = cursor[e];
+            A.offsets[e] = at;
+            cursor[e] = at;
+            at += c;
+        }
+        A.offsets[E + 1] = at;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < A.n; i += blockDim.x) {
+        const int e = kcu_ld(A.experts + i);
+        A.list[atomicAdd(&cursor[e >= 0 && e < E ? e : E], 1)] = i;
+    }
+}
+
+template <int F>
+__global__ void __launch_bounds__(MOEG_WARPS * 32)
+    k_moe_gather_grouped(const __grid_constant__ moeg_args A, const int32_t *offsets,
+                         const int32_t *list) {
+    KCU_PDL_ENTER();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * MOEG_WARPS + warp;
+    const int e = (int)blockIdx.y;
+    if (row >= A.rows) return;
+    const int begin = kcu_ld(offsets + e), end = kcu_ld(offsets + e + 1);
+    if (e == A.n_experts) { /* pairs with an expert id outside the stack: NaN rows */
+        for (int p = begin; lane == 0 && p < end; p++)
+            A.y[(int64_t)kcu_ld(list + p) * A.rows + row] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    for (int p0 = begin; p0 < end; p0 += MOEG_NP) {
+        const int np = end - p0 < MOEG_NP ? end - p0 : MOEG_NP;
+        int64_t pairs[MOEG_NP];
+#pragma unroll
+        for (int q = 0; q < MOEG_NP; q++) pairs[q] = q < np ? kcu_ld(list + p0 + q) : 0;
+        moeg_rows<F, MOEG_NP>(A, e, row, pairs, np, lane);
+    }
 }
 
 /* moe_route: token blockIdx.x's top k of softmax(logits) (ties: lower index) into experts /
