@@ -40,6 +40,9 @@ int cmd_info(int argc, char **argv) {
            in->n_layers, in->layer_pattern);
     printf("hidden:         %d, heads %d, kv heads %d, head dim %d\n", in->hidden_size, in->n_heads,
            in->n_kv_heads, in->head_dim);
+    if (in->n_experts > 0)
+        printf("experts:        %d per MoE layer, %d per token\n", in->n_experts,
+               in->experts_per_token);
     printf("vocabulary:     %d\n", in->vocab_size);
     printf("context:        %d\n", in->max_position);
     printf("kv cache:       %s, %lld bytes per token", mo.load.kv.kind,

@@ -103,6 +103,8 @@ typedef struct kiln_model_info {
     int64_t weight_bytes;        /* bytes of weight data as stored */
     int64_t active_weight_bytes; /* of those, what one decode token reads: all but the experts
                                     a MoE layer's router leaves out (top_k of E) */
+    int n_experts;               /* routed experts per MoE layer (0: a dense model) */
+    int experts_per_token;       /* of those, how many a token uses (top_k) */
     int64_t kv_bytes_per_token;  /* across all layers, for the model's cache kind */
     int64_t state_bytes_fixed;   /* per-sequence fixed state (recurrent layers), 0 if none */
     int max_position;

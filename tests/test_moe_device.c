@@ -7,7 +7,8 @@
  *  2. the MoE fixtures (mlx-lm stacked experts) and the Gemma 4 MoE model forced onto that path
  *     (KILN_MOE_DEVICE_TOKENS) still match transformers' / numpy's logits as test_families asks,
  *     and the forward really ran there (kiln_moe_device_calls); the HF layout on the CPU keeps
- *     its tensors in place and so the bucketed forward. */
+ *     its tensors in place and so the bucketed forward;
+ *  3. kiln_model_info's expert counts and the bytes a decoded token reads. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "fixture_parity.h"
@@ -188,6 +189,29 @@ static void check_combine(void) {
     CHECK_NEAR(y[4], 2.0 + 1.0, 1e-6);
 }
 
+/* kiln_model_info of a MoE model counts what a token reads: qwen3_moe has 3 layers of 8 bf16
+ * experts of gate / up [64, 128] and down [128, 64], 2 per token, so 6/8 of their 1,179,648
+ * bytes are left out; a dense model reads everything. */
+static void check_info(void) {
+    kiln_model *m = NULL;
+    CHECK_OK(kiln_model_load(test_shared("fixtures/qwen3_moe"), NULL, &m));
+    if (m) {
+        const kiln_model_info *in = kiln_model_get_info(m);
+        CHECK(in->n_experts == 8 && in->experts_per_token == 2);
+        const int64_t experts = 3LL * 8 * 3 * 64 * 128 * 2;
+        CHECK_MSG(in->active_weight_bytes == in->weight_bytes - experts / 8 * 6,
+                  "active %lld of %lld bytes", (long long)in->active_weight_bytes,
+                  (long long)in->weight_bytes);
+        kiln_model_free(m);
+    }
+    CHECK_OK(kiln_model_load(test_shared("fixtures/qwen3"), NULL, &m));
+    if (m) {
+        const kiln_model_info *in = kiln_model_get_info(m);
+        CHECK(in->n_experts == 0 && in->active_weight_bytes == in->weight_bytes);
+        kiln_model_free(m);
+    }
+}
+
 /* The fixture forced onto the device forward: parity as test_families, and MoE calls counted. */
 static void check_fixture(const char *name, bool want_device) {
     const long before = kiln_moe_device_calls();
@@ -212,6 +236,7 @@ int main(void) {
     check_gather_glu(false);
     check_gather_glu(true);
     check_combine();
+    check_info();
 
     setenv("KILN_MOE_DEVICE_TOKENS", "100000", 1); /* every forward, prefill included */
     CHECK(kiln_moe_device_max_tokens(cpu) == 100000);

@@ -15,8 +15,9 @@
 # written without a GPU): test_cuda_ops' MoE groups, the MoE parity tests (test_parity_cuda_hybrid
 # also replays MoE decode steps from graphs; test_parity_cuda_gemma's Gemma 4 MoE), then
 # Qwen3-30B-A3B's shape cut to 8 layers (bf16, and 4-bit by kiln convert) at batch 1 / 8 / 64,
-# device routing (default) against host routing (KILN_MOE_DEVICE_TOKENS=0), and the batch-1
-# profile.
+# device routing (default) against host routing (KILN_MOE_DEVICE_TOKENS=0), the grouped gather
+# against the per-pair one at batch 64, prefill 512 routed on the device against the host, and
+# the batch-1 profile.
 LIMIT=${LIMIT:-540}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -53,6 +54,13 @@ if [ "$PART" = 3 ]; then
             echo "$m batch $b (prefill decode tok/s): device routing $(bench_tok_s $m $b 128 64)" \
                 "| KILN_MOE_DEVICE_TOKENS=0 $(bench_tok_s $m $b 128 64 KILN_MOE_DEVICE_TOKENS=0)"
         done
+        left 60 && echo "$m batch 64, per-pair gather: $(bench_tok_s $m 64 128 64 \
+            KILN_CUDA_MOE_GROUPED=0)"
+        # prefill 512 routed on the device too (grouped gather on CUDA cores) against the host's
+        # per-expert GEMMs (the default past 64 tokens)
+        left 60 && echo "$m prefill 512 (prefill decode tok/s): host routing" \
+            "$(bench_tok_s $m 1 512 4) | KILN_MOE_DEVICE_TOKENS=4096" \
+            "$(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096)"
     done
     if left 40; then
         stamp "profile: qwen3-30b-a3b-l8 bf16 batch 1"

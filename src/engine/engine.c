@@ -104,8 +104,10 @@ static kiln_status describe_weights(kiln_model *m) {
     const kiln_config *c = &m->cfg;
     const int E = kiln_config_int(c, "num_experts", kiln_config_int(c, "num_local_experts", 0));
     const int K = kiln_config_int(c, "num_experts_per_tok", kiln_config_int(c, "top_k_experts", 0));
-    m->info.active_weight_bytes =
-        E > 0 && K > 0 && K <= E ? bytes - expert_bytes + expert_bytes / E * K : bytes;
+    const bool moe = E > 0 && K > 0 && K <= E && expert_bytes > 0;
+    m->info.active_weight_bytes = moe ? bytes - expert_bytes + expert_bytes / E * K : bytes;
+    m->info.n_experts = moe ? E : 0;
+    m->info.experts_per_token = moe ? K : 0;
     m->quant_summary = summary;
     m->info.quant_summary = summary;
     return KILN_OK;
