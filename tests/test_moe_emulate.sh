@@ -4,6 +4,7 @@
 # tests/emu/moe_emulate.cc (emulated threads, barriers, warp shuffles, shared memory) against the
 # CPU reference ops. Needs no GPU. Skipped (77) without a C++20 g++. Env: KILN_BUILD (where the
 # objects and binary go; default /tmp).
+# kiln-test-labels: slow
 set -u
 cd "$(dirname "$0")/.."
 source tests/emu/emu_common.sh
