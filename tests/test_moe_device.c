@@ -239,7 +239,10 @@ int main(void) {
     check_info();
 
     setenv("KILN_MOE_DEVICE_TOKENS", "100000", 1); /* every forward, prefill included */
-    CHECK(kiln_moe_device_max_tokens(cpu) == 100000);
+    kiln_backend *env_be = NULL;                   /* backends made from now on take it */
+    CHECK_OK(kiln_backend_new(KILN_DEVICE_CPU, 1, &env_be));
+    CHECK(env_be && kiln_moe_device_max_tokens(env_be) == 100000);
+    kiln_backend_free(env_be);
     check_fixture("qwen3_moe-mlx-q4g32", true);
     check_fixture("qwen3_moe-mlx-q8g64", true);
     check_fixture("qwen3_next-mlx-q4g32", true);

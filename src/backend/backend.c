@@ -1,6 +1,8 @@
 /* backend.c — picks the backend for a device; the decode-layer fusions composed of plain ops. */
 #include "backend/backend.h"
 
+#include <stdlib.h>
+
 #include "util/status.h"
 
 #include <string.h>
@@ -9,21 +11,33 @@
 #include "backend/cuda/cuda_ops.h"
 #endif
 
+/* Settings every backend takes from the environment when it is made (read once, not per op). */
+static void apply_env(kiln_backend *be) {
+    const char *e = getenv("KILN_MOE_DEVICE_TOKENS");
+    if (e && *e) be->moe_device_max_tokens = atoi(e) > 0 ? atoi(e) : 0;
+}
+
 kiln_status kiln_backend_new(kiln_device device, int n_threads, kiln_backend **out) {
     *out = NULL;
+    kiln_status st;
     switch (device) {
     case KILN_DEVICE_CPU:
-        return kiln_backend_cpu_new(n_threads, out);
+        st = kiln_backend_cpu_new(n_threads, out);
+        break;
     case KILN_DEVICE_CUDA:
 #ifdef KILN_HAVE_CUDA
-        return kiln_backend_cuda_new(n_threads, out);
+        st = kiln_backend_cuda_new(n_threads, out);
+        break;
 #else
         return kiln_error(
             KILN_ERR_UNSUPPORTED,
             "--device cuda: this kiln was built without CUDA (no nvcc at build time)");
 #endif
+    default:
+        return kiln_error(KILN_ERR_INVALID_ARG, "unknown device %d", (int)device);
     }
-    return kiln_error(KILN_ERR_INVALID_ARG, "unknown device %d", (int)device);
+    if (st == KILN_OK) apply_env(*out);
+    return st;
 }
 
 kiln_status kiln_set_matmul_mode(const char *mode) {

@@ -201,8 +201,8 @@ struct kiln_backend {
                         int64_t T, int top_k, int64_t hidden, const float *shared,
                         const float *shared_logit);
     /* Forwards of up to this many tokens route on the backend with the ops above (0: never;
-     * CPU 0: its bucketed experts read each one once; CUDA 64). KILN_MOE_DEVICE_TOKENS=N
-     * overrides it (moe.c). */
+     * CPU 0: its bucketed experts read each one once; CUDA 64). KILN_MOE_DEVICE_TOKENS=N in the
+     * environment when kiln_backend_new makes the backend overrides it. */
     int moe_device_max_tokens;
 
     /* Token choice (kiln_cpu_sample_ref): ids[i] = the token kiln_sampler_sample would pick from

@@ -235,9 +235,7 @@ long kiln_moe_device_calls(void) {
 int kiln_moe_device_max_tokens(const kiln_backend *be) {
     if (!be->moe_route || !be->matmul_gather || !be->matmul_gather_glu || !be->moe_combine)
         return 0;
-    const char *env = getenv("KILN_MOE_DEVICE_TOKENS");
-    if (env && *env) return atoi(env) > 0 ? atoi(env) : 0;
-    return be->moe_device_max_tokens;
+    return be->moe_device_max_tokens; /* KILN_MOE_DEVICE_TOKENS applied by kiln_backend_new */
 }
 
 static int64_t align4(int64_t n) { /* floats, so each scratch region starts 16-byte aligned */

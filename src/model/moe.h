@@ -39,7 +39,8 @@ kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *moe, float *y, const
                              int64_t T, kiln_scratch *work);
 
 /* Forwards of up to this many tokens run the block with its routing on the backend (0: never):
- * KILN_MOE_DEVICE_TOKENS=N when set, else be->moe_device_max_tokens; 0 without the ops. */
+ * be->moe_device_max_tokens (KILN_MOE_DEVICE_TOKENS=N at backend creation overrides the
+ * backend's own); 0 without the ops. */
 int kiln_moe_device_max_tokens(const kiln_backend *be);
 
 /* Whether kiln_moe_forward of T tokens runs on the backend with nothing waiting for the host (so
