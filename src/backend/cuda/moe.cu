@@ -93,6 +93,57 @@ static bool use_grouped(int64_t n, int n_experts) {
     return n >= 16 && 2 * n > n_experts && n <= 0x7fffffff;
 }
 
+/* Calls l.run<F>() for the gather kind F (a dense dtype or 100 + bits). */
+template <typename L> static void by_kind(int kind, const L &l) {
+    switch (kind) {
+    case KILN_DT_F32:
+        l.template run<KILN_DT_F32>();
+        break;
+    case KILN_DT_F16:
+        l.template run<KILN_DT_F16>();
+        break;
+    case KILN_DT_BF16:
+        l.template run<KILN_DT_BF16>();
+        break;
+    case 102:
+        l.template run<102>();
+        break;
+    case 103:
+        l.template run<103>();
+        break;
+    case 104:
+        l.template run<104>();
+        break;
+    case 105:
+        l.template run<105>();
+        break;
+    case 106:
+        l.template run<106>();
+        break;
+    case 107:
+        l.template run<107>();
+        break;
+    case 108:
+        l.template run<108>();
+        break;
+    }
+}
+struct per_pair_gather {
+    kcu_state *st;
+    dim3 grid, block;
+    const moeg_args &A;
+    template <int F> void run() const { KCU_LAUNCH(st, k_moe_gather<F>, grid, block, 0, A); }
+};
+struct grouped_gather {
+    kcu_state *st;
+    dim3 grid, block;
+    const moeg_args &A;
+    const int32_t *offsets, *list;
+    template <int F> void run() const {
+        KCU_LAUNCH(st, k_moe_gather_grouped<F>, grid, block, 0, A, offsets, list);
+    }
+};
+
 static void grouped_launch(kcu_state *st, const moeg_args &A, int kind, int64_t n,
                            unsigned row_blocks) {
     const int E = A.n_experts;
@@ -103,24 +154,8 @@ static void grouped_launch(kcu_state *st, const moeg_args &A, int kind, int64_t 
     KCU_LAUNCH(st, k_moe_group, 1, MOEG_GROUP_THREADS, moeg_group_smem_bytes(E), G);
     KCU_LAUNCHED(st);
     const dim3 grid(row_blocks, (unsigned)(E + 1)), block(MOEG_WARPS * 32);
-#define KG(F)                                                                                      \
-    case F:                                                                                        \
-        KCU_LAUNCH(st, k_moe_gather_grouped<F>, grid, block, 0, A, (const int32_t *)offsets,       \
-                   (const int32_t *)list);                                                         \
-        break
-    switch (kind) {
-        KG(KILN_DT_F32);
-        KG(KILN_DT_F16);
-        KG(KILN_DT_BF16);
-        KG(102);
-        KG(103);
-        KG(104);
-        KG(105);
-        KG(106);
-        KG(107);
-        KG(108);
-    }
-#undef KG
+    const grouped_gather L = {st, grid, block, A, offsets, list};
+    by_kind(kind, L);
     KCU_LAUNCHED(st);
 }
 
@@ -154,26 +189,10 @@ static void gather_launch(kiln_backend *be, float *y, const float *x, int64_t x_
         A.i0 = i0;
         const dim3 grid(row_blocks, (unsigned)(n - i0 < MOEG_MAX_GRID ? n - i0 : MOEG_MAX_GRID));
         const dim3 block(MOEG_WARPS * 32);
-#define KG(F)                                                                                      \
-    case F:                                                                                        \
-        KCU_LAUNCH(st, k_moe_gather<F>, grid, block, 0, A);                                        \
-        break
-        switch (kind) {
-            KG(KILN_DT_F32);
-            KG(KILN_DT_F16);
-            KG(KILN_DT_BF16);
-            KG(102);
-            KG(103);
-            KG(104);
-            KG(105);
-            KG(106);
-            KG(107);
-            KG(108);
-        default:
+        if (kind >= 0)
+            by_kind(kind, per_pair_gather{st, grid, block, A});
+        else
             KCU_LAUNCH(st, k_moe_gather_generic, grid, block, 0, A, *g, u ? *u : *g);
-            break;
-        }
-#undef KG
         KCU_LAUNCHED(st);
     }
 }
