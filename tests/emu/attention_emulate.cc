@@ -42,15 +42,6 @@ extern "C" {
 #define KCU_PDL_ENTER()                    /* nothing to wait for on the CPU */
 static std::atomic<int> emu_misaligned{0}; /* loads off their natural boundary */
 #define ATTS_SMEM(name) float *name = emu_smem
-static void __threadfence() {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-static unsigned atomicAdd(unsigned *p, unsigned v) {
-    return std::atomic_ref<unsigned>(*p).fetch_add(v);
-}
-static float __ldcg(const float *p) {
-    return *p;
-}
 template <typename T> static T __ldg(const T *p) {
     if (((uintptr_t)p % sizeof(T)) != 0) emu_misaligned++; /* a fault on the device */
     T r;

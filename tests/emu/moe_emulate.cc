@@ -60,9 +60,6 @@ static float __uint_as_float(uint32_t u) {
 static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }
-static int atomicAdd(int *p, int v) {
-    return std::atomic_ref<int>(*p).fetch_add(v);
-}
 static float kcu_tanh(float x) {
     return tanhf(x);
 }

@@ -48,15 +48,6 @@ static inline int kcu_attn_keys_bucket(int keys) { /* attention.cuh */
 
 #define PATT_SMEM(name) float *name = emu_smem
 #define ATTS_SMEM(name) float *name = emu_smem
-static void __threadfence() {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-static unsigned atomicAdd(unsigned *p, unsigned v) {
-    return std::atomic_ref<unsigned>(*p).fetch_add(v);
-}
-static float __ldcg(const float *p) {
-    return *p;
-}
 static int emu_misaligned = 0; /* record loads off their natural boundary (a fault on the GPU) */
 template <typename T> static T kcu_ld(const T *p) {
     if (((uintptr_t)p % sizeof(T)) != 0) emu_misaligned++;

@@ -1,16 +1,18 @@
 /* thread_blocks.h — the block runner of the emulators that run every CUDA thread of a block as a
- * std::thread (attention_emulate.cc, paged_attention_emulate.cc, moe_emulate.cc): __syncthreads
- * as a block barrier, warp shuffles (float or int, by xor mask or source lane) as an exchange
- * between two barriers of the warp's 32 threads (warps may run different numbers of rounds, so a
- * block-wide barrier would not do), the warp sum / max of cuda_common.cuh, and emu_run, which walks
- * a grid's blocks in order with NaN-poisoned dynamic shared memory (emu_smem) followed by a guard
- * zone checked after each block. Include after cuda_shim.h and before the kernel source; the
- * emulator counts its cases and failures in the two counters here. */
+ * std::thread (attention_emulate.cc, paged_attention_emulate.cc, gdn_emulate.cc, moe_emulate.cc):
+ * __syncthreads as a block barrier, warp shuffles (float or int, by xor mask or source lane) as an
+ * exchange between two barriers of the warp's 32 threads (warps may run different numbers of
+ * rounds, so a block-wide barrier would not do), the warp sum / max of cuda_common.cuh, atomics
+ * and fences, and emu_run, which walks a grid's blocks in order with NaN-poisoned dynamic shared
+ * memory (emu_smem) followed by a guard zone checked after each block. Include after cuda_shim.h
+ * and before the kernel source; the emulator counts its cases and failures in the two counters
+ * here. */
 #ifndef KILN_TESTS_EMU_THREAD_BLOCKS_H
 #define KILN_TESTS_EMU_THREAD_BLOCKS_H
 
 #include "cuda_shim.h"
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +54,19 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
 }
 inline int __shfl_xor_sync(unsigned, int v, int mask) {
     return (int)emu_exchange((uint32_t)v, t_lane ^ mask);
+}
+/* atomics and fences between the block's threads (arrival counters, bucket cursors) */
+inline void __threadfence() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+inline int atomicAdd(int *p, int v) {
+    return std::atomic_ref<int>(*p).fetch_add(v);
+}
+inline float __ldcg(const float *p) { /* the L2-only load of split partials */
+    return *p;
 }
 inline float kcu_warp_sum(float v) { /* cuda_common.cuh */
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
