@@ -250,33 +250,20 @@ static void cpu_moe_route(kiln_backend *be, int32_t *experts, float *weights, co
     (void)be;
     kiln_cpu_moe_route_ref(experts, weights, logits, T, n_experts, top_k, norm_topk, expert_scale);
 }
-/* one threaded matmul (the CPU matmul op) per (token, expert) pair */
+/* The CPU routes on the host by default (moe_device_max_tokens 0): these run only when
+ * KILN_MOE_DEVICE_TOKENS forces the device forward (tests), so they are the references. */
 static void cpu_matmul_gather(kiln_backend *be, float *y, const float *x, int64_t x_div, int64_t n,
                               const int32_t *experts, const kiln_matrix *stack, int64_t rows) {
-    for (int64_t i = 0; i < n; i++) {
-        const kiln_matrix w = kiln_matrix_rows(stack, (int64_t)experts[i] * rows, rows);
-        kiln_cpu_matmul(be->pool, y + i * rows, x + (i / x_div) * stack->cols, 1, &w);
-    }
+    (void)be;
+    kiln_cpu_matmul_gather_ref(y, x, x_div, n, experts, stack, rows);
 }
 static void cpu_matmul_gather_glu(kiln_backend *be, float *y, const float *x, int64_t x_div,
                                   int64_t n, const int32_t *experts, const kiln_matrix *gate,
                                   const kiln_matrix *up, int64_t rows, int64_t stride,
                                   int64_t up_offset, kiln_glu_act act) {
-    float *u = malloc((size_t)rows * sizeof(float)); /* [rows] one pair's up products */
-    if (!u) return;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t e = experts[i];
-        const kiln_matrix g = kiln_matrix_rows(gate, e * stride, rows);
-        const kiln_matrix w = kiln_matrix_rows(up, e * stride + up_offset, rows);
-        const float *xi = x + (i / x_div) * gate->cols;
-        kiln_cpu_matmul(be->pool, y + i * rows, xi, 1, &g);
-        kiln_cpu_matmul(be->pool, u, xi, 1, &w);
-        if (act == KILN_GLU_GELU_TANH)
-            cpu_gelu_tanh_mul(be, y + i * rows, y + i * rows, u, rows);
-        else
-            cpu_silu_mul(be, y + i * rows, y + i * rows, u, rows);
-    }
-    free(u);
+    (void)be;
+    kiln_cpu_matmul_gather_glu_ref(y, x, x_div, n, experts, gate, up, rows, stride, up_offset,
+                                   (int)act);
 }
 static void cpu_moe_combine(kiln_backend *be, float *y, const float *ye, const float *weights,
                             int64_t T, int top_k, int64_t hidden, const float *shared,
