@@ -1600,6 +1600,82 @@ static void test_moe_rows(void) {
     }
 }
 
+/* The tensor-core expert GEMM (gemm_tc.cu expert mode, taken by moe.cu for batches of many
+ * pairs; forced here) against the CPU references: 4-bit g64, 8-bit g32 / g128 (f16 scales, output
+ * bias) and bf16 stacks, cols that are not multiples of 64, experts of uneven load (one gets half
+ * the pairs, more than a token tile; the last none), x rows shared by x_div pairs, the gathered
+ * SwiGLU over two stacks and GeGLU over one stack of gate-then-up rows, and a pair whose expert
+ * id is outside the stack (its row NaN, the others as the reference). */
+static void test_moe_tc(void) {
+    kiln_cuda_set_moe_tc(1);
+    const int E = 6, x_div = 4, bad = 7;
+    static const int cases[][7] = {
+        /* bits (0: bf16), group, rows, cols, pairs, glu (2: one stack), output bias */
+        {4, 64, 200, 512, 320, 0, 0}, {8, 32, 72, 288, 96, 0, 1}, {0, 0, 130, 520, 96, 0, 0},
+        {4, 32, 64, 1024, 512, 1, 0}, {0, 0, 48, 256, 200, 2, 0}, {8, 128, 136, 512, 1500, 0, 0},
+        {8, 64, 40, 768, 64, 2, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int *k = cases[c];
+        const int64_t rows = k[2], cols = k[3], n = k[4], glu = k[5];
+        const int64_t stride = glu == 2 ? 2 * rows : rows, up_off = glu == 2 ? rows : 0;
+        test_matrix g, u;
+        const kiln_dtype sdt = c % 2 ? KILN_DT_F16 : KILN_DT_BF16;
+        for (int q = 0; q < (glu == 1 ? 2 : 1); q++) {
+            test_matrix *m = q ? &u : &g;
+            if (k[0])
+                make_quant(m, k[0], k[1], sdt, E * stride, cols, k[6]);
+            else
+                make_dense(m, KILN_DT_BF16, E * stride, cols, k[6]);
+        }
+        const test_matrix *up = glu == 2 ? &g : &u;
+        int32_t *experts = malloc((size_t)n * 4), *ref_ex = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) {
+            const uint64_t r = test_rand_u64(&rng);
+            experts[i] = r % 2 ? 0 : (int32_t)(1 + (r >> 8) % (E - 2)); /* E - 1: no pair */
+            ref_ex[i] = experts[i];
+        }
+        experts[bad] = E; /* outside the stack: NaN */
+        float *x = rand_f32((n / x_div) * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
+        const kiln_glu_act act = glu == 2 ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
+        if (glu)
+            kiln_cpu_matmul_gather_glu_ref(ref, x, x_div, n, ref_ex, &g.host, &up->host, rows,
+                                           stride, up_off, act);
+        else
+            kiln_cpu_matmul_gather_ref(ref, x, x_div, n, ref_ex, &g.host, rows);
+        float *dx = dev_copy(x, (size_t)((n / x_div) * cols) * 4), *dy = dev_poisoned(n * rows);
+        int32_t *dex = dev_copy(experts, (size_t)n * 4);
+        const long long l0 = kiln_cuda_tc_gemm_launches();
+        if (glu)
+            be->matmul_gather_glu(be, dy, dx, x_div, n, dex, &g.dev, &up->dev, rows, stride, up_off,
+                                  act);
+        else
+            be->matmul_gather(be, dy, dx, x_div, n, dex, &g.dev, rows);
+        CHECK_OK(be->synchronize(be));
+        CHECK_MSG(kiln_cuda_tc_gemm_launches() == l0 + 1, "expert GEMM case %zu: %lld launches", c,
+                  kiln_cuda_tc_gemm_launches() - l0);
+        float *got = malloc((size_t)(n * rows) * 4);
+        be->download(be, got, dy, (size_t)(n * rows) * 4);
+        int64_t nan_bad = 0, nonfinite = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            nan_bad += isnan(got[bad * rows + r]) != 0;
+            got[bad * rows + r] = ref[bad * rows + r];
+        }
+        for (int64_t i = 0; i < n * rows; i++) nonfinite += !isfinite(got[i]);
+        const double err = test_rel_l2(got, ref, (size_t)(n * rows));
+        CHECK_MSG(nan_bad == rows && nonfinite == 0 && err <= 2e-5,
+                  "expert GEMM bits=%d %lldx%lld n=%lld glu=%d: %lld of %lld NaN in the bad row, "
+                  "%lld non-finite, rel err %.3g",
+                  k[0], (long long)rows, (long long)cols, (long long)n, (int)glu,
+                  (long long)nan_bad, (long long)rows, (long long)nonfinite, err);
+        be->free(be, dx), be->free(be, dy), be->free(be, dex);
+        free(x), free(ref), free(got), free(experts), free(ref_ex);
+        free_matrix(&g);
+        if (glu == 1) free_matrix(&u);
+    }
+    kiln_cuda_set_moe_tc(-2);
+}
+
 /* The MoE ops with routing on the device (moe.cu) against the CPU references: the top-k choice
  * (ids exactly), gathered matmuls over dense and quantized stacks (the GEMV kernels and the
  * generic one for widths they do not take, output biases, x rows shared by x_div pairs; grouped
@@ -2397,6 +2473,10 @@ int main(void) {
     kiln_cuda_set_moe_grouped(0);
     RUN(test_moe_device_ops()); /* the per-pair gather */
     kiln_cuda_set_moe_grouped(-2);
+    kiln_cuda_set_moe_tc(1);
+    RUN(test_moe_device_ops()); /* the tensor-core expert GEMM where the format allows */
+    kiln_cuda_set_moe_tc(-2);
+    RUN(test_moe_tc());
     RUN(test_kv_state());
     RUN(test_sample());
     CHECK_OK(be->synchronize(be));

@@ -58,9 +58,12 @@ if [ "$PART" = 3 ]; then
             KILN_CUDA_MOE_GROUPED=0)"
         # prefill 512 routed on the device too (grouped gather on CUDA cores) against the host's
         # per-expert GEMMs (the default past 64 tokens)
+        # (the tensor-core expert GEMM from 1024 pairs, seventeenth session; =0: the grouped
+        # gather on CUDA cores)
         left 60 && echo "$m prefill 512 (prefill decode tok/s): host routing" \
             "$(bench_tok_s $m 1 512 4) | KILN_MOE_DEVICE_TOKENS=4096" \
-            "$(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096)"
+            "$(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096) | and KILN_CUDA_MOE_TC=0" \
+            "$(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096 KILN_CUDA_MOE_TC=0)"
     done
     if left 40; then
         stamp "profile: qwen3-30b-a3b-l8 bf16 batch 1"
@@ -71,6 +74,7 @@ elif [ "$PART" = 1 ]; then
     models_in_background qwen3-0.6b llama-3-8b
     build_kiln
     run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention,test_upload_matrices,test_tc_" \
+        "test_cuda_ops KILN_TEST_ONLY=test_moe" test_parity_cuda_hybrid \
         test_parity_cuda test_kv_cuda test_parity_cuda_kv \
         "test_parity_cuda KILN_CUDA_FUSE_WEIGHTS=1 KILN_CUDA_TC_REDUCE=1"
     for b in 1 8; do

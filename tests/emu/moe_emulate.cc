@@ -15,7 +15,8 @@
  * lane, pairs reading x rows by x_div 1 and k; gate and up from two stacks (SiLU) and from one
  * stack of gate-then-up rows (GELU); every gather also in its grouped form (k_moe_group's
  * buckets checked: each pair once, under its expert; the output the same bits as the per-pair
- * kernel), with more pairs per expert than a warp carries at once; the weighted sum with and
+ * kernel; the token tiles it lays out for the tensor-core expert GEMM, and that GEMM's scatter
+ * kernels), with more pairs per expert than a warp carries at once; the weighted sum with and
  * without a shared expert. A
  * development check for machines without a GPU (no races, timing or fast-math effects); run by
  * tests/test_moe_emulate.sh (CTest). */
@@ -250,16 +251,73 @@ static void gather_grouped_kernel(const moeg_args &A, int dt, int bits, const in
     }
 }
 
+/* The token tiles k_moe_group lays out for the tensor-core expert GEMM: each expert's bucket in
+ * order, tile_tokens pairs a tile (the last partial), then {-1, ...} up to max_tiles. */
+static bool tiles_ok(const std::vector<int32_t> &tiles, const std::vector<int32_t> &off, int E,
+                     int bn) {
+    size_t j = 0;
+    for (int e = 0; e < E; e++)
+        for (int t0 = off[e]; t0 < off[e + 1]; t0 += bn, j++)
+            if (4 * j + 3 >= tiles.size() || tiles[4 * j] != e || tiles[4 * j + 1] != t0 ||
+                tiles[4 * j + 2] != off[e + 1] || tiles[4 * j + 3] != 0)
+                return false;
+    for (; 4 * j < tiles.size(); j++)
+        if (tiles[4 * j] != -1) return false;
+    return true;
+}
+
+/* k_moe_scatter_glu / k_moe_scatter_bad after the expert GEMM: rows of sorted pairs (gate and
+ * up made up here) into pair order as act(gate) * up, NaN for pairs of bucket E. */
+static bool scatter_ok(const std::vector<int32_t> &off, const std::vector<int32_t> &list, int n,
+                       int E, int act) {
+    const int rows = 300; /* two blocks of rows, the second partial */
+    std::vector<float> g((size_t)n * rows), u((size_t)n * rows), y((size_t)n * rows, 1.0f);
+    for (auto &v : g) v = 4 * rnd();
+    for (auto &v : u) v = rnd();
+    moes_args S = {y.data(), g.data(), u.data(), off.data(), list.data(), rows, n, E, act};
+    const emu_dim3 grid = {(rows + MOES_THREADS - 1) / MOES_THREADS, (unsigned)(n < 7 ? n : 7), 1};
+    emu_run(
+        "k_moe_scatter_glu", grid, 0, [&] { k_moe_scatter_glu(S); }, MOES_THREADS);
+    bool ok = true;
+    for (int s = 0; s < n; s++)
+        for (int r = 0; r < rows; r++) {
+            const float v = y[(size_t)list[s] * rows + r];
+            if (s >= off[E]) {
+                ok = ok && std::isnan(v);
+                continue;
+            }
+            const float a = g[(size_t)s * rows + r];
+            const float ref =
+                (act == KILN_GLU_SILU
+                     ? a / (1.0f + expf(-a))
+                     : 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a)))) *
+                u[(size_t)s * rows + r];
+            ok = ok && fabsf(v - ref) <= 1e-5f * (1.0f + fabsf(ref));
+        }
+    std::fill(y.begin(), y.end(), 1.0f);
+    emu_run(
+        "k_moe_scatter_bad", {grid.x, 1, 1}, 0, [&] { k_moe_scatter_bad(S); }, MOES_THREADS);
+    for (int s = 0; s < n; s++)
+        for (int r = 0; r < rows; r++) {
+            const float v = y[(size_t)list[s] * rows + r];
+            ok = ok && (s >= off[E] ? std::isnan(v) : v == 1.0f);
+        }
+    return ok;
+}
+
 /* The grouped form of the launch in A (k_moe_group, then k_moe_gather_grouped) into A.y: the
- * buckets must hold every pair once, under its expert (ids outside the stack in bucket E). */
+ * buckets must hold every pair once, under its expert (ids outside the stack in bucket E), and
+ * the token tiles (of a size from the case) follow the buckets; the scatter kernels of the
+ * expert GEMM read them. */
 static bool run_grouped(const moeg_args &A, int n, int dt, int bits) {
-    const int E = A.n_experts;
-    std::vector<int32_t> off(E + 2, -1), list(n, -1);
-    const moeg_group_args G = {A.experts, off.data(), list.data(), n, E};
+    const int E = A.n_experts, bn = 1 << (n % 4 + 1), max_tiles = (n + bn - 1) / bn + E;
+    std::vector<int32_t> off(E + 2, -1), list(n, -1), tiles((size_t)max_tiles * 4, 7);
+    const moeg_group_args G = {A.experts, off.data(),   list.data(), n,
+                               E,         tiles.data(), bn,          max_tiles};
     emu_run(
         "k_moe_group", {1, 1, 1}, moeg_group_smem_bytes(E), [&] { k_moe_group(G); },
         MOEG_GROUP_THREADS);
-    bool ok = off[0] == 0 && off[E + 1] == n;
+    bool ok = off[0] == 0 && off[E + 1] == n && tiles_ok(tiles, off, E, bn);
     std::vector<int> seen(n, 0);
     for (int e = 0; ok && e <= E; e++)
         for (int p = off[e]; ok && p < off[e + 1]; p++) {
@@ -275,7 +333,7 @@ static bool run_grouped(const moeg_args &A, int n, int dt, int bits) {
     emu_run(
         "k_moe_gather_grouped", grid, 0,
         [&] { gather_grouped_kernel(A, dt, bits, off.data(), list.data()); }, MOEG_WARPS * 32);
-    return ok;
+    return ok && scatter_ok(off, list, n, E, A.act);
 }
 
 /* n pairs over E experts of `rows` x `cols`: glu 0 the plain gather; 1 SwiGLU over two stacks

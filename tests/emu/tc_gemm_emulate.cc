@@ -18,7 +18,9 @@
  * and f16/bf16/f32 scales, dense bf16, rows / cols / tokens that are not tile multiples (cols
  * % 64 = 32 with group 32, bf16 cols % 64 = 8), every block shape (8/16/64/128 tokens), forced
  * and automatic split-K, several matrices in one launch, output bias, the fused RMSNorm and
- * residual add, and x with a zero token and tokens scaled by 1e4 / 1e-4. Relative L2 error per
+ * residual add, and x with a zero token and tokens scaled by 1e4 / 1e-4; expert mode (the
+ * grouped MoE GEMM: pairs sorted by expert, token tiles per expert, x rows gathered, y in sorted
+ * order or scattered back). Relative L2 error per
  * matrix (quantized <= 2e-6, bf16 <= 3e-5; the split keeps x to ~2^-22 / 2^-17), every output
  * finite.
  *
@@ -245,6 +247,9 @@ static float tc_load_scale(const void *p, int64_t i, int dt) {
     return dt == KILN_DT_BF16 ? bf16_to_f(h) : f16_to_f(h);
 }
 
+template <typename T> static inline T kcu_ld(const T *p) {
+    return *p;
+}
 #include "backend/cuda/gemm_tc.cu"
 
 /* ---- driver ---- */
@@ -553,6 +558,109 @@ static void check(const spec &c) {
     fflush(stdout);
 }
 
+/* Expert mode (the grouped MoE GEMM): count stacks (2: gate and up; one_stack: up is rows
+ * [rows, 2 rows) of each expert of the same stack) of E experts, n pairs with skewed experts
+ * (expert 0 about half, the last none), x rows shared by x_div pairs; the pairs sorted by expert
+ * and the token tiles laid out here as k_moe_group does; y in sorted order, or scattered back to
+ * pair order. Against a double reference per pair. */
+static void check_experts(int bits, int group, kiln_dtype sdt, int E, int rows, int cols, int n,
+                          int count, bool one_stack, bool scatter, bool bias) {
+    const int x_div = 3, stride = one_stack ? 2 * rows : rows;
+    std::vector<host_matrix> hm(one_stack ? 1 : count);
+    for (size_t i = 0; i < hm.size(); i++)
+        make_matrix(hm[i], bits, group, sdt, E * stride, cols, bias && i == 0);
+    const kiln_matrix *stacks[2] = {&hm[0].m, &hm[hm.size() - 1].m};
+    const int64_t row_offs[2] = {0, one_stack ? rows : 0};
+    std::vector<int> ex(n);
+    for (auto &e : ex) {
+        const uint64_t r = rnd_u64();
+        e = r % 2 ? 0 : (int)(1 + (r >> 8) % (E - 2));
+    }
+    std::vector<int32_t> list, off(E + 1, 0);
+    for (int e = 0; e < E; e++) {
+        off[e] = (int)list.size();
+        for (int i = 0; i < n; i++)
+            if (ex[i] == e) list.push_back(i);
+    }
+    off[E] = n;
+    std::vector<float> x((size_t)((n + x_div - 1) / x_div) * cols);
+    for (auto &v : x) v = rnd_normal();
+    tc_plan p;
+    if (!tc_experts_plan(&p, count, stacks, rows, n, E)) {
+        printf("FAIL expert plan refused\n");
+        failures++;
+        return;
+    }
+    const int bn = tc_experts_bn(n, E), max_tiles = (int)tc_experts_max_tiles(n, E);
+    std::vector<int32_t> tiles;
+    for (int e = 0; e < E; e++)
+        for (int t0 = off[e]; t0 < off[e + 1]; t0 += bn)
+            tiles.insert(tiles.end(), {e, t0, off[e + 1], 0});
+    if ((int)tiles.size() / 4 > max_tiles) {
+        printf("FAIL %zu tiles, at most %d planned\n", tiles.size() / 4, max_tiles);
+        failures++;
+        return;
+    }
+    tiles.resize((size_t)max_tiles * 4, 0);
+    for (size_t j = tiles.size() / 4; j-- > 0 && tiles[4 * j + 2] == 0;) tiles[4 * j] = -1;
+    std::vector<std::vector<float>> y(count, std::vector<float>((size_t)n * rows, NAN));
+    float *ys[2] = {y[0].data(), y[count - 1].data()};
+    std::vector<uint4> scratch(p.bytes / 16 + 1);
+    memset(scratch.data(), 0xff, scratch.size() * 16);
+    tc_args A;
+    tc_prep_args P;
+    tc_experts_args(p, (char *)scratch.data(), count, ys, x.data(), x_div, n, stacks, rows,
+                    row_offs, stride, list.data(), tiles.data(), scatter, &A, &P);
+    if (!p.quant)
+        run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<false, false>(P); });
+    else if (p.bits == 4)
+        run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<true, true>(P); });
+    else
+        run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<true, false>(P); });
+    const emu_dim3 grid = {(unsigned)p.tiles, (unsigned)max_tiles, 1};
+    if (!p.quant)
+        run_gemm_bn<TC_BF16, 4>(A, grid, p.bn);
+    else if (p.bits == 4 && p.group == 32)
+        run_gemm_bn<TC_Q4, 2>(A, grid, p.bn);
+    else if (p.bits == 4)
+        run_gemm_bn<TC_Q4, 4>(A, grid, p.bn);
+    else if (p.group == 32)
+        run_gemm_bn<TC_Q8, 2>(A, grid, p.bn);
+    else
+        run_gemm_bn<TC_Q8, 4>(A, grid, p.bn);
+    double worst = 0;
+    long bad = 0;
+    for (int i = 0; i < count; i++) {
+        const host_matrix &h = hm[one_stack ? 0 : i];
+        double num = 0, den = 0;
+        for (int s = 0; s < n; s++) {
+            const int pair = list[s], e = ex[pair];
+            for (int r = 0; r < rows; r++) {
+                const int64_t wr = (int64_t)e * stride + row_offs[i] + r;
+                double ref = h.m.bias ? h.m.bias[wr] : 0.0;
+                for (int j = 0; j < cols; j++)
+                    ref += h.at(wr, j) * x[(size_t)(pair / x_div) * cols + j];
+                const double got = y[i][(size_t)(scatter ? pair : s) * rows + r];
+                if (!std::isfinite(got)) bad++;
+                num += (got - ref) * (got - ref), den += ref * ref;
+            }
+        }
+        worst = fmax(worst, sqrt(num / (den > 0 ? den : 1)));
+    }
+    const bool ok = bad == 0 && worst <= (p.quant ? 2e-6 : 3e-5);
+    cases++;
+    failures += !ok;
+    printf("%s experts %s g%d E %d rows %d cols %d pairs %d x%d%s%s%s: bn %d, %d tiles: rel err "
+           "%.2e, %ld non-finite\n",
+           ok ? "ok  " : "FAIL",
+           bits == 16  ? "bf16"
+           : bits == 8 ? "q8"
+                       : "q4",
+           group, E, rows, cols, n, count, one_stack ? " one stack" : "", scatter ? " scatter" : "",
+           bias ? " bias" : "", bn, (int)(tiles.size() / 4), worst, bad);
+    fflush(stdout);
+}
+
 /* `plans`: what the host plan picks at Llama-3-8B shapes on 132 SMs (no kernel runs) */
 static void print_plans() {
     const int fmts[][2] = {{16, 0}, {8, 64}, {4, 64}, {4, 32}};
@@ -625,6 +733,11 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < specs.size(); i++)
             if (pass == 0 || i % 3 == 0) check(specs[i]);
     }
+    /* expert mode: bits group sdt E rows cols pairs stacks one_stack scatter bias */
+    check_experts(4, 64, BF, 5, 130, 256, 40, 1, false, true, true);
+    check_experts(8, 32, F16, 4, 64, 160, 90, 2, false, false, false);
+    check_experts(16, 0, F16, 6, 40, 136, 26, 2, true, false, false);
+    if (!quick) check_experts(4, 32, F32, 3, 70, 192, 150, 1, false, true, false);
     printf("%d cases, %s\n", cases, failures ? "FAILED" : "all passed");
     return failures != 0;
 }

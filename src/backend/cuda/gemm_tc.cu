@@ -54,6 +54,7 @@ struct tc_mat {
     float *y;                   /* [n, rows] */
     int rows, first;            /* rows; first row tile (block x) of this matrix */
     int roff;                   /* first row of this matrix in the partials' rows */
+    int64_t wrow;               /* expert mode: first row of the matrix in an expert's rows */
 };
 
 struct tc_args {
@@ -69,15 +70,24 @@ struct tc_args {
      * counters, zero between launches; NULL: k_tc_reduce sums the partials */
     unsigned *counters;
     int n, cols, cols_pad, group, sdt, chunks_per_split, rows_total, add, splits;
+    /* Expert mode (grouped MoE; NULL otherwise): x's rows are (token, expert) pairs sorted by
+     * expert and block y is token tile etiles[y] = {expert e, first row, end row, 0} of x (e < 0:
+     * no tile); the block reads rows e * estride + m.wrow + r of each stack. out_row (or NULL: y
+     * in x's row order) is the y row of each x row. No split-K. */
+    const int32_t *etiles;
+    const int32_t *out_row;
+    int64_t estride;
 };
 
 struct tc_prep_args {
-    const float *x;               /* [n, cols] */
-    uint16_t *xh, *xl;            /* [n_pad, cols_pad] */
-    int8_t *xd;                   /* int8 variant: digits [n_pad, cols_pad / 64, DIG, 64] */
-    float *xe;                    /* int8 variant: [n_pad, cols_pad / group] */
-    float *xsum, *inv_sigma;      /* [n_pad, cols_pad / group], [n_pad] */
-    const float *norm_w;          /* RMSNorm weight [cols], or NULL: weight 1 */
+    const float *x;          /* [n, cols] */
+    uint16_t *xh, *xl;       /* [n_pad, cols_pad] */
+    int8_t *xd;              /* int8 variant: digits [n_pad, cols_pad / 64, DIG, 64] */
+    float *xe;               /* int8 variant: [n_pad, cols_pad / group] */
+    float *xsum, *inv_sigma; /* [n_pad, cols_pad / group], [n_pad] */
+    const float *norm_w;     /* RMSNorm weight [cols], or NULL: weight 1 */
+    const int32_t *rows;     /* or NULL: row tok of the buffers is x row rows[tok] / x_div */
+    int64_t x_div;
     int n, cols, cols_pad, group; /* group: quantized only */
     float eps;
     int norm, plus_one; /* norm: x is RMS-normalized first (with or without a weight) */
@@ -186,11 +196,13 @@ extern __shared__ uint4 tc_sm_raw[];
 
 /* ---- what the f16 kernel and the int8 variant (gemm_tc_int8.cuh) share ---- */
 
-/* A block's matrix (block x picks it from the table), its first row and token and its chunks
- * [kc0, kc0 + nk) of 64 columns (split-K: grid z). */
+/* A block's matrix (block x picks it from the table), its first row (wrow0: in the stored
+ * matrix), its tokens [tok0, tok_end) and its chunks [kc0, kc0 + nk) of 64 columns (split-K: grid
+ * z). Expert mode: the token tile etiles[block y] (a block with none has tok0 == tok_end). */
 struct tc_block {
     const tc_mat *M;
-    int rows, row0, tok0, kc0, nk;
+    int rows, row0, tok0, tok_end, kc0, nk;
+    int64_t wrow0;
 };
 __device__ __forceinline__ tc_block tc_block_of(const tc_args &A, int bn) {
     int mi = 0;
@@ -200,6 +212,16 @@ __device__ __forceinline__ tc_block tc_block_of(const tc_args &A, int bn) {
     b.rows = b.M->rows;
     b.row0 = ((int)blockIdx.x - b.M->first) * TC_BM;
     b.tok0 = (int)blockIdx.y * bn;
+    b.tok_end = A.n;
+    b.wrow0 = b.row0;
+    if (A.etiles) { /* written by the kernel before (k_moe_group) */
+        kcu_pdl_wait();
+        const int32_t *et = A.etiles + 4 * (int64_t)blockIdx.y;
+        const int e = kcu_ld(et);
+        b.tok0 = kcu_ld(et + 1);
+        b.tok_end = e < 0 ? b.tok0 : kcu_ld(et + 2);
+        b.wrow0 = (int64_t)(e < 0 ? 0 : e) * A.estride + b.M->wrow + b.row0;
+    }
     const int nchunks = A.cols_pad / TC_BK;
     b.kc0 = (int)blockIdx.z * A.chunks_per_split;
     const int kc1 = b.kc0 + A.chunks_per_split < nchunks ? b.kc0 + A.chunks_per_split : nchunks;
@@ -216,10 +238,10 @@ __device__ __forceinline__ void tc_issue_w(char *dst, const tc_block &B, int col
     const char *wbase = (const char *)B.M->w;
     for (int i = threadIdx.x; i < TC_BM * SEGS; i += TC_THREADS) {
         const int r = i / SEGS, sg = i % SEGS;
-        const int grow = B.row0 + r, gcol = kc * TC_BK + sg * (128 / G::BITS);
-        const bool ok = grow < B.rows && gcol < cols;
+        const int gcol = kc * TC_BK + sg * (128 / G::BITS);
+        const bool ok = B.row0 + r < B.rows && gcol < cols;
         const char *src =
-            wbase + (ok ? (int64_t)grow * row_bytes + (int64_t)gcol * G::BITS / 8 : 0);
+            wbase + (ok ? (B.wrow0 + r) * row_bytes + (int64_t)gcol * G::BITS / 8 : 0);
         tc_cp16(dst + r * G::WS + sg * 16, src, ok ? 16 : 0);
     }
 }
@@ -267,9 +289,9 @@ __device__ __forceinline__ void tc_group_scales(float (&fs)[MT][2], float (&fb)[
     for (int mi = 0; mi < MT; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = B.row0 + mrow + 16 * mi + g + 8 * h;
-            const bool ok = r < B.rows && gi < gpr;
-            const int64_t k = (int64_t)r * gpr + gi;
+            const int r = mrow + 16 * mi + g + 8 * h;
+            const bool ok = B.row0 + r < B.rows && gi < gpr;
+            const int64_t k = (B.wrow0 + r) * gpr + gi;
             fs[mi][h] = ok ? tc_load_scale(B.M->scales, k, A.sdt) : 0.0f;
             fb[mi][h] = ok ? tc_load_scale(B.M->qbias, k, A.sdt) : 0.0f;
         }
@@ -326,13 +348,15 @@ __device__ __forceinline__ void tc_store(const tc_args &A, const tc_block &B,
             for (int i = 0; i < 4; i++) {
                 const int r = B.row0 + mrow + 16 * mi + g + (i >> 1) * 8;
                 const int tk = B.tok0 + ntok + 8 * ni + 2 * t + (i & 1);
-                if (r >= B.rows || tk >= A.n) continue;
+                if (r >= B.rows || tk >= B.tok_end) continue;
                 const float v = acc[mi][ni][i];
                 if (A.part) {
                     A.part[((int64_t)blockIdx.z * A.n + tk) * A.rows_total + M.roff + r] = v;
                 } else {
-                    float o = v * A.inv_sigma[tk] + (M.obias ? M.obias[r] : 0.0f);
-                    float *yp = M.y + (int64_t)tk * B.rows + r;
+                    const int64_t wr = B.wrow0 - B.row0 + r,
+                                  yr = A.out_row ? kcu_ld(A.out_row + tk) : tk;
+                    float o = v * A.inv_sigma[tk] + (M.obias ? M.obias[wr] : 0.0f);
+                    float *yp = M.y + yr * B.rows + r;
                     if (A.add) o += *yp;
                     *yp = o;
                 }
@@ -381,6 +405,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     static_assert(SS == 2 || SS == 4, "span");
 
     const tc_block B = tc_block_of(A, BN);
+    if (B.tok0 >= B.tok_end) return; /* expert mode: no token tile */
     const int tok0 = B.tok0, kc0 = B.kc0, nk = B.nk;
     char *smem = (char *)tc_sm_raw;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -617,7 +642,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_prep(const __grid_constant__ 
         if (tid == 0) P.inv_sigma[tok] = 1.0f;
         return;
     }
-    const float *x = P.x + (int64_t)tok * P.cols;
+    const float *x = P.x + (P.rows ? kcu_ld(P.rows + tok) / P.x_div : tok) * P.cols;
     /* a warp walks its runs while any lane of it has one (shuffles need the whole warp) */
     const int nk = (nrun + TC_THREADS - 1) / TC_THREADS;
     const float inv = tc_prep_inv_rms(P, x, red);
@@ -870,6 +895,58 @@ static void tc_plan_args(const tc_plan &p, char *scr, int count, float *const *y
     P->eps = eps, P->plus_one = plus_one ? 1 : 0;
 }
 
+/* Expert mode (grouped MoE): count (1 or 2: gate and up) stacks [E * stride, cols] of one format
+ * sharing x, each expert's matrix rows [row_off, row_off + rows) of its stride; n (token, expert)
+ * pairs sorted by expert. Tokens per block by the pairs an expert gets on average; the x buffers
+ * keep a whole token tile past the last pair (a tile of the last expert reads past its end); no
+ * split-K. */
+static int tc_experts_bn(int64_t n, int n_experts) {
+    const int64_t avg = n / (n_experts > 0 ? n_experts : 1);
+    return avg >= 48 ? 64 : avg >= 12 ? 16 : 8;
+}
+/* Token tiles an expert-mode launch may have: ceil(n / bn) + one partial tile per expert. */
+static int64_t tc_experts_max_tiles(int64_t n, int n_experts) {
+    const int bn = tc_experts_bn(n, n_experts);
+    return (n + bn - 1) / bn + n_experts;
+}
+static bool tc_experts_plan(tc_plan *p, int count, const kiln_matrix *const *stacks, int64_t rows,
+                            int64_t n, int n_experts) {
+    if (count < 1 || count > 2 || n < 1 || n_experts < 1 ||
+        tc_experts_max_tiles(n, n_experts) > 65535)
+        return false;
+    kiln_matrix one[2];
+    const kiln_matrix *ws[2];
+    for (int i = 0; i < count; i++) {
+        one[i] = *stacks[i];
+        one[i].rows = rows; /* one expert's matrix: the row tiles of a block column */
+        ws[i] = &one[i];
+    }
+    const int bn = tc_experts_bn(n, n_experts);
+    return tc_plan_make(p, count, ws, n + bn, 1, bn, 1, 0) && p->splits == 1;
+}
+/* The parameters of an expert-mode call: x row of sorted pair s is list[s] / x_div, its y row s
+ * (scatter: list[s]) of ys[i] [n, rows]; etiles [max tiles, 4] (k_moe_group). */
+static void tc_experts_args(const tc_plan &p, char *scr, int count, float *const *ys,
+                            const float *x, int64_t x_div, int64_t n,
+                            const kiln_matrix *const *stacks, int64_t rows, const int64_t *row_offs,
+                            int64_t stride, const int32_t *list, const int32_t *etiles,
+                            bool scatter, tc_args *A, tc_prep_args *P) {
+    kiln_matrix one[2];
+    const kiln_matrix *ws[2];
+    for (int i = 0; i < count; i++) {
+        one[i] = *stacks[i];
+        one[i].rows = rows;
+        ws[i] = &one[i];
+    }
+    tc_plan_args(p, scr, count, ys, x, n, ws, false, NULL, 0.0f, false, false, A, P);
+    for (int i = 0; i < count; i++) A->m[i].wrow = row_offs[i];
+    A->etiles = etiles;
+    A->out_row = scatter ? list : NULL;
+    A->estride = stride;
+    P->rows = list;
+    P->x_div = x_div;
+}
+
 #ifndef TC_HOST_EMU
 static int g_tc_mode = -1, g_tc_dense_max = -1, g_tc_bn = 0, g_tc_splits = 0;
 static long long g_tc_launches = 0;
@@ -954,6 +1031,15 @@ static long long tc_dense_small(void) {
     return g_tc_dense_small;
 }
 
+size_t kcu_tc_experts_bytes(int count, const kiln_matrix *const *stacks, int64_t rows, int64_t n,
+                            int n_experts, int *max_tiles, int *tile_tokens) {
+    tc_plan p;
+    if (tc_mode() == 0 || !tc_experts_plan(&p, count, stacks, rows, n, n_experts)) return 0;
+    *max_tiles = (int)tc_experts_max_tiles(n, n_experts);
+    *tile_tokens = tc_experts_bn(n, n_experts);
+    return p.bytes;
+}
+
 bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     const int mode = tc_mode();
     if (mode == 0 || n < 1 || !tc_format_ok(w)) return false;
@@ -1031,6 +1117,51 @@ static void tc_launch_bn(kcu_state *st, const tc_args &A, dim3 grid, int bn) {
         tc_launch_cfg<MODE, SS, 128>(st, A, grid);
 }
 
+/* k_tc_prep for a plan: the f16 variants (quantized W; 4-bit permuted) or bf16 */
+static void tc_prep_launch(kcu_state *st, const tc_plan &p, const tc_prep_args &P) {
+    const size_t psm = TC_THREADS / 32 * sizeof(float);
+    if (!p.quant)
+        KCU_LAUNCH(st, (k_tc_prep<false, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else if (p.bits == 4)
+        KCU_LAUNCH(st, (k_tc_prep<true, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    else
+        KCU_LAUNCH(st, (k_tc_prep<true, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+    KCU_LAUNCHED(st);
+}
+
+/* the f16 kernel for a plan's format and block shape */
+static void tc_gemm_launch(kcu_state *st, const tc_plan &p, const tc_args &A, dim3 grid) {
+    if (!p.quant)
+        tc_launch_bn<TC_BF16, 4>(st, A, grid, p.bn);
+    else if (p.bits == 4 && p.group == 32)
+        tc_launch_bn<TC_Q4, 2>(st, A, grid, p.bn);
+    else if (p.bits == 4)
+        tc_launch_bn<TC_Q4, 4>(st, A, grid, p.bn);
+    else if (p.group == 32)
+        tc_launch_bn<TC_Q8, 2>(st, A, grid, p.bn);
+    else
+        tc_launch_bn<TC_Q8, 4>(st, A, grid, p.bn);
+    g_tc_launches++;
+}
+
+bool kcu_tc_experts(kcu_state *st, int count, float *const *ys, const float *x, int64_t x_div,
+                    int64_t n, const kiln_matrix *const *stacks, int64_t rows,
+                    const int64_t *row_offs, int64_t stride, const int32_t *list,
+                    const int32_t *etiles, bool scatter, void *scratch) {
+    tc_plan p;
+    if (tc_mode() == 0 ||
+        !tc_experts_plan(&p, count, stacks, rows, n, (int)(stacks[0]->rows / stride)))
+        return false;
+    tc_args A;
+    tc_prep_args P;
+    tc_experts_args(p, (char *)scratch, count, ys, x, x_div, n, stacks, rows, row_offs, stride,
+                    list, etiles, scatter, &A, &P);
+    tc_prep_launch(st, p, P);
+    const int64_t tiles = tc_experts_max_tiles(n, (int)(stacks[0]->rows / stride));
+    tc_gemm_launch(st, p, A, dim3((unsigned)p.tiles, (unsigned)tiles, 1));
+    return true;
+}
+
 bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int64_t n,
                  const kiln_matrix *const *ws, bool norm, const float *norm_w, float eps,
                  bool plus_one, bool add) {
@@ -1048,43 +1179,31 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
         (int64_t)p.tiles * (p.n_pad / p.bn) <= KCU_ATT_COUNTERS)
         A.counters = st->attn_counters; /* shared with attention: stream-ordered, kept zero */
 
-    const size_t psm = TC_THREADS / 32 * sizeof(float);
-    if (p.dig == 3 && p.bits == 4)
-        KCU_LAUNCH(st, (k_tc_prep_i8<3, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
-    else if (p.dig == 3)
-        KCU_LAUNCH(st, (k_tc_prep_i8<3, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
-    else if (p.dig == 1 && p.bits == 4)
-        KCU_LAUNCH(st, (k_tc_prep_i8<1, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
-    else if (p.dig == 1)
-        KCU_LAUNCH(st, (k_tc_prep_i8<1, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
-    else if (!p.quant)
-        KCU_LAUNCH(st, (k_tc_prep<false, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
-    else if (p.bits == 4)
-        KCU_LAUNCH(st, (k_tc_prep<true, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
-    else
-        KCU_LAUNCH(st, (k_tc_prep<true, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
-    KCU_LAUNCHED(st);
-
     const dim3 grid((unsigned)p.tiles, (unsigned)(p.n_pad / p.bn), (unsigned)p.splits);
-    if (p.dig && p.bits == 4 && p.group == 32)
-        tc_launch_i8<TC_Q4, 2>(st, A, grid, p.bn, p.dig);
-    else if (p.dig && p.bits == 4)
-        tc_launch_i8<TC_Q4, 4>(st, A, grid, p.bn, p.dig);
-    else if (p.dig && p.group == 32)
-        tc_launch_i8<TC_Q8, 2>(st, A, grid, p.bn, p.dig);
-    else if (p.dig)
-        tc_launch_i8<TC_Q8, 4>(st, A, grid, p.bn, p.dig);
-    else if (!p.quant)
-        tc_launch_bn<TC_BF16, 4>(st, A, grid, p.bn);
-    else if (p.bits == 4 && p.group == 32)
-        tc_launch_bn<TC_Q4, 2>(st, A, grid, p.bn);
-    else if (p.bits == 4)
-        tc_launch_bn<TC_Q4, 4>(st, A, grid, p.bn);
-    else if (p.group == 32)
-        tc_launch_bn<TC_Q8, 2>(st, A, grid, p.bn);
-    else
-        tc_launch_bn<TC_Q8, 4>(st, A, grid, p.bn);
-    g_tc_launches++;
+    if (!p.dig) {
+        tc_prep_launch(st, p, P);
+        tc_gemm_launch(st, p, A, grid);
+    } else { /* the int8 variant */
+        const size_t psm = TC_THREADS / 32 * sizeof(float);
+        if (p.dig == 3 && p.bits == 4)
+            KCU_LAUNCH(st, (k_tc_prep_i8<3, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+        else if (p.dig == 3)
+            KCU_LAUNCH(st, (k_tc_prep_i8<3, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+        else if (p.bits == 4)
+            KCU_LAUNCH(st, (k_tc_prep_i8<1, true>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+        else
+            KCU_LAUNCH(st, (k_tc_prep_i8<1, false>), (unsigned)p.n_pad, TC_THREADS, psm, P);
+        KCU_LAUNCHED(st);
+        if (p.bits == 4 && p.group == 32)
+            tc_launch_i8<TC_Q4, 2>(st, A, grid, p.bn, p.dig);
+        else if (p.bits == 4)
+            tc_launch_i8<TC_Q4, 4>(st, A, grid, p.bn, p.dig);
+        else if (p.group == 32)
+            tc_launch_i8<TC_Q8, 2>(st, A, grid, p.bn, p.dig);
+        else
+            tc_launch_i8<TC_Q8, 4>(st, A, grid, p.bn, p.dig);
+        g_tc_launches++;
+    }
     if (p.splits > 1 && !A.counters) {
         KCU_LAUNCH(st, k_tc_reduce, kcu_blocks((int64_t)n * p.rows_total, 256, 4096), 256, 0, A,
                    p.splits);

@@ -19,4 +19,18 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
                  const kiln_matrix *const *ws, bool norm, const float *norm_w, float eps,
                  bool plus_one, bool add);
 
+/* Expert mode (the grouped MoE matmul): ys[i] [n, rows] = x_s @ W_i,e(s)^T (+ bias) for n (token,
+ * expert) pairs sorted by expert (k_moe_group's list; sorted pair s reads x row list[s] / x_div
+ * and writes y row s, or list[s] when scatter), count = 1 or 2 stacks [E * stride, cols] of one
+ * format whose expert e has rows e * stride + row_offs[i] + [0, rows), etiles the token tiles of
+ * k_moe_group (moe_gather.cuh) for kcu_tc_experts_bytes's max_tiles and tile_tokens. The scratch
+ * (its bytes from kcu_tc_experts_bytes: 0 when the kernel does not take the stacks) is the
+ * caller's, so that the caller's own arrays (list, tiles) can share kcu_scratch. */
+size_t kcu_tc_experts_bytes(int count, const kiln_matrix *const *stacks, int64_t rows, int64_t n,
+                            int n_experts, int *max_tiles, int *tile_tokens);
+bool kcu_tc_experts(kcu_state *st, int count, float *const *ys, const float *x, int64_t x_div,
+                    int64_t n, const kiln_matrix *const *stacks, int64_t rows,
+                    const int64_t *row_offs, int64_t stride, const int32_t *list,
+                    const int32_t *etiles, bool scatter, void *scratch);
+
 #endif

@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm_i8(const __grid_constant
     static_assert(DIG == 1 || DIG == 3, "digits");
 
     const tc_block B = tc_block_of(A, BN);
+    if (B.tok0 >= B.tok_end) return; /* expert mode: no token tile */
     const int tok0 = B.tok0, kc0 = B.kc0, nk = B.nk, nchunks = A.cols_pad / TC_BK;
     char *smem = (char *)tc_sm_raw;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

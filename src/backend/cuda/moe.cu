@@ -3,6 +3,7 @@
  * plain per-element kernel for stacks the gather GEMV does not take (odd widths, unaligned slices).
  * No op waits for the host, so a decode step with MoE layers records as one CUDA graph. */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm_tc.cuh"
 #include "backend/cuda/moe_gather.cuh"
 #include "backend/cuda/quant.cuh"
 
@@ -150,13 +151,72 @@ static void grouped_launch(kcu_state *st, const moeg_args &A, int kind, int64_t 
     int32_t *offsets = (int32_t *)kcu_scratch(st, (size_t)(E + 2 + n) * sizeof(int32_t));
     if (!offsets) return; /* reported */
     int32_t *list = offsets + E + 2;
-    const moeg_group_args G = {A.experts, offsets, list, (int)n, E};
+    const moeg_group_args G = {A.experts, offsets, list, (int)n, E, NULL, 0, 0};
     KCU_LAUNCH(st, k_moe_group, 1, MOEG_GROUP_THREADS, moeg_group_smem_bytes(E), G);
     KCU_LAUNCHED(st);
     const dim3 grid(row_blocks, (unsigned)(E + 1)), block(MOEG_WARPS * 32);
     const grouped_gather L = {st, grid, block, A, offsets, list};
     by_kind(kind, L);
     KCU_LAUNCHED(st);
+}
+
+/* The tensor-core expert GEMM (gemm_tc.cu expert mode) for batches of many pairs (prefill): the
+ * pairs bucketed by expert with their token tiles (k_moe_group), x's rows gathered in that order,
+ * each block a 128-row x token tile of one expert's matrix (each weight tile read once per tile
+ * of up to 64 pairs), then glu's act(gate) * up and the scatter into pair order.
+ * KILN_CUDA_MOE_TC=0 / 1 forces it off / on (where the format allows), kiln_cuda_set_moe_tc the
+ * same for tests; auto from KCU_MOE_TC_MIN_PAIRS pairs (more than a 64-token decode step of
+ * top-8 routing makes, so that measured paths keep their kernels until this one is measured). */
+#define KCU_MOE_TC_MIN_PAIRS 1024
+static int g_moe_tc = -2; /* -2: read the environment; -1 auto */
+extern "C" void kiln_cuda_set_moe_tc(int mode) {
+    g_moe_tc = mode;
+}
+static bool use_tc(int64_t n) {
+    if (g_moe_tc == -2) {
+        const char *e = getenv("KILN_CUDA_MOE_TC");
+        g_moe_tc = e && *e ? atoi(e) : -1;
+    }
+    if (g_moe_tc >= 0) return g_moe_tc == 1;
+    return n >= KCU_MOE_TC_MIN_PAIRS;
+}
+
+static bool tc_launch(kcu_state *st, const moeg_args &A, const kiln_matrix *g, const kiln_matrix *u,
+                      int64_t n) {
+    const int E = A.n_experts, count = u ? 2 : 1;
+    const kiln_matrix *stacks[2] = {g, u ? u : g};
+    const int64_t row_offs[2] = {A.m[0].row_off, A.m[1].row_off};
+    int max_tiles = 0, bn = 0;
+    const size_t tcb = kcu_tc_experts_bytes(count, stacks, A.rows, n, E, &max_tiles, &bn);
+    if (!tcb || n > 0x7fffffff) return false;
+    auto al = [](size_t b) { return (b + 255) & ~(size_t)255; };
+    const size_t b_off = al((size_t)(E + 2) * 4), b_list = al((size_t)n * 4),
+                 b_tiles = al((size_t)max_tiles * 16), b_h = u ? al((size_t)n * A.rows * 4) : 0;
+    char *scr = (char *)kcu_scratch(st, b_off + b_list + b_tiles + 2 * b_h + tcb);
+    if (!scr) return true; /* reported */
+    int32_t *offsets = (int32_t *)scr, *list = (int32_t *)(scr + b_off);
+    int32_t *tiles = (int32_t *)(scr + b_off + b_list);
+    float *hg = (float *)(scr + b_off + b_list + b_tiles), *hu = (float *)((char *)hg + b_h);
+    void *tscr = scr + b_off + b_list + b_tiles + 2 * b_h;
+    const moeg_group_args G = {A.experts, offsets, list, (int)n, E, tiles, bn, max_tiles};
+    KCU_LAUNCH(st, k_moe_group, 1, MOEG_GROUP_THREADS, moeg_group_smem_bytes(E), G);
+    KCU_LAUNCHED(st);
+    float *ys[2] = {u ? hg : A.y, hu};
+    if (!kcu_tc_experts(st, count, ys, A.x, A.x_div, n, stacks, A.rows, row_offs, A.stride, list,
+                        tiles, !u, tscr)) {
+        kcu_report(st, "matmul_gather", "the expert GEMM did not take a planned call", __FILE__,
+                   __LINE__);
+        return true;
+    }
+    const moes_args S = {A.y, hg, hu, offsets, list, A.rows, (int)n, E, A.act};
+    const unsigned rb = (unsigned)((A.rows + MOES_THREADS - 1) / MOES_THREADS);
+    if (u)
+        KCU_LAUNCH(st, k_moe_scatter_glu, dim3(rb, (unsigned)(n < 4096 ? n : 4096)), MOES_THREADS,
+                   0, S);
+    else
+        KCU_LAUNCH(st, k_moe_scatter_bad, rb, MOES_THREADS, 0, S);
+    KCU_LAUNCHED(st);
+    return true;
 }
 
 /* Both ops: u NULL for the plain gather. Expert e reads rows [e*stride + off, + rows) of g (and
@@ -181,6 +241,7 @@ static void gather_launch(kiln_backend *be, float *y, const float *x, int64_t x_
     int kind = gather_kind(g, x);
     if (u && kind != gather_kind(u, x)) kind = -1;
     const unsigned row_blocks = (unsigned)((rows + MOEG_WARPS - 1) / MOEG_WARPS);
+    if (use_tc(n) && tc_launch(st, A, g, u, n)) return;
     if (kind >= 0 && use_grouped(n, A.n_experts)) {
         grouped_launch(st, A, kind, n, row_blocks);
         return;

@@ -217,19 +217,25 @@ struct moeg_group_args {
     int32_t *offsets;       /* [E + 2]: bucket e is list[offsets[e] .. offsets[e + 1]) */
     int32_t *list;          /* [n] pair ids */
     int n, n_experts;
+    /* or NULL: the token tiles of the tensor-core expert GEMM (gemm_tc.cu), [max_tiles, 4]:
+     * {e, first, end, 0} for the tiles first = offsets[e] + j * tile_tokens < end = offsets[e+1]
+     * of each expert in order, then {-1, 0, 0, 0} */
+    int32_t *tiles;
+    int tile_tokens, max_tiles;
 };
 static inline size_t moeg_group_smem_bytes(int n_experts) {
-    return (size_t)(n_experts + 1) * sizeof(int);
+    return (size_t)(2 * n_experts + 2) * sizeof(int);
 }
-/* One block: count the pairs of each bucket, lay the buckets out in expert order (thread 0),
- * then place each pair (its place inside the bucket is the order of arrival: a pair's result
- * does not depend on it). */
+/* One block: count the pairs of each bucket, lay the buckets (and the experts' token tiles) out
+ * in expert order (thread 0), then place each pair (its place inside the bucket is the order of
+ * arrival: a pair's result does not depend on it) and write the tiles. */
 __global__ void __launch_bounds__(MOEG_GROUP_THREADS)
     k_moe_group(const __grid_constant__ moeg_group_args A) {
     KCU_PDL_ENTER();
     MOE_SMEM(sm);
-    int *cursor = (int *)sm; /* [E + 1] counts, then each bucket's next free place */
     const int E = A.n_experts;
+    int *cursor = (int *)sm;      /* [E + 1] counts, then each bucket's next free place */
+    int *tfirst = cursor + E + 1; /* [E + 1] each expert's first tile */
     for (int e = threadIdx.x; e <= E; e += blockDim.x) cursor[e] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < A.n; i += blockDim.x) {
@@ -238,19 +244,37 @@ __global__ void __launch_bounds__(MOEG_GROUP_THREADS)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        int at = 0;
+        int at = 0, tiles = 0;
         for (int e = 0; e <= E; e++) {
             const int c = cursor[e];
-            A.offsets[e] = at;
-            cursor[e] = at;
+            A.offsets[e] = cursor[e] = at;
+            tfirst[e] = tiles;
             at += c;
+            if (e < E && A.tiles) tiles += (c + A.tile_tokens - 1) / A.tile_tokens;
         }
         A.offsets[E + 1] = at;
     }
-    __syncthreads();
+    __syncthreads(); /* thread 0's offsets too (global writes are visible to the block now) */
     for (int i = threadIdx.x; i < A.n; i += blockDim.x) {
         const int e = kcu_ld(A.experts + i);
         A.list[atomicAdd(&cursor[e >= 0 && e < E ? e : E], 1)] = i;
+    }
+    for (int j = threadIdx.x; A.tiles && j < A.max_tiles; j += blockDim.x) {
+        int32_t *t = A.tiles + 4 * (int64_t)j;
+        if (j >= tfirst[E]) { /* past the last tile (max_tiles bounds the count) */
+            t[0] = -1, t[1] = t[2] = t[3] = 0;
+            continue;
+        }
+        int lo = 0, hi = E - 1; /* the last expert whose first tile is <= j: j's expert */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (tfirst[mid] <= j)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        t[0] = lo, t[1] = kcu_ld(A.offsets + lo) + (j - tfirst[lo]) * A.tile_tokens;
+        t[2] = kcu_ld(A.offsets + lo + 1), t[3] = 0;
     }
 }
 
@@ -276,6 +300,43 @@ __global__ void __launch_bounds__(MOEG_WARPS * 32)
         for (int q = 0; q < MOEG_NP; q++) pairs[q] = q < np ? kcu_ld(list + p0 + q) : 0;
         moeg_rows<F, MOEG_NP>(A, e, row, pairs, np, lane);
     }
+}
+
+/* After the tensor-core expert GEMM (gemm_tc.cu expert mode) of matmul_gather_glu: gate and up
+ * of sorted pair s (rows of g / u) into y row list[s] as act(gate) * up, NaN rows for the pairs
+ * of bucket E (an expert id outside the stack). Block (x, y): 256 rows of sorted pairs y, y +
+ * gridDim.y, ... */
+#define MOES_THREADS 256
+struct moes_args {
+    float *y;               /* [n, rows] in pair order */
+    const float *g, *u;     /* [n, rows] in sorted order (glu), or NULL */
+    const int32_t *offsets; /* [E + 2] */
+    const int32_t *list;    /* [n] */
+    int64_t rows;
+    int n, n_experts, act;
+};
+__global__ void __launch_bounds__(MOES_THREADS)
+    k_moe_scatter_glu(const __grid_constant__ moes_args A) {
+    KCU_PDL_ENTER();
+    const int64_t r = (int64_t)blockIdx.x * MOES_THREADS + threadIdx.x;
+    if (r >= A.rows) return;
+    const int bad = kcu_ld(A.offsets + A.n_experts); /* sorted pairs from here: bucket E */
+    for (int s = blockIdx.y; s < A.n; s += gridDim.y) {
+        const int64_t i = kcu_ld(A.list + s);
+        A.y[i * A.rows + r] =
+            s >= bad ? __uint_as_float(0x7fc00000u)
+                     : moeg_act(kcu_ld(A.g + s * A.rows + r), A.act) * kcu_ld(A.u + s * A.rows + r);
+    }
+}
+/* The same for matmul_gather, whose GEMM wrote y in pair order: NaN rows for bucket E only. */
+__global__ void __launch_bounds__(MOES_THREADS)
+    k_moe_scatter_bad(const __grid_constant__ moes_args A) {
+    KCU_PDL_ENTER();
+    const int64_t r = (int64_t)blockIdx.x * MOES_THREADS + threadIdx.x;
+    if (r >= A.rows) return;
+    const int end = kcu_ld(A.offsets + A.n_experts + 1);
+    for (int s = kcu_ld(A.offsets + A.n_experts); s < end; s++)
+        A.y[(int64_t)kcu_ld(A.list + s) * A.rows + r] = __uint_as_float(0x7fc00000u);
 }
 
 /* moe_route: token blockIdx.x's top k of softmax(logits) (ties: lower index) into experts /
