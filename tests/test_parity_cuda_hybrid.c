@@ -9,8 +9,9 @@
  * gets alone. Decode steps of the dense hybrid (qwen3_5_text: conv and delta-rule states as
  * recorded launch arguments) and of the MoE models (routing on the device: moe_route,
  * matmul_gather, moe_combine) replay from CUDA graphs with the same bits as launched ops; the MoE
- * fixtures pass again with host routing (KILN_MOE_DEVICE_TOKENS=0). Without a GPU the test exits
- * 77 with the reason. */
+ * fixtures pass again with host routing (KILN_MOE_DEVICE_TOKENS=0) and with the gathers on the
+ * tensor-core expert GEMM (kiln_cuda_set_moe_tc). Without a GPU the test exits 77 with the
+ * reason. */
 #include "kiln.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
@@ -50,6 +51,15 @@ int main(void) {
     CHECK_MSG(kiln_moe_device_calls() == device_calls, "KILN_MOE_DEVICE_TOKENS=0 still routed "
                                                        "on the device");
     unsetenv("KILN_MOE_DEVICE_TOKENS");
+    /* and with every gather on the tensor-core expert GEMM (what prefills of 1024 pairs and more
+     * take) */
+    kiln_cuda_set_moe_tc(1);
+    const long long tc0 = kiln_cuda_tc_gemm_launches();
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
+        if (strstr(fixtures[i], "moe") || strstr(fixtures[i], "next"))
+            fixture_parity_check(fixtures[i], &o);
+    CHECK_MSG(kiln_cuda_tc_gemm_launches() > tc0, "the expert GEMM never ran");
+    kiln_cuda_set_moe_tc(-2);
     cuda_graph_replay_check("qwen3_5_text", test_shared("fixtures/qwen3_5_text"));
     /* MoE decode steps (routing on the device) now record as graphs too */
     cuda_graph_replay_check("qwen3_moe", test_shared("fixtures/qwen3_moe"));
