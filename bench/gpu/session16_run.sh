@@ -18,6 +18,10 @@
 # device routing (default) against host routing (KILN_MOE_DEVICE_TOKENS=0), the grouped gather
 # against the per-pair one at batch 64, prefill 512 routed on the device against the host, and
 # the batch-1 profile.
+# PART=0 (one call, where machines are scarce): every test of PART=1 and PART=3 first, then one
+# A/B of each new path: 8k-context decode (contiguous f32 and paged q8), batch 64 with the fused
+# weights, and Qwen3-30B-A3B's shape cut to 4 layers in 4-bit at batch 1 / 64 and prefill 512,
+# routed on the device against the host (prefill through the tensor-core expert GEMM).
 LIMIT=${LIMIT:-540}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -41,7 +45,28 @@ b64() { # model: batch 64 (prefill decode tok/s), default | ATT_PREP=0 | FUSE_WE
         "KILN_CUDA_ATT_PREP=0 $(bench_tok_s $1 64 128 64 KILN_CUDA_ATT_PREP=0) |" \
         "KILN_CUDA_FUSE_WEIGHTS=1 $(bench_tok_s $1 64 128 64 KILN_CUDA_FUSE_WEIGHTS=1)"
 }
-if [ "$PART" = 3 ]; then
+if [ "$PART" = 0 ]; then
+    models_converted_in_background qwen3-0.6b qwen3-30b-a3b-l4:4
+    build_kiln
+    run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention,test_upload_matrices,test_tc_,test_moe" \
+        test_parity_cuda_hybrid test_parity_cuda test_kv_cuda test_parity_cuda_kv \
+        "test_parity_cuda KILN_CUDA_FUSE_WEIGHTS=1 KILN_CUDA_TC_REDUCE=1" test_parity_cuda_gemma
+    wait $MODELS
+    left 60 && echo "qwen3-0.6b --kv f32 batch 1 context 8192 decode tok/s: new" \
+        "$(ctx qwen3-0.6b f32 1) | KILN_CUDA_ATT_SHORT=512 $(ctx qwen3-0.6b f32 1 KILN_CUDA_ATT_SHORT=512)"
+    left 60 && echo "qwen3-0.6b --kv q8 batch 1 context 8192 decode tok/s: new" \
+        "$(ctx qwen3-0.6b q8 1) | KILN_CUDA_PAGED_DECODE=0 $(ctx qwen3-0.6b q8 1 KILN_CUDA_PAGED_DECODE=0)"
+    left 60 && b64 qwen3-0.6b
+    m=qwen3-30b-a3b-l4-q4
+    "$B/kiln" info --model "$M/$m" 2>&1 | grep -E "^weights"
+    for b in 1 64; do
+        left 50 && echo "$m batch $b (prefill decode tok/s): device routing $(bench_tok_s $m $b 128 64)" \
+            "| KILN_MOE_DEVICE_TOKENS=0 $(bench_tok_s $m $b 128 64 KILN_MOE_DEVICE_TOKENS=0)"
+    done
+    left 50 && echo "$m prefill 512 (prefill decode tok/s): host routing $(bench_tok_s $m 1 512 4)" \
+        "| KILN_MOE_DEVICE_TOKENS=4096 $(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096)" \
+        "| and KILN_CUDA_MOE_TC=0 $(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096 KILN_CUDA_MOE_TC=0)"
+elif [ "$PART" = 3 ]; then
     [ -x "$B/kiln" ] || build_kiln
     models_converted_in_background qwen3-30b-a3b-l8:4
     run_tests "test_cuda_ops KILN_TEST_ONLY=test_moe" test_parity_cuda_hybrid \
