@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef KILN_HAVE_CUDA
 int main(void) {
@@ -748,10 +749,10 @@ static void test_upload_matrices(void) {
             free(m[i].data), free(m[i].scales), free(m[i].biases), free(m[i].bias);
         }
     }
-    /* 100 rows of 96 bf16: 19,200 bytes, not a multiple of 256 */
+    /* 100 rows of 100 bf16: 20,000 bytes, not a multiple of 256 */
     test_matrix a, b;
-    make_dense(&a, KILN_DT_BF16, 100, 96, false);
-    make_dense(&b, KILN_DT_BF16, 100, 96, false);
+    make_dense(&a, KILN_DT_BF16, 100, 100, false);
+    make_dense(&b, KILN_DT_BF16, 100, 100, false);
     kiln_matrix hosts[2] = {a.host, b.host}, outs[2];
     CHECK(be->upload_matrices(be, 2, hosts, outs) == KILN_ERR_UNSUPPORTED);
     free_matrix(&a);
@@ -2397,9 +2398,19 @@ static bool selected(const char *call) {
         if (strstr(call, t)) return true;
     return false;
 }
+/* each group's wall time on stderr, so that a run cut off by a timeout shows where it was */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 #define RUN(call)                                                                                  \
     do {                                                                                           \
-        if (selected(#call)) call;                                                                 \
+        if (selected(#call)) {                                                                     \
+            const double t0_ = now_s();                                                            \
+            call;                                                                                  \
+            fprintf(stderr, "group %s: %.1f s\n", #call, now_s() - t0_);                           \
+        }                                                                                          \
     } while (0)
 
 int main(void) {

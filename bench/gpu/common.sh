@@ -64,8 +64,9 @@ bench_tok_s() { # model batch prompt gen [VAR=value ...]: "prefill decode" tok/s
 run_test() { # test [VAR=value ...]: its summary line and first failures; the log stays in /tmp
     local t=$1
     shift
+    local t0=$SECONDS
     env "$@" timeout "${TEST_TIMEOUT:-200}" "$B/$t" >"/tmp/$t$*.log" 2>&1
-    echo "$t $* rc=$? | $(grep -E "checks, " "/tmp/$t$*.log" | tail -1)"
+    echo "$t $* rc=$? $((SECONDS - t0)) s | $(grep -E "checks, " "/tmp/$t$*.log" | tail -1)"
     grep -E "CHECK failed|flip" "/tmp/$t$*.log" | head -6 | cut -c1-300
 }
 run_tests() { # "test [VAR=value ...]" ...: run_test of each, all at once; results in the given order
