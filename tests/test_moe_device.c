@@ -8,7 +8,9 @@
  *     (KILN_MOE_DEVICE_TOKENS) still match transformers' / numpy's logits as test_families asks,
  *     and the forward really ran there (kiln_moe_device_calls); the HF layout on the CPU keeps
  *     its tensors in place and so the bucketed forward;
- *  3. kiln_model_info's expert counts and the bytes a decoded token reads. */
+ *  3. kiln_model_info's expert counts and the bytes a decoded token reads;
+ *  4. when a forward routes on the backend (kiln_moe_routes_on_device), and forwards cut into
+ *     chunks there give the same logits. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "fixture_parity.h"
@@ -213,7 +215,7 @@ static void check_info(void) {
 }
 
 /* The fixture forced onto the device forward: parity as test_families, and MoE calls counted. */
-static void check_fixture(const char *name, bool want_device) {
+static long check_fixture(const char *name, bool want_device) {
     const long before = kiln_moe_device_calls();
     const fixture_parity_opts o = {.device = KILN_DEVICE_CPU, .tol = 1e-4, .allow_near_tie = false};
     fixture_parity_check(name, &o);
@@ -221,6 +223,38 @@ static void check_fixture(const char *name, bool want_device) {
     CHECK_MSG(want_device ? ran > 0 : ran == 0, "%s: %ld MoE blocks ran on the device path", name,
               ran);
     fprintf(stderr, "%-22s %ld MoE blocks routed on the backend\n", name, ran);
+    return ran;
+}
+
+/* A stand-in for CUDA's moe_gather_grouped: grouped from 64 pairs, never for 3-bit codes */
+static bool grouped_from_64(const kiln_backend *be, const kiln_matrix *w, int64_t pairs) {
+    (void)be;
+    return pairs >= 64 && w->bits != 3;
+}
+
+/* kiln_moe_routes_on_device: decode steps up to the backend's token limit, longer forwards only
+ * where every stack's gathers run grouped, and KILN_MOE_DEVICE_TOKENS's limit is final. */
+static void check_routing_rule(void) {
+    const kiln_matrix q4 = {.dtype = KILN_DT_U32, .bits = 4, .group_size = 32};
+    const kiln_matrix q3 = {.dtype = KILN_DT_U32, .bits = 3, .group_size = 32};
+    const kiln_matrix *const both4[2] = {&q4, &q4}, *const mixed[2] = {&q4, &q3};
+    CHECK_MSG(!kiln_moe_routes_on_device(cpu, 1, 8, 2, both4), "the CPU routed on the backend");
+    kiln_backend be = *cpu;
+    be.moe_device_max_tokens = 4;
+    be.moe_gather_grouped = grouped_from_64;
+    be.moe_device_tokens_set = false;
+    CHECK(kiln_moe_routes_on_device(&be, 4, 8, 2, both4));   /* decode: the token limit */
+    CHECK(!kiln_moe_routes_on_device(&be, 5, 8, 2, both4));  /* 40 pairs: not grouped */
+    CHECK(kiln_moe_routes_on_device(&be, 8, 8, 2, both4));   /* 64 pairs: grouped */
+    CHECK(!kiln_moe_routes_on_device(&be, 16, 4, 2, mixed)); /* one stack not grouped */
+    CHECK(kiln_moe_routes_on_device(&be, 4, 8, 2, mixed));   /* the decode limit still holds */
+    be.moe_device_tokens_set = true; /* KILN_MOE_DEVICE_TOKENS: its limit and no more */
+    CHECK(!kiln_moe_routes_on_device(&be, 8, 8, 2, both4));
+    CHECK(kiln_moe_routes_on_device(&be, 4, 8, 2, both4));
+    be.moe_device_tokens_set = false;
+    be.moe_route = NULL; /* without the ops, never */
+    CHECK(!kiln_moe_routes_on_device(&be, 1, 8, 2, both4));
+    CHECK(!kiln_moe_routes_on_device(&be, 8, 8, 2, both4));
 }
 
 int main(void) {
@@ -237,13 +271,25 @@ int main(void) {
     check_gather_glu(true);
     check_combine();
     check_info();
+    check_routing_rule();
 
     setenv("KILN_MOE_DEVICE_TOKENS", "100000", 1); /* every forward, prefill included */
     kiln_backend *env_be = NULL;                   /* backends made from now on take it */
     CHECK_OK(kiln_backend_new(KILN_DEVICE_CPU, 1, &env_be));
     CHECK(env_be && kiln_moe_device_max_tokens(env_be) == 100000);
     kiln_backend_free(env_be);
-    check_fixture("qwen3_moe-mlx-q4g32", true);
+    const long whole = check_fixture("qwen3_moe-mlx-q4g32", true);
+    /* forwards cut into chunks of 3 tokens (as CUDA cuts prefill into 2048): same logits, more
+     * blocks */
+    kiln_moe_set_device_chunk(3);
+    const long chunked = check_fixture("qwen3_moe-mlx-q4g32", true);
+    CHECK_MSG(chunked > whole, "chunks of 3 tokens ran %ld blocks, whole forwards %ld", chunked,
+              whole);
+    const long g_before = kiln_moe_device_calls();
+    fixture_gemma4_moe_check(KILN_DEVICE_CPU, 1e-4, false);
+    CHECK_MSG(kiln_moe_device_calls() > g_before, "gemma4 moe did not route on the backend");
+    kiln_moe_set_device_chunk(0);
+    CHECK(kiln_moe_device_chunk() == 2048);
     check_fixture("qwen3_moe-mlx-q8g64", true);
     check_fixture("qwen3_next-mlx-q4g32", true);
     check_fixture("qwen3_next-mlx-q8g64", true);

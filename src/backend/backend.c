@@ -14,7 +14,10 @@
 /* Settings every backend takes from the environment when it is made (read once, not per op). */
 static void apply_env(kiln_backend *be) {
     const char *e = getenv("KILN_MOE_DEVICE_TOKENS");
-    if (e && *e) be->moe_device_max_tokens = atoi(e) > 0 ? atoi(e) : 0;
+    if (e && *e) {
+        be->moe_device_max_tokens = atoi(e) > 0 ? atoi(e) : 0;
+        be->moe_device_tokens_set = true;
+    }
 }
 
 kiln_status kiln_backend_new(kiln_device device, int n_threads, kiln_backend **out) {

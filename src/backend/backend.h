@@ -201,9 +201,15 @@ struct kiln_backend {
                         int64_t T, int top_k, int64_t hidden, const float *shared,
                         const float *shared_logit);
     /* Forwards of up to this many tokens route on the backend with the ops above (0: never;
-     * CPU 0: its bucketed experts read each one once; CUDA 64). KILN_MOE_DEVICE_TOKENS=N in the
-     * environment when kiln_backend_new makes the backend overrides it. */
+     * CPU 0: its bucketed experts read each one once; CUDA 64: decode steps). */
     int moe_device_max_tokens;
+    /* Whether the gathers over `pairs` (token, expert) pairs of stack w run grouped, each weight
+     * tile read once per many pairs (CUDA: the tensor-core expert GEMM): then longer forwards
+     * (prefill) route on the backend too. NULL: never. */
+    bool (*moe_gather_grouped)(const kiln_backend *be, const kiln_matrix *w, int64_t pairs);
+    /* KILN_MOE_DEVICE_TOKENS=N in the environment when kiln_backend_new made the backend: up to
+     * N tokens route on the backend and no more (moe_gather_grouped is not asked) */
+    bool moe_device_tokens_set;
 
     /* Token choice (kiln_cpu_sample_ref): ids[i] = the token kiln_sampler_sample would pick from
      * logits row rows[i].logits_row with rows[i]'s parameters, penalty window and uniform draw.

@@ -461,13 +461,22 @@ static kiln_status gemma_moe_device(kiln_model *m, gemma_state *s, const gemma_l
 
 static bool gemma_moe_on_device(const kiln_model *m, const gemma_state *s, const gemma_layer *L,
                                 int64_t T) {
+    const kiln_matrix *const stacks[2] = {&L->gate_up, &L->down};
     return L->expert_scale_dev && s->top_k <= KILN_MOE_ROUTE_MAX_K &&
-           s->n_experts <= KILN_MOE_ROUTE_MAX_EXPERTS && T <= kiln_moe_device_max_tokens(m->be);
+           s->n_experts <= KILN_MOE_ROUTE_MAX_EXPERTS &&
+           kiln_moe_routes_on_device(m->be, T, s->top_k, 2, stacks);
 }
 
 static kiln_status gemma_moe(kiln_model *m, gemma_state *s, const gemma_layer *L, float *y,
                              const float *r, int64_t T) {
-    if (gemma_moe_on_device(m, s, L, T)) return gemma_moe_device(m, s, L, y, r, T);
+    if (gemma_moe_on_device(m, s, L, T)) {
+        const int64_t chunk = kiln_moe_device_chunk();
+        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+            const int64_t c = T - t0 < chunk ? T - t0 : chunk;
+            KILN_TRY(gemma_moe_device(m, s, L, y + t0 * s->hidden, r + t0 * s->hidden, c));
+        }
+        return KILN_OK;
+    }
     kiln_backend *be = m->be;
     const int64_t H = s->hidden, E = s->n_experts, K = s->top_k, F = s->moe_ffn;
     /* backend scratch: logits [T, E]; rn, xe, ye [T, H]; gu [T, 2F]; g, u [T, F]; weights and row

@@ -3,9 +3,10 @@
  * tokens are bucketed per selected expert so each expert runs one matmul over its rows, the
  * buckets go back as row ids and weights, and the experts run as backend ops (gather, matmuls,
  * weighted scatter-add). On the device (backends with moe_route / matmul_gather / moe_combine,
- * up to moe_device_max_tokens tokens: decode steps): the top-k choice, one gathered matmul per
- * projection over all (token, choice) pairs and the weighted sum all stay on the backend, so
- * nothing waits for the host and the step can be recorded as a graph. */
+ * up to moe_device_max_tokens tokens: decode steps; and prefill where the gathers run grouped,
+ * kiln_moe_routes_on_device): the top-k choice, one gathered matmul per projection over all
+ * (token, choice) pairs and the weighted sum all stay on the backend, so nothing waits for the
+ * host and the step can be recorded as a graph. */
 #include "model/moe.h"
 
 #include "backend/cpu/cpu_ops.h"
@@ -238,6 +239,25 @@ int kiln_moe_device_max_tokens(const kiln_backend *be) {
     return be->moe_device_max_tokens; /* KILN_MOE_DEVICE_TOKENS applied by kiln_backend_new */
 }
 
+static _Atomic int64_t device_chunk = 2048;
+int64_t kiln_moe_device_chunk(void) {
+    return atomic_load(&device_chunk);
+}
+void kiln_moe_set_device_chunk(int64_t tokens) {
+    atomic_store(&device_chunk, tokens > 0 ? tokens : 2048);
+}
+
+bool kiln_moe_routes_on_device(const kiln_backend *be, int64_t T, int top_k, int n_stacks,
+                               const kiln_matrix *const *stacks) {
+    if (!be->moe_route || !be->matmul_gather || !be->matmul_gather_glu || !be->moe_combine)
+        return false;
+    if (T <= be->moe_device_max_tokens) return true;
+    if (be->moe_device_tokens_set || !be->moe_gather_grouped) return false;
+    for (int i = 0; i < n_stacks; i++)
+        if (!be->moe_gather_grouped(be, stacks[i], T * top_k)) return false;
+    return true;
+}
+
 static int64_t align4(int64_t n) { /* floats, so each scratch region starts 16-byte aligned */
     return (n + 3) & ~(int64_t)3;
 }
@@ -278,14 +298,23 @@ static kiln_status moe_forward_device(kiln_model *m, const kiln_moe *o, float *y
 
 bool kiln_moe_on_device(const kiln_model *m, const kiln_moe *o, int64_t T) {
     /* the routing log needs the logits on the host: logged runs keep the bucketed forward */
-    return o->stacked && o->top_k <= KILN_MOE_ROUTE_MAX_K &&
-           o->n_experts <= KILN_MOE_ROUTE_MAX_EXPERTS && T <= kiln_moe_device_max_tokens(m->be) &&
-           !route_log();
+    if (!o->stacked || o->top_k > KILN_MOE_ROUTE_MAX_K ||
+        o->n_experts > KILN_MOE_ROUTE_MAX_EXPERTS || route_log())
+        return false;
+    const kiln_matrix *const stacks[3] = {&o->stack[0], &o->stack[1], &o->stack[2]};
+    return kiln_moe_routes_on_device(m->be, T, o->top_k, 3, stacks);
 }
 
 kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *o, float *y, const float *x, int64_t T,
                              kiln_scratch *work) {
-    if (kiln_moe_on_device(m, o, T)) return moe_forward_device(m, o, y, x, T, work);
+    if (kiln_moe_on_device(m, o, T)) {
+        const int64_t chunk = kiln_moe_device_chunk();
+        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+            const int64_t c = T - t0 < chunk ? T - t0 : chunk;
+            KILN_TRY(moe_forward_device(m, o, y + t0 * o->hidden, x + t0 * o->hidden, c, work));
+        }
+        return KILN_OK;
+    }
     kiln_backend *be = m->be;
     const int64_t H = o->hidden, E = o->n_experts, K = o->top_k;
     const int64_t F = o->ffn > o->shared_ffn ? o->ffn : o->shared_ffn;

@@ -43,6 +43,19 @@ kiln_status kiln_moe_forward(kiln_model *m, const kiln_moe *moe, float *y, const
  * backend's own); 0 without the ops. */
 int kiln_moe_device_max_tokens(const kiln_backend *be);
 
+/* Whether a forward of T tokens choosing top_k experts from the given stacks routes on the
+ * backend: up to kiln_moe_device_max_tokens tokens (decode steps), or, unless
+ * KILN_MOE_DEVICE_TOKENS set the limit, any T whose T * top_k pairs the backend's gathers take
+ * grouped over every stack (be->moe_gather_grouped: prefill on the tensor-core expert GEMM). */
+bool kiln_moe_routes_on_device(const kiln_backend *be, int64_t T, int top_k, int n_stacks,
+                               const kiln_matrix *const *stacks);
+
+/* Forwards routed on the backend run in chunks of at most this many tokens (2048; bounds the
+ * scratch of the (token, expert) pairs: chunk * top_k * (ffn + hidden) floats). Tests set a
+ * small one (<= 0: back to the default). */
+int64_t kiln_moe_device_chunk(void);
+void kiln_moe_set_device_chunk(int64_t tokens);
+
 /* Whether kiln_moe_forward of T tokens runs on the backend with nothing waiting for the host (so
  * a decode step through it can be recorded). */
 bool kiln_moe_on_device(const kiln_model *m, const kiln_moe *o, int64_t T);

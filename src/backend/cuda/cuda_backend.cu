@@ -690,6 +690,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->matmul_gather_glu = kcu_matmul_gather_glu;
     be->moe_combine = kcu_moe_combine;
     be->moe_device_max_tokens = 64;
+    be->moe_gather_grouped = kcu_moe_gather_grouped;
     be->kv_new = kcu_kv_new;
     /* paged caches in device memory for every --kv kind but the default f32 (kv_paged.cu);
      * KILN_CUDA_PAGED=0 goes back to contiguous f32/f16/bf16 caches only */

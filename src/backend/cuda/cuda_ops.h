@@ -77,6 +77,7 @@ void kcu_matmul_gather_glu(kiln_backend *be, float *y, const float *x, int64_t x
                            int64_t rows, int64_t stride, int64_t up_offset, kiln_glu_act act);
 void kcu_moe_combine(kiln_backend *be, float *y, const float *ye, const float *weights, int64_t T,
                      int top_k, int64_t hidden, const float *shared, const float *shared_logit);
+bool kcu_moe_gather_grouped(const kiln_backend *be, const kiln_matrix *w, int64_t pairs);
 /* sampling.cu: the `sample` op (rows and history are host memory; see backend.h) */
 void kcu_sample(kiln_backend *be, int32_t *ids, float *logits, int64_t vocab, int n_rows,
                 const kiln_sample_row *rows, const int32_t *history);

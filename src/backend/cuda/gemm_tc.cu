@@ -1040,6 +1040,10 @@ size_t kcu_tc_experts_bytes(int count, const kiln_matrix *const *stacks, int64_t
     return p.bytes;
 }
 
+bool kcu_tc_format_on(const kiln_matrix *w) {
+    return tc_mode() != 0 && tc_format_ok(w);
+}
+
 bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     const int mode = tc_mode();
     if (mode == 0 || n < 1 || !tc_format_ok(w)) return false;

@@ -10,6 +10,8 @@
  * codes with group 32/64/128 and n >= 2, or dense bf16 with 2 <= n <= the dense limit (16 unless
  * set); rows and columns that keep 16-byte row starts. */
 bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n);
+/* The kernel is on and takes w's format (the expert mode's test before its plan) */
+bool kcu_tc_format_on(const kiln_matrix *w);
 
 /* ys[i][n, ws[i]->rows] (+)= f(x) @ ws[i]^T (+ ws[i]->bias) for count <= 4 matrices of one format
  * (dtype, bits, group, scale dtype) and the same cols; f(x) = rmsnorm(x; norm_w, eps, plus_one)
