@@ -85,7 +85,7 @@ elif [ "$PART" = 3 ]; then
             KILN_CUDA_MOE_GROUPED=0)"
         # prefill 512 routed on the device too (grouped gather on CUDA cores) against the host's
         # per-expert GEMMs (the default past 64 tokens)
-        # (the tensor-core expert GEMM from 1024 pairs, seventeenth session; =0: the grouped
+        # (the tensor-core expert GEMM from 1024 pairs at the time, seventeenth session; =0: the grouped
         # gather on CUDA cores)
         left 60 && echo "$m prefill 512 (prefill decode tok/s): host routing" \
             "$(bench_tok_s $m 1 512 4) | KILN_MOE_DEVICE_TOKENS=4096" \

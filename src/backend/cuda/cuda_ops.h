@@ -113,8 +113,8 @@ void kiln_cuda_set_qgemv_mma(int on);
  * see kcu_qfused_enabled in gemv.cuh). */
 void kiln_cuda_set_qfused(int on);
 /* Decode attention with the q/k norm + RoPE and the KV store inside (attention.cu's PREP kernel,
- * the contiguous device cache): 1 always, 0 never (qk_norm_rope, store, attention and merge
- * launched apart), 2 for steps of >= 32 sequences (default), < 0 back to env KILN_CUDA_ATT_PREP. */
+ * the contiguous device cache): 1 always, 0 never (default: the q/k prep + store launch, then
+ * the attention), 2 for steps of >= 32 sequences, < 0 back to env KILN_CUDA_ATT_PREP. */
 void kiln_cuda_set_attn_prep(int on);
 /* Decode steps with the q/k prep that the PREP kernel does not take: 1 (default) q/k norm + RoPE
  * and the K/V store as one launch (kv_cache.cu) before the attention, 0 qk_norm_rope and the
@@ -144,7 +144,7 @@ void kiln_cuda_set_tc_reduce(int in_kernel);
  * experts), -2 back to KILN_CUDA_MOE_GROUPED. */
 void kiln_cuda_set_moe_grouped(int mode);
 /* The MoE gathers on the tensor-core expert GEMM (moe.cu, gemm_tc.cu expert mode): 1 always
- * where the format allows, 0 never, -1 auto (from 1024 pairs), -2 back to KILN_CUDA_MOE_TC. */
+ * where the format allows, 0 never, -1 auto (from 64 pairs), -2 back to KILN_CUDA_MOE_TC. */
 void kiln_cuda_set_moe_tc(int mode);
 /* The prefetch hint's budget in MB (prefetch.cu; 0 = off, the default); < 0 = env
  * KILN_CUDA_PREFETCH_MB. */

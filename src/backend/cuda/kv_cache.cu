@@ -272,10 +272,13 @@ static bool qk_prep_store(kiln_kv *const *kvs, const int *n, int n_kv, int layer
     return true;
 }
 
-/* When the PREP kernel runs: 0 never, 1 always, 2 (default) for steps of at least 32 sequences.
- * Measured on the H200 (bf16, context 128-192, medians of 3): batch 64 1.01x the four launches
- * (Llama-3-8B 6617 -> 6685 tok/s, Qwen3-0.6B 14,567 -> 14,669), batch 1 slower (8B 222 -> 205,
- * 0.6B 847 -> 801: every split block preps q and k itself on the critical path). */
+/* When the PREP kernel runs: 0 (default) never, 1 always, 2 for steps of at least 32 sequences.
+ * Measured on the H200 (bf16, context 128-192, medians of 3) against k_attn's split launches:
+ * batch 64 1.01x (Llama-3-8B 6617 -> 6685 tok/s, Qwen3-0.6B 14,567 -> 14,669), batch 1 slower
+ * (8B 222 -> 205, 0.6B 847 -> 801: every split block preps q and k itself on the critical
+ * path). Since the one-launch decode kernel takes every step (eighteenth session), the prep +
+ * store launch before it beats PREP at batch 64 too: Qwen3-0.6B decode 17,706 -> 19,817 tok/s
+ * without it on an H200, 16,993 -> 18,528 on an H100, so it is off. */
 static int g_attn_prep = -1;
 extern "C" void kiln_cuda_set_attn_prep(int on) {
     g_attn_prep = on < 0 ? -1 : on;
@@ -283,7 +286,7 @@ extern "C" void kiln_cuda_set_attn_prep(int on) {
 static bool attn_prep_on(int n_seq) {
     if (g_attn_prep < 0) {
         const char *e = getenv("KILN_CUDA_ATT_PREP");
-        g_attn_prep = e && *e ? atoi(e) : 2;
+        g_attn_prep = e && *e ? atoi(e) : 0;
     }
     return g_attn_prep == 1 || (g_attn_prep == 2 && n_seq >= 32);
 }
