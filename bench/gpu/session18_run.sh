@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
-# session18_run.sh — after PART=0 of session16_run.sh (eighteenth session, H100): the test_cuda_ops
-# groups that timed out there, then the numbers that set the MoE defaults: Qwen3-30B-A3B's shape cut to 4 layers in 4-bit, decode at batch 64 / 8
-# routed on the device (gather), on the device through the tensor-core expert GEMM
-# (KILN_CUDA_MOE_TC=1) and on the host; prefill 2048 / 512 by default (routed on the device
-# through the expert GEMM since this session) against the host; Qwen3-0.6B
-# batch 64 with and without the PREP attention kernel and the fused weights, and
-# batch 1 at prompt 128 with the old short-attention limit. The test_cuda_ops groups run first
-# (attention, fused upload, tensor-core, MoE: one process each in parallel, TEST_TIMEOUT
-# (120 s) each, while the
-# models convert), each group's time and the logs in $OUT.
+# session18_run.sh — after PART=0 of session16_run.sh (eighteenth session). PART=1 (default): the
+# test_cuda_ops groups that timed out there (upload, attention, MoE and, unless TC=0, the
+# tensor-core groups; one process each in parallel, TEST_TIMEOUT s each (120), while the models
+# convert; each group's time and the logs in $OUT), then the numbers that set the MoE defaults:
+# Qwen3-30B-A3B's shape cut to 4 layers in 4-bit, decode at batch 64 / 8 on the grouped gather,
+# on the tensor-core expert GEMM (KILN_CUDA_MOE_TC=1) and routed on the host; prefill 2048 / 512
+# by default against the host; Qwen3-0.6B batch 64 with and without the PREP attention kernel
+# and the fused weights, and batch 1 at prompt 128 with the old short-attention limit.
+# PART=2 (what the eighteenth session left unmeasured): MoE decode of 1 / 2 / 4 sequences (8–32
+# pairs) on the grouped gather (default) against the expert GEMM forced, the batch-1 per-op
+# profile of that shape, and test_cuda_ops' tensor-core groups (their in-kernel split-K sum).
 LIMIT=${LIMIT:-560}
 source "$(dirname "$0")/common.sh"
 exec > >(tee "${OUT:-/tmp}/log") 2>&1
+PART=${PART:-1}
+if [ "$PART" = 2 ]; then
+    models_converted_in_background qwen3-30b-a3b-l4:4
+    build_kiln
+    TEST_TIMEOUT=${TEST_TIMEOUT:-200} run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_" &
+    TESTS=$!
+    wait $MODELS
+    wait $TESTS
+    grep -E "^group " /tmp/test_cuda_ops*test_tc_*.log
+    m=qwen3-30b-a3b-l4-q4
+    for b in 1 2 4; do
+        left 40 && echo "$m batch $b (prefill decode tok/s): gather $(bench_tok_s $m $b 128 64)" \
+            "| KILN_CUDA_MOE_TC=1 $(bench_tok_s $m $b 128 64 KILN_CUDA_MOE_TC=1)"
+    done
+    if left 40; then
+        stamp "profile: $m batch 1"
+        KILN_CUDA_PROFILE=1 timeout 40 "$B/kiln" bench --device cuda --model "$M/$m" \
+            --prompt 16 --gen 8 --runs 1 2>&1 | grep -vE "^\s*$" | tail -25 | cut -c1-150
+    fi
+    stamp "end"
+    exit 0
+fi
 models_converted_in_background qwen3-0.6b qwen3-30b-a3b-l4:4
 build_kiln
 stamp "tests"
