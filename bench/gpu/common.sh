@@ -61,6 +61,13 @@ bench_tok_s() { # model batch prompt gen [VAR=value ...]: "prefill decode" tok/s
         --batch "$b" --runs 2 --json --quiet 2>&1 |
         grep -oE '"(prefill|decode)_tok_s":[0-9.]*' | cut -d: -f2 | tr '\n' ' '
 }
+batch1_profile() { # model: the per-op profile of a batch-1 decode (KILN_CUDA_PROFILE=1), when
+    # more than 40 s of LIMIT are left
+    left 40 || return 0
+    stamp "profile: $1 batch 1"
+    KILN_CUDA_PROFILE=1 timeout 40 "$B/kiln" bench --device cuda --model "$M/$1" --prompt 16 \
+        --gen 8 --runs 1 2>&1 | grep -vE "^\s*$" | tail -25 | cut -c1-150
+}
 run_test() { # test [VAR=value ...]: its summary line and first failures; the log stays in /tmp
     local t=$1
     shift

@@ -92,11 +92,7 @@ elif [ "$PART" = 3 ]; then
             "$(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096) | and KILN_CUDA_MOE_TC=0" \
             "$(bench_tok_s $m 1 512 4 KILN_MOE_DEVICE_TOKENS=4096 KILN_CUDA_MOE_TC=0)"
     done
-    if left 40; then
-        stamp "profile: qwen3-30b-a3b-l8 bf16 batch 1"
-        KILN_CUDA_PROFILE=1 timeout 40 "$B/kiln" bench --device cuda --model "$M/qwen3-30b-a3b-l8" \
-            --prompt 16 --gen 8 --runs 1 2>&1 | grep -vE "^\s*$" | tail -25 | cut -c1-150
-    fi
+    batch1_profile qwen3-30b-a3b-l8
 elif [ "$PART" = 1 ]; then
     models_in_background qwen3-0.6b llama-3-8b
     build_kiln

@@ -27,11 +27,7 @@ if [ "$PART" = 2 ]; then
         left 40 && echo "$m batch $b (prefill decode tok/s): gather $(bench_tok_s $m $b 128 64)" \
             "| KILN_CUDA_MOE_TC=1 $(bench_tok_s $m $b 128 64 KILN_CUDA_MOE_TC=1)"
     done
-    if left 40; then
-        stamp "profile: $m batch 1"
-        KILN_CUDA_PROFILE=1 timeout 40 "$B/kiln" bench --device cuda --model "$M/$m" \
-            --prompt 16 --gen 8 --runs 1 2>&1 | grep -vE "^\s*$" | tail -25 | cut -c1-150
-    fi
+    batch1_profile $m
     stamp "end"
     exit 0
 fi
