@@ -241,6 +241,20 @@ template <bool F16> static void tc_split16(float v, uint16_t *hi, uint16_t *lo) 
         *lo = f_to_bf16(v - bf16_to_f(*hi));
     }
 }
+static inline float kcu_f16(uint16_t h) {
+    return f16_to_f(h);
+}
+static inline float kcu_bf16(uint16_t h) {
+    return bf16_to_f(h);
+}
+static inline int __ffs(int v) {
+    return __builtin_ffs(v);
+}
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 static float tc_load_scale(const void *p, int64_t i, int dt) {
     if (dt == KILN_DT_F32) return ((const float *)p)[i];
     const uint16_t h = ((const uint16_t *)p)[i];

@@ -394,7 +394,111 @@ __device__ __forceinline__ void tc_reduce_last(const tc_args &A, const tc_block 
     }
 }
 
-template <int MODE, int SS, int BN, int WM, int WN, int STAGES>
+/* The lean main loop's per-thread state (LEAN kernels): everything a chunk's copies and a group's
+ * fold need that does not change over the call, worked out once, so that a chunk costs its MMAs,
+ * fragment loads and conversions plus a few adds (the loop that recomputed these per chunk ran
+ * ~1100 PTX instructions per 64 MMAs of a warp at 64 tokens: issue-bound, not tensor-bound).
+ * A thread's W pieces are i = tid + 256 k: row tid / SEGS + k * (256 / SEGS), segment tid % SEGS
+ * (the same for every k); its x pieces likewise token tid / 16 + 16 k, segment tid % 16. */
+template <int MODE, int SS, int BN> struct tc_lean {
+    using G = tc_geom<MODE, SS>;
+    static constexpr int SEGS = G::WROW / 16;             /* 16-byte W pieces a row */
+    static constexpr int RSTEP = TC_THREADS / SEGS;       /* rows between a thread's pieces */
+    static constexpr int WPT = TC_BM * SEGS / TC_THREADS; /* W pieces a thread: 1, 2, 4 */
+    static constexpr int XPT = (BN * 16 + TC_THREADS - 1) / TC_THREADS; /* x pieces: 1, 4, 8 */
+    const char *w;     /* this thread's first W piece in chunk 0 (a valid address) */
+    const char *wbase; /* any valid W address (for pieces past the matrix: 0 bytes read) */
+    int64_t row_bytes; /* of W */
+    int wrow, wcol;    /* first piece's row in the tile, its first column in a chunk */
+    int rows_left;     /* rows of the matrix from the tile's first */
+    int wdst;          /* first piece's byte offset in a stage */
+    const char *x;     /* this thread's first x piece in chunk 0 (hi or lo buffer) */
+    int64_t x_kstep;   /* bytes between a thread's x pieces (16 tokens) */
+    int xdst;          /* first piece's byte offset in the x part of a stage */
+    bool xok;          /* BN = 8: half the threads copy no x */
+
+    __device__ __forceinline__ void init(const tc_args &A, const tc_block &B, int tid) {
+        row_bytes = (int64_t)A.cols * G::BITS / 8;
+        wbase = (const char *)B.M->w;
+        wrow = tid / SEGS;
+        wcol = (tid % SEGS) * (128 / G::BITS);
+        rows_left = B.rows - B.row0;
+        w = wbase + (B.wrow0 + (wrow < rows_left ? wrow : 0)) * row_bytes +
+            (int64_t)wcol * G::BITS / 8;
+        wdst = wrow * G::WS + (tid % SEGS) * 16;
+        const int tk = tid / 16, sg = tid % 16;
+        xok = tk < BN;
+        x = (const char *)((sg < 8 ? A.xh : A.xl) +
+                           (int64_t)(B.tok0 + (xok ? tk : 0)) * A.cols_pad + (sg % 8) * 8);
+        x_kstep = (int64_t)16 * A.cols_pad * 2;
+        xdst = tk * G::XS + sg * 16;
+    }
+    /* W tile of chunk kc into stage st: rows / columns past the matrix read 0 bytes (zeros) */
+    __device__ __forceinline__ void issue_w(char *st, int kc, int cols) const {
+        const bool cok = kc * TC_BK + wcol < cols;
+#pragma unroll
+        for (int k = 0; k < WPT; k++) {
+            const bool ok = cok && wrow + k * RSTEP < rows_left;
+            const char *src =
+                ok ? w + (int64_t)k * RSTEP * row_bytes + (int64_t)kc * G::WROW : wbase;
+            tc_cp16(st + wdst + k * RSTEP * G::WS, src, ok ? 16 : 0);
+        }
+    }
+    /* x tile (hi, lo) of chunk kc into the x part of a stage */
+    __device__ __forceinline__ void issue_x(char *stx, int kc) const {
+        if (!xok) return;
+#pragma unroll
+        for (int k = 0; k < XPT; k++)
+            tc_cp16(stx + xdst + k * 16 * G::XS, x + k * x_kstep + (int64_t)kc * TC_BK * 2, 16);
+    }
+};
+
+/* The fold's operands of group gi for the thread's rows and tokens (LEAN kernels), loaded one
+ * group ahead and kept as loaded (raw bits: f16 / bf16 / f32 scales and biases, f32 x sums) until
+ * the fold decodes them, so no instruction waits on the loads until then (converting at load time
+ * made each prefetch wait for its own loads: ncu, H100, nineteenth session). Scales and biases of
+ * rows mrow + 16 mi + g + 8 h, x sums of tokens 2t + h of each n tile; zeros past the matrix or
+ * the groups. */
+template <int MT, int NT> struct tc_fold_raw {
+    uint32_t s[MT][2], b[MT][2]; /* scale / bias bits */
+    float x[NT][2];              /* x sums */
+
+    __device__ __forceinline__ void load(const tc_args &A, const tc_block &B, int mrow, int tok,
+                                         int g, int gpr, int ngp, int gi) {
+        const int64_t srow = (B.wrow0 + mrow + g) * gpr + gi;
+        const bool gok = gi < gpr, f32 = A.sdt == KILN_DT_F32;
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const bool ok = gok && B.row0 + mrow + 16 * mi + g + 8 * h < B.rows;
+                const int64_t k = srow + (int64_t)(16 * mi + 8 * h) * gpr;
+                s[mi][h] = !ok   ? 0u
+                           : f32 ? ((const uint32_t *)B.M->scales)[k]
+                                 : ((const uint16_t *)B.M->scales)[k];
+                b[mi][h] = !ok   ? 0u
+                           : f32 ? ((const uint32_t *)B.M->qbias)[k]
+                                 : ((const uint16_t *)B.M->qbias)[k];
+            }
+        const float *xs = A.xsum + (int64_t)tok * ngp + gi;
+        const bool xok = gi < ngp; /* the load after a row's last group reads nothing */
+#pragma unroll
+        for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) x[ni][h] = xok ? xs[(int64_t)(8 * ni + h) * ngp] : 0.0f;
+    }
+    /* a scale or bias as a float */
+    __device__ __forceinline__ static float decode(uint32_t v, int sdt) {
+        return sdt == KILN_DT_F32    ? __uint_as_float(v)
+               : sdt == KILN_DT_BF16 ? kcu_bf16((uint16_t)v)
+                                     : kcu_f16((uint16_t)v);
+    }
+};
+
+/* ABL (ablation, for timing runs only; 0 in every real call, wrong results otherwise) leaves a
+ * stage out: 1 the fold's scale / bias / x-sum loads, 2 the MMAs, 4 the x fragments' shared-memory
+ * loads, 8 the x tile's copies, 16 the W tile's copies. */
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true, int ABL = 0>
 __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
     using G = tc_geom<MODE, SS>;
     using SM = tc_layout<MODE, SS, BN, STAGES>;
@@ -410,11 +514,22 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     char *smem = (char *)tc_sm_raw;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
+    tc_lean<MODE, SS, BN> L;
+    if constexpr (LEAN) L.init(A, B, tid);
     auto issue_w = [&](int kc, int slot) {
-        tc_issue_w<MODE, SS>(smem + slot * SM::STAGE, B, A.cols, kc);
+        if (ABL & 16) return;
+        if constexpr (LEAN)
+            L.issue_w(smem + slot * SM::STAGE, kc, A.cols);
+        else
+            tc_issue_w<MODE, SS>(smem + slot * SM::STAGE, B, A.cols, kc);
     };
     /* x tile (hi, lo) of chunk kc: always inside the padded buffers */
     auto issue_x = [&](int kc, int slot) {
+        if (ABL & 8) return;
+        if constexpr (LEAN) {
+            L.issue_x(smem + slot * SM::STAGE + SM::W, kc);
+            return;
+        }
         char *dst = smem + slot * SM::STAGE + SM::W;
         for (int i = tid; i < BN * 16; i += TC_THREADS) {
             const int tk = i / 16, sg = i % 16;
@@ -430,14 +545,28 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     const int g = lane >> 2, t = lane & 3;
     const int mrow = wm * MT * 16, ntok = wn * NT * 8;
 
-    float acc[MT][NT][4], accg[MT][NT][4]; /* accg: the group's sums (quantized) */
+    /* accg: the group's sums (quantized); acc2 (LEAN, up to 8 tiles a warp): the lo products'
+     * sums (the group's, quantized), so the hi and lo MMAs of a tile do not wait on each other */
+    constexpr bool SPLITACC = LEAN && MT * NT <= 8;
+    float acc[MT][NT][4], accg[MT][NT][4], acc2[MT][NT][4];
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)
 #pragma unroll
         for (int ni = 0; ni < NT; ni++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[mi][ni][i] = accg[mi][ni][i] = 0.0f;
+            for (int i = 0; i < 4; i++) acc[mi][ni][i] = accg[mi][ni][i] = acc2[mi][ni][i] = 0.0f;
 
+    /* LEAN: the next fold's operands, loaded one group ahead (right after the fold before) */
+    const int glog = QUANT ? __ffs(A.group) - 1 : 0;
+    const int gpr = A.cols >> glog, ngp = A.cols_pad >> glog;
+    int gnext = (kc0 * TC_BK) >> glog; /* a split starts on a group */
+    /* one group ahead where registers allow (up to 8 tiles a warp); else at the span's start */
+    constexpr bool AHEAD = MT * NT <= 8;
+    tc_fold_raw<MT, NT> nf = {};
+    if constexpr (LEAN && QUANT && AHEAD && !(ABL & 1))
+        nf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
+
+    tc_fold_raw<MT, NT> cf = {}; /* the group folded at the end of this span (LEAN) */
     for (int it = 0; it < nk; it++) {
         tc_pipeline_next<STAGES>(it, kc0, nk, issue_w, issue_x);
         const char *Ws = smem + (it % STAGES) * SM::STAGE;
@@ -452,7 +581,21 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             const int cend = c0 + (sp + 1) * 16 * SS;
             const bool fold = QUANT && (cend & (A.group - 1)) == 0; /* group: a power of 2 */
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {};
-            if (fold) {
+            if (LEAN && fold && !(ABL & 1)) {
+                /* decoded after the span's MMAs (below); the next group's loads are issued now
+                 * and used at the next fold: a group's MMAs cover their latency */
+                if constexpr (AHEAD) {
+                    cf = nf;
+                    gnext++;
+                    nf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
+                } else {
+                    cf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, (cend >> glog) - 1);
+                }
+            } else if (fold && (ABL & 1)) {
+                for (int mi = 0; mi < MT; mi++)
+                    fs[mi][0] = fs[mi][1] = fb[mi][0] = fb[mi][1] = 1.0f;
+                for (int ni = 0; ni < NT; ni++) fx[ni][0] = fx[ni][1] = 1.0f;
+            } else if (fold) {
                 const int gi = cend / A.group - 1;
                 tc_group_scales<MT>(fs, fb, A, B, mrow, g, gi);
                 tc_token_groups<NT>(fx, A.xsum, A, tok0 + ntok, t, gi);
@@ -467,8 +610,13 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
 #pragma unroll
                 for (int ni = 0; ni < NT; ni++) {
                     const char *p = Xs + (ntok + 8 * ni + g) * G::XS + (run + 8 * pr) * 2;
-                    bh[ni] = *(const uint4 *)p;
-                    bl[ni] = *(const uint4 *)(p + 128);
+                    if (ABL & 4) {
+                        bh[ni] = make_uint4(lane, ni, pr, it);
+                        bl[ni] = make_uint4(it, lane, ni, pr);
+                    } else {
+                        bh[ni] = *(const uint4 *)p;
+                        bl[ni] = *(const uint4 *)(p + 128);
+                    }
                 }
                 uint4 ab[MT][2]; /* bf16 A: 8 columns of both rows */
                 if constexpr (!QUANT)
@@ -512,7 +660,12 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                             const uint32_t h1 = st == 0 ? bh[ni].y : bh[ni].w;
                             const uint32_t l0 = st == 0 ? bl[ni].x : bl[ni].z;
                             const uint32_t l1 = st == 0 ? bl[ni].y : bl[ni].w;
-                            if constexpr (QUANT) {
+                            if constexpr ((ABL & 2) != 0) {
+                                accg[mi][ni][0] += __uint_as_float(
+                                    (a[mi][0] ^ a[mi][2] ^ h0 ^ h1 ^ l0 ^ l1) & 0x007fffffu);
+                            } else if constexpr (LEAN) {
+                                tc_mma<QUANT>(QUANT ? accg[mi][ni] : acc[mi][ni], a[mi], h0, h1);
+                            } else if constexpr (QUANT) {
                                 tc_mma<true>(accg[mi][ni], a[mi], h0, h1);
                                 tc_mma<true>(accg[mi][ni], a[mi], l0, l1);
                             } else {
@@ -520,7 +673,34 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                                 tc_mma<false>(acc[mi][ni], a[mi], l0, l1);
                             }
                         }
+                    /* LEAN: the lo products after every hi product of the step, so dependent
+                     * MMAs sit MT * NT apart; into their own sums where registers allow */
+                    if constexpr (LEAN && (ABL & 2) == 0)
+#pragma unroll
+                        for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                            for (int ni = 0; ni < NT; ni++) {
+                                const uint32_t l0 = st == 0 ? bl[ni].x : bl[ni].z;
+                                const uint32_t l1 = st == 0 ? bl[ni].y : bl[ni].w;
+                                float(&d)[4] = SPLITACC ? acc2[mi][ni]
+                                               : QUANT  ? accg[mi][ni]
+                                                        : acc[mi][ni];
+                                tc_mma<QUANT>(d, a[mi], l0, l1);
+                            }
                 }
+            }
+            if (LEAN && fold && !(ABL & 1)) {
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        fs[mi][h] = tc_fold_raw<MT, NT>::decode(cf.s[mi][h], A.sdt);
+                        fb[mi][h] = tc_fold_raw<MT, NT>::decode(cf.b[mi][h], A.sdt);
+                    }
+#pragma unroll
+                for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) fx[ni][h] = cf.x[ni][h];
             }
             if (fold) {
 #pragma unroll
@@ -530,15 +710,24 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
                             float &e = accg[mi][ni][i];
+                            const float sum = SPLITACC ? e + acc2[mi][ni][i] : e;
                             acc[mi][ni][i] =
-                                fmaf(fs[mi][i >> 1], e,
+                                fmaf(fs[mi][i >> 1], sum,
                                      fmaf(fb[mi][i >> 1], fx[ni][i & 1], acc[mi][ni][i]));
                             e = 0.0f;
+                            if (SPLITACC) acc2[mi][ni][i] = 0.0f;
                         }
             }
         }
     }
     tc_cp_wait<0>(); /* nothing in flight at exit (the trailing groups are empty) */
+    if constexpr (SPLITACC && !QUANT)
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[mi][ni][i] += acc2[mi][ni][i];
     tc_store<MT, NT>(A, B, acc, mrow, ntok, g, t);
     tc_reduce_last(A, B, BN);
 }
@@ -1054,21 +1243,91 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     return n >= 2 && n <= 64 && (long long)w->rows * w->cols <= tc_dense_small();
 }
 
-template <int MODE, int SS, int BN>
-static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
-    using C = tc_cfg<BN>;
-    constexpr int S = tc_stages<MODE, BN>();
+template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true, int ABL = 0>
+static void tc_launch_shape(kcu_state *st, const tc_args &A, dim3 grid) {
     const size_t smem = tc_layout<MODE, SS, BN, S>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ABL>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>), grid, TC_THREADS, smem, A);
+    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ABL>), grid, TC_THREADS, smem, A);
     KCU_LAUNCHED(st);
+}
+
+/* Other warp layouts / pipeline depths of the 64-token block on codes, for A/B runs on the GPU:
+ * KILN_CUDA_TC_SHAPE64 = 1: warps 8 x 1 (a warp: 16 rows x 64 tokens), 2: 2 x 4 (64 rows x 16
+ * tokens), 3: 4 x 2 with 6 stages, 4: 4 x 2 with 3 stages; 0 (default): 4 x 2, 4 stages. */
+static int g_tc_shape64 = -1, g_tc_ablate = -1, g_tc_lean = -1;
+/* KILN_CUDA_TC_LEAN=0: the main loop that works out copy addresses and fold operands per chunk
+ * (before the nineteenth session), for A/B runs */
+static bool tc_lean_on(void) {
+    if (g_tc_lean < 0) {
+        const char *e = getenv("KILN_CUDA_TC_LEAN");
+        g_tc_lean = e && *e ? atoi(e) != 0 : 1;
+    }
+    return g_tc_lean != 0;
+}
+/* KILN_CUDA_TC_ABLATE: the 64-token block with a stage left out (k_tc_gemm's ABL; timing only) */
+static int tc_ablate(void) {
+    if (g_tc_ablate < 0) {
+        const char *e = getenv("KILN_CUDA_TC_ABLATE");
+        g_tc_ablate = e && *e ? atoi(e) : 0;
+    }
+    return g_tc_ablate;
+}
+static int tc_shape64(void) {
+    if (g_tc_shape64 < 0) {
+        const char *e = getenv("KILN_CUDA_TC_SHAPE64");
+        g_tc_shape64 = e && *e ? atoi(e) : 0;
+    }
+    return g_tc_shape64;
+}
+
+template <int MODE, int SS, int BN>
+static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
+    using C = tc_cfg<BN>;
+    if constexpr (BN == 64) {
+        switch (tc_ablate()) { /* timing runs only: wrong results */
+        case 1:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 1>(st, A, grid);
+        case 2:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 2>(st, A, grid);
+        case 4:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 4>(st, A, grid);
+        case 8:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 8>(st, A, grid);
+        case 16:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 16>(st, A, grid);
+        case 24:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 24>(st, A, grid);
+        case 6:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 6>(st, A, grid);
+        default:
+            break;
+        }
+    }
+    if constexpr (BN == 64 && MODE != TC_BF16) {
+        switch (tc_shape64()) {
+        case 1:
+            return tc_launch_shape<MODE, SS, 64, 8, 1, 4>(st, A, grid);
+        case 2:
+            return tc_launch_shape<MODE, SS, 64, 2, 4, 4>(st, A, grid);
+        case 3:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 6>(st, A, grid);
+        case 4:
+            return tc_launch_shape<MODE, SS, 64, 4, 2, 3>(st, A, grid);
+        default:
+            break;
+        }
+    }
+    if (tc_lean_on())
+        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>()>(st, A, grid);
+    else
+        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>(), false>(st, A, grid);
 }
 
 template <int MODE, int SS, int DIG, int BN>
