@@ -495,10 +495,7 @@ template <int MT, int NT> struct tc_fold_raw {
     }
 };
 
-/* ABL (ablation, for timing runs only; 0 in every real call, wrong results otherwise) leaves a
- * stage out: 1 the fold's scale / bias / x-sum loads, 2 the MMAs, 4 the x fragments' shared-memory
- * loads, 8 the x tile's copies, 16 the W tile's copies. */
-template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true, int ABL = 0>
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true>
 __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
     using G = tc_geom<MODE, SS>;
     using SM = tc_layout<MODE, SS, BN, STAGES>;
@@ -517,7 +514,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     tc_lean<MODE, SS, BN> L;
     if constexpr (LEAN) L.init(A, B, tid);
     auto issue_w = [&](int kc, int slot) {
-        if (ABL & 16) return;
         if constexpr (LEAN)
             L.issue_w(smem + slot * SM::STAGE, kc, A.cols);
         else
@@ -525,7 +521,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     };
     /* x tile (hi, lo) of chunk kc: always inside the padded buffers */
     auto issue_x = [&](int kc, int slot) {
-        if (ABL & 8) return;
         if constexpr (LEAN) {
             L.issue_x(smem + slot * SM::STAGE + SM::W, kc);
             return;
@@ -563,7 +558,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     /* one group ahead where registers allow (up to 8 tiles a warp); else at the span's start */
     constexpr bool AHEAD = MT * NT <= 8;
     tc_fold_raw<MT, NT> nf = {};
-    if constexpr (LEAN && QUANT && AHEAD && !(ABL & 1))
+    if constexpr (LEAN && QUANT && AHEAD)
         nf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
 
     tc_fold_raw<MT, NT> cf = {}; /* the group folded at the end of this span (LEAN) */
@@ -581,7 +576,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             const int cend = c0 + (sp + 1) * 16 * SS;
             const bool fold = QUANT && (cend & (A.group - 1)) == 0; /* group: a power of 2 */
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {};
-            if (LEAN && fold && !(ABL & 1)) {
+            if (LEAN && fold) {
                 /* decoded after the span's MMAs (below); the next group's loads are issued now
                  * and used at the next fold: a group's MMAs cover their latency */
                 if constexpr (AHEAD) {
@@ -591,10 +586,6 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                 } else {
                     cf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, (cend >> glog) - 1);
                 }
-            } else if (fold && (ABL & 1)) {
-                for (int mi = 0; mi < MT; mi++)
-                    fs[mi][0] = fs[mi][1] = fb[mi][0] = fb[mi][1] = 1.0f;
-                for (int ni = 0; ni < NT; ni++) fx[ni][0] = fx[ni][1] = 1.0f;
             } else if (fold) {
                 const int gi = cend / A.group - 1;
                 tc_group_scales<MT>(fs, fb, A, B, mrow, g, gi);
@@ -610,13 +601,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
 #pragma unroll
                 for (int ni = 0; ni < NT; ni++) {
                     const char *p = Xs + (ntok + 8 * ni + g) * G::XS + (run + 8 * pr) * 2;
-                    if (ABL & 4) {
-                        bh[ni] = make_uint4(lane, ni, pr, it);
-                        bl[ni] = make_uint4(it, lane, ni, pr);
-                    } else {
-                        bh[ni] = *(const uint4 *)p;
-                        bl[ni] = *(const uint4 *)(p + 128);
-                    }
+                    bh[ni] = *(const uint4 *)p;
+                    bl[ni] = *(const uint4 *)(p + 128);
                 }
                 uint4 ab[MT][2]; /* bf16 A: 8 columns of both rows */
                 if constexpr (!QUANT)
@@ -660,10 +646,8 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                             const uint32_t h1 = st == 0 ? bh[ni].y : bh[ni].w;
                             const uint32_t l0 = st == 0 ? bl[ni].x : bl[ni].z;
                             const uint32_t l1 = st == 0 ? bl[ni].y : bl[ni].w;
-                            if constexpr ((ABL & 2) != 0) {
-                                accg[mi][ni][0] += __uint_as_float(
-                                    (a[mi][0] ^ a[mi][2] ^ h0 ^ h1 ^ l0 ^ l1) & 0x007fffffu);
-                            } else if constexpr (LEAN) {
+                            if constexpr (LEAN) {
+                                (void)l0, (void)l1;
                                 tc_mma<QUANT>(QUANT ? accg[mi][ni] : acc[mi][ni], a[mi], h0, h1);
                             } else if constexpr (QUANT) {
                                 tc_mma<true>(accg[mi][ni], a[mi], h0, h1);
@@ -675,7 +659,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                         }
                     /* LEAN: the lo products after every hi product of the step, so dependent
                      * MMAs sit MT * NT apart; into their own sums where registers allow */
-                    if constexpr (LEAN && (ABL & 2) == 0)
+                    if constexpr (LEAN)
 #pragma unroll
                         for (int mi = 0; mi < MT; mi++)
 #pragma unroll
@@ -689,7 +673,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                             }
                 }
             }
-            if (LEAN && fold && !(ABL & 1)) {
+            if (LEAN && fold) {
 #pragma unroll
                 for (int mi = 0; mi < MT; mi++)
 #pragma unroll
@@ -1243,25 +1227,22 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     return n >= 2 && n <= 64 && (long long)w->rows * w->cols <= tc_dense_small();
 }
 
-template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true, int ABL = 0>
+template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true>
 static void tc_launch_shape(kcu_state *st, const tc_args &A, dim3 grid) {
     const size_t smem = tc_layout<MODE, SS, BN, S>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ABL>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ABL>), grid, TC_THREADS, smem, A);
+    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN>), grid, TC_THREADS, smem, A);
     KCU_LAUNCHED(st);
 }
 
-/* Other warp layouts / pipeline depths of the 64-token block on codes, for A/B runs on the GPU:
- * KILN_CUDA_TC_SHAPE64 = 1: warps 8 x 1 (a warp: 16 rows x 64 tokens), 2: 2 x 4 (64 rows x 16
- * tokens), 3: 4 x 2 with 6 stages, 4: 4 x 2 with 3 stages; 0 (default): 4 x 2, 4 stages. */
-static int g_tc_shape64 = -1, g_tc_ablate = -1, g_tc_lean = -1;
+static int g_tc_lean = -1;
 /* KILN_CUDA_TC_LEAN=0: the main loop that works out copy addresses and fold operands per chunk
  * (before the nineteenth session), for A/B runs */
 static bool tc_lean_on(void) {
@@ -1271,59 +1252,10 @@ static bool tc_lean_on(void) {
     }
     return g_tc_lean != 0;
 }
-/* KILN_CUDA_TC_ABLATE: the 64-token block with a stage left out (k_tc_gemm's ABL; timing only) */
-static int tc_ablate(void) {
-    if (g_tc_ablate < 0) {
-        const char *e = getenv("KILN_CUDA_TC_ABLATE");
-        g_tc_ablate = e && *e ? atoi(e) : 0;
-    }
-    return g_tc_ablate;
-}
-static int tc_shape64(void) {
-    if (g_tc_shape64 < 0) {
-        const char *e = getenv("KILN_CUDA_TC_SHAPE64");
-        g_tc_shape64 = e && *e ? atoi(e) : 0;
-    }
-    return g_tc_shape64;
-}
 
 template <int MODE, int SS, int BN>
 static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
     using C = tc_cfg<BN>;
-    if constexpr (BN == 64) {
-        switch (tc_ablate()) { /* timing runs only: wrong results */
-        case 1:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 1>(st, A, grid);
-        case 2:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 2>(st, A, grid);
-        case 4:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 4>(st, A, grid);
-        case 8:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 8>(st, A, grid);
-        case 16:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 16>(st, A, grid);
-        case 24:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 24>(st, A, grid);
-        case 6:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 4, true, 6>(st, A, grid);
-        default:
-            break;
-        }
-    }
-    if constexpr (BN == 64 && MODE != TC_BF16) {
-        switch (tc_shape64()) {
-        case 1:
-            return tc_launch_shape<MODE, SS, 64, 8, 1, 4>(st, A, grid);
-        case 2:
-            return tc_launch_shape<MODE, SS, 64, 2, 4, 4>(st, A, grid);
-        case 3:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 6>(st, A, grid);
-        case 4:
-            return tc_launch_shape<MODE, SS, 64, 4, 2, 3>(st, A, grid);
-        default:
-            break;
-        }
-    }
     if (tc_lean_on())
         tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>()>(st, A, grid);
     else
