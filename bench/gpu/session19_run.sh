@@ -7,7 +7,8 @@
 # Compute on one k_tc_gemm launch (q4g64 14336x4096, n=64): stall reasons as metrics and the
 # SASS lines with the most stall samples ($OUT/ncu_*.txt); then `kiln bench` batch 64 of the 8B
 # in bf16 and q4 (default, and with --fast-math) and the per-op profile of the q4 batch-64 step.
-# PART=2: the kernel variants written after PART=1 (see docs/gpu.md "Nineteenth session").
+# PART=2: the kernel as changed after PART=1's profile: tests, micro A/B, the 8B at batch 64 / 16 in
+# 4- and 8-bit and bf16 on cuBLAS or the tensor-core GEMM. PART=3: PART=2 cut to ~280 s.
 LIMIT=${LIMIT:-540}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -98,5 +99,23 @@ if [ "$PART" = 2 ]; then
     m=llama-3-8b
     left 50 && echo "$m batch 64 (prefill decode tok/s): default $(bench_tok_s $m 64 128 32)" \
         "| bf16 on the tc GEMM $(bench_tok_s $m 64 128 32 KILN_CUDA_TC_DENSE_SMALL=100000000000)"
+fi
+if [ "$PART" = 3 ]; then
+    # PART=2 cut to fit ~280 s: the first test_tc_gemm / test_tc_fused pass and test_parity_cuda,
+    # the micro A/B on the 8B's largest matrix, then batch 64 of the 8B in 4-bit
+    models_converted_in_background llama-3-8b:4
+    build_kiln
+    build_gpu_bench
+    stamp "tests"
+    TEST_TIMEOUT=75 run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm,test_tc_fused" \
+        "test_parity_cuda"
+    grep -E "^group " /tmp/test_cuda_ops*test_tc_gemm*.log
+    cp /tmp/test_cuda_ops*test_tc_gemm*.log "${OUT:-/tmp}/test_tc.log" 2>/dev/null
+    stamp "codes GEMM: lean loop vs old"
+    lean_ab "q4g64 q8g64 bf16" "14336x4096" "8 64"
+    wait $MODELS
+    m=llama-3-8b-q4
+    left 35 && echo "$m batch 64 (prefill decode tok/s): default $(bench_tok_s $m 64 128 32)" \
+        "| KILN_CUDA_TC_LEAN=0 $(bench_tok_s $m 64 128 32 KILN_CUDA_TC_LEAN=0)"
 fi
 stamp "end"
