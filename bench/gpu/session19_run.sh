@@ -3,10 +3,12 @@
 # ~40 TFLOP/s at 64 tokens (Llama-3-8B quantized batch 64 is 0.51x llama.cpp), and the batch-64
 # baselines it is measured against.
 # PART=1: build; Llama-3-8B (random bf16, then q4g64 by kiln convert) made in the background;
-# the codes GEMM at 64 tokens on the 8B's shapes under forced block shapes / splits; Nsight
-# Compute on one k_tc_gemm launch (q4g64 14336x4096, n=64): stall reasons as metrics and the
-# SASS lines with the most stall samples ($OUT/ncu_*.txt); then `kiln bench` batch 64 of the 8B
-# in bf16 and q4 (default, and with --fast-math) and the per-op profile of the q4 batch-64 step.
+# test_cuda_ops' tensor-core groups; the GEMM with the lean main loop (default) against the old
+# one (KILN_CUDA_TC_LEAN=0) on the 8B's shapes at 8 / 64 / 512 tokens, forced block shapes /
+# splits; Nsight Compute on one k_tc_gemm launch (q4g64 14336x4096, n=64): stall reasons as
+# metrics and the SASS lines with the most stall samples ($OUT/ncu_*); then `kiln bench` batch
+# 64 of the 8B in q4 (lean / old) and bf16 (cuBLAS / the tensor-core GEMM) and the per-op
+# profile of the q4 batch-64 step.
 # PART=2: the kernel as changed after PART=1's profile: tests, micro A/B, the 8B at batch 64 / 16 in
 # 4- and 8-bit and bf16 on cuBLAS or the tensor-core GEMM. PART=3: PART=2 cut to ~280 s.
 LIMIT=${LIMIT:-540}
