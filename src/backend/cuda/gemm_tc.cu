@@ -453,47 +453,49 @@ template <int MODE, int SS, int BN> struct tc_lean {
     }
 };
 
-/* The fold's operands of group gi for the thread's rows and tokens (LEAN kernels), loaded one
- * group ahead and kept as loaded (raw bits: f16 / bf16 / f32 scales and biases, f32 x sums) until
- * the fold decodes them, so no instruction waits on the loads until then (converting at load time
- * made each prefetch wait for its own loads: ncu, H100, nineteenth session). Scales and biases of
- * rows mrow + 16 mi + g + 8 h, x sums of tokens 2t + h of each n tile; zeros past the matrix or
- * the groups. */
-template <int MT, int NT> struct tc_fold_raw {
-    uint32_t s[MT][2], b[MT][2]; /* scale / bias bits */
-    float x[NT][2];              /* x sums */
-
-    __device__ __forceinline__ void load(const tc_args &A, const tc_block &B, int mrow, int tok,
-                                         int g, int gpr, int ngp, int gi) {
-        const int64_t srow = (B.wrow0 + mrow + g) * gpr + gi;
-        const bool gok = gi < gpr, f32 = A.sdt == KILN_DT_F32;
+/* The fold's operands of group gi for the thread's rows and tokens (LEAN kernels): scales and
+ * biases of rows mrow + 16 mi + g + 8 h, x sums of tokens 2t + h of each n tile; zeros past the
+ * matrix or the groups. The dtype branch is taken once per group, not per load. Loaded one group
+ * ahead of the fold that uses them. (Keeping them raw until the fold, so no conversion waits on
+ * the loads, measured slower: 142 against 117 us at 64 tokens on an H100.) */
+template <int MT, int NT>
+__device__ __forceinline__ void
+tc_fold_operands(float (&fs)[MT][2], float (&fb)[MT][2], float (&fx)[NT][2], const tc_args &A,
+                 const tc_block &B, int mrow, int tok, int g, int gpr, int ngp, int gi) {
+    const int64_t srow = (B.wrow0 + mrow + g) * gpr + gi;
+    const bool gok = gi < gpr;
+    if (A.sdt == KILN_DT_F32) {
+        const float *sp = (const float *)B.M->scales, *bp = (const float *)B.M->qbias;
 #pragma unroll
         for (int mi = 0; mi < MT; mi++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const bool ok = gok && B.row0 + mrow + 16 * mi + g + 8 * h < B.rows;
                 const int64_t k = srow + (int64_t)(16 * mi + 8 * h) * gpr;
-                s[mi][h] = !ok   ? 0u
-                           : f32 ? ((const uint32_t *)B.M->scales)[k]
-                                 : ((const uint16_t *)B.M->scales)[k];
-                b[mi][h] = !ok   ? 0u
-                           : f32 ? ((const uint32_t *)B.M->qbias)[k]
-                                 : ((const uint16_t *)B.M->qbias)[k];
+                fs[mi][h] = ok ? sp[k] : 0.0f;
+                fb[mi][h] = ok ? bp[k] : 0.0f;
             }
-        const float *xs = A.xsum + (int64_t)tok * ngp + gi;
-        const bool xok = gi < ngp; /* the load after a row's last group reads nothing */
+    } else {
+        const uint16_t *sp = (const uint16_t *)B.M->scales, *bp = (const uint16_t *)B.M->qbias;
+        const bool bf = A.sdt == KILN_DT_BF16;
 #pragma unroll
-        for (int ni = 0; ni < NT; ni++)
+        for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) x[ni][h] = xok ? xs[(int64_t)(8 * ni + h) * ngp] : 0.0f;
+            for (int h = 0; h < 2; h++) {
+                const bool ok = gok && B.row0 + mrow + 16 * mi + g + 8 * h < B.rows;
+                const int64_t k = srow + (int64_t)(16 * mi + 8 * h) * gpr;
+                const uint16_t sv = ok ? sp[k] : 0, bv = ok ? bp[k] : 0;
+                fs[mi][h] = bf ? kcu_bf16(sv) : kcu_f16(sv);
+                fb[mi][h] = bf ? kcu_bf16(bv) : kcu_f16(bv);
+            }
     }
-    /* a scale or bias as a float */
-    __device__ __forceinline__ static float decode(uint32_t v, int sdt) {
-        return sdt == KILN_DT_F32    ? __uint_as_float(v)
-               : sdt == KILN_DT_BF16 ? kcu_bf16((uint16_t)v)
-                                     : kcu_f16((uint16_t)v);
-    }
-};
+    const float *xs = A.xsum + (int64_t)tok * ngp + gi;
+    const bool xok = gi < ngp; /* the load after a row's last group reads nothing */
+#pragma unroll
+    for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) fx[ni][h] = xok ? xs[(int64_t)(8 * ni + h) * ngp] : 0.0f;
+}
 
 template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true>
 __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
@@ -540,9 +542,10 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     const int g = lane >> 2, t = lane & 3;
     const int mrow = wm * MT * 16, ntok = wn * NT * 8;
 
-    /* accg: the group's sums (quantized); acc2 (LEAN, up to 8 tiles a warp): the lo products'
-     * sums (the group's, quantized), so the hi and lo MMAs of a tile do not wait on each other */
-    constexpr bool SPLITACC = LEAN && MT * NT <= 8;
+    /* accg: the group's sums (quantized); acc2 (bf16 W, LEAN, up to 8 tiles a warp): the lo
+     * products' sums, so a tile's hi and lo MMAs do not wait on each other (bf16 n=64 98.7 ->
+     * 94.2 us on an H100; on codes the same measured no faster) */
+    constexpr bool SPLITACC = LEAN && !QUANT && MT * NT <= 8;
     float acc[MT][NT][4], accg[MT][NT][4], acc2[MT][NT][4];
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)
@@ -555,13 +558,13 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     const int glog = QUANT ? __ffs(A.group) - 1 : 0;
     const int gpr = A.cols >> glog, ngp = A.cols_pad >> glog;
     int gnext = (kc0 * TC_BK) >> glog; /* a split starts on a group */
-    /* one group ahead where registers allow (up to 8 tiles a warp); else at the span's start */
+    /* ahead where registers allow (up to 8 tiles a warp: BN <= 64); 128-token blocks, which
+     * spilled with the extra 24 registers, load them at the span's start as before */
     constexpr bool AHEAD = MT * NT <= 8;
-    tc_fold_raw<MT, NT> nf = {};
+    float ns[MT][2] = {}, nb[MT][2] = {}, nx[NT][2] = {};
     if constexpr (LEAN && QUANT && AHEAD)
-        nf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
+        tc_fold_operands<MT, NT>(ns, nb, nx, A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
 
-    tc_fold_raw<MT, NT> cf = {}; /* the group folded at the end of this span (LEAN) */
     for (int it = 0; it < nk; it++) {
         tc_pipeline_next<STAGES>(it, kc0, nk, issue_w, issue_x);
         const char *Ws = smem + (it % STAGES) * SM::STAGE;
@@ -576,16 +579,22 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             const int cend = c0 + (sp + 1) * 16 * SS;
             const bool fold = QUANT && (cend & (A.group - 1)) == 0; /* group: a power of 2 */
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {};
-            if (LEAN && fold) {
-                /* decoded after the span's MMAs (below); the next group's loads are issued now
-                 * and used at the next fold: a group's MMAs cover their latency */
-                if constexpr (AHEAD) {
-                    cf = nf;
-                    gnext++;
-                    nf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
-                } else {
-                    cf.load(A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, (cend >> glog) - 1);
-                }
+            if (LEAN && !AHEAD && fold) {
+                tc_fold_operands<MT, NT>(fs, fb, fx, A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp,
+                                         (cend >> glog) - 1);
+            } else if (LEAN && fold) {
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) fs[mi][h] = ns[mi][h], fb[mi][h] = nb[mi][h];
+#pragma unroll
+                for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) fx[ni][h] = nx[ni][h];
+                gnext++;
+                /* issued now, used at the next fold: a group's MMAs cover their latency */
+                tc_fold_operands<MT, NT>(ns, nb, nx, A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp,
+                                         gnext);
             } else if (fold) {
                 const int gi = cend / A.group - 1;
                 tc_group_scales<MT>(fs, fb, A, B, mrow, g, gi);
@@ -646,9 +655,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                             const uint32_t h1 = st == 0 ? bh[ni].y : bh[ni].w;
                             const uint32_t l0 = st == 0 ? bl[ni].x : bl[ni].z;
                             const uint32_t l1 = st == 0 ? bl[ni].y : bl[ni].w;
-                            if constexpr (LEAN) {
+                            if constexpr (LEAN && !QUANT) { /* lo products below */
                                 (void)l0, (void)l1;
-                                tc_mma<QUANT>(QUANT ? accg[mi][ni] : acc[mi][ni], a[mi], h0, h1);
+                                tc_mma<false>(acc[mi][ni], a[mi], h0, h1);
                             } else if constexpr (QUANT) {
                                 tc_mma<true>(accg[mi][ni], a[mi], h0, h1);
                                 tc_mma<true>(accg[mi][ni], a[mi], l0, l1);
@@ -657,34 +666,19 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                                 tc_mma<false>(acc[mi][ni], a[mi], l0, l1);
                             }
                         }
-                    /* LEAN: the lo products after every hi product of the step, so dependent
-                     * MMAs sit MT * NT apart; into their own sums where registers allow */
-                    if constexpr (LEAN)
+                    /* bf16 W, LEAN: the lo products after every hi product of the step, so
+                     * dependent MMAs sit MT * NT apart, into their own sums where registers
+                     * allow */
+                    if constexpr (LEAN && !QUANT)
 #pragma unroll
                         for (int mi = 0; mi < MT; mi++)
 #pragma unroll
                             for (int ni = 0; ni < NT; ni++) {
                                 const uint32_t l0 = st == 0 ? bl[ni].x : bl[ni].z;
                                 const uint32_t l1 = st == 0 ? bl[ni].y : bl[ni].w;
-                                float(&d)[4] = SPLITACC ? acc2[mi][ni]
-                                               : QUANT  ? accg[mi][ni]
-                                                        : acc[mi][ni];
-                                tc_mma<QUANT>(d, a[mi], l0, l1);
+                                tc_mma<false>(SPLITACC ? acc2[mi][ni] : acc[mi][ni], a[mi], l0, l1);
                             }
                 }
-            }
-            if (LEAN && fold) {
-#pragma unroll
-                for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        fs[mi][h] = tc_fold_raw<MT, NT>::decode(cf.s[mi][h], A.sdt);
-                        fb[mi][h] = tc_fold_raw<MT, NT>::decode(cf.b[mi][h], A.sdt);
-                    }
-#pragma unroll
-                for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) fx[ni][h] = cf.x[ni][h];
             }
             if (fold) {
 #pragma unroll
@@ -694,18 +688,16 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
                             float &e = accg[mi][ni][i];
-                            const float sum = SPLITACC ? e + acc2[mi][ni][i] : e;
                             acc[mi][ni][i] =
-                                fmaf(fs[mi][i >> 1], sum,
+                                fmaf(fs[mi][i >> 1], e,
                                      fmaf(fb[mi][i >> 1], fx[ni][i & 1], acc[mi][ni][i]));
                             e = 0.0f;
-                            if (SPLITACC) acc2[mi][ni][i] = 0.0f;
                         }
             }
         }
     }
     tc_cp_wait<0>(); /* nothing in flight at exit (the trailing groups are empty) */
-    if constexpr (SPLITACC && !QUANT)
+    if constexpr (SPLITACC)
 #pragma unroll
         for (int mi = 0; mi < MT; mi++)
 #pragma unroll
