@@ -61,13 +61,17 @@ bench_tok_s() { # model batch prompt gen [VAR=value ...]: "prefill decode" tok/s
         --batch "$b" --runs 2 --json --quiet 2>&1 |
         grep -oE '"(prefill|decode)_tok_s":[0-9.]*' | cut -d: -f2 | tr '\n' ' '
 }
-batch1_profile() { # model: the per-op profile of a batch-1 decode (KILN_CUDA_PROFILE=1), when
-    # more than 40 s of LIMIT are left
-    left 40 || return 0
-    stamp "profile: $1 batch 1"
-    KILN_CUDA_PROFILE=1 timeout 40 "$B/kiln" bench --device cuda --model "$M/$1" --prompt 16 \
-        --gen 8 --runs 1 2>&1 | grep -vE "^\s*$" | tail -25 | cut -c1-150
+op_profile() { # model batch [seconds]: the per-op profile (KILN_CUDA_PROFILE=1) of a decode at
+    # that batch (prompt 16 at batch 1, else 128), when more than that many s (40) of LIMIT are left
+    local secs=${3:-40} prompt=128
+    [ "$2" = 1 ] && prompt=16
+    left "$secs" || return 0
+    stamp "profile: $1 batch $2"
+    KILN_CUDA_PROFILE=1 timeout "$secs" "$B/kiln" bench --device cuda --model "$M/$1" \
+        --prompt $prompt --gen 8 --batch "$2" --runs 1 2>&1 | grep -vE "^\s*$" | tail -28 |
+        cut -c1-150
 }
+batch1_profile() { op_profile "$1" 1; } # model: op_profile at batch 1
 run_test() { # test [VAR=value ...]: its summary line and first failures; the log stays in /tmp
     local t=$1
     shift

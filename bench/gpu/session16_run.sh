@@ -125,12 +125,7 @@ else
         "KILN_CUDA_FUSE_WEIGHTS=1 $(bench_tok_s llama-3-8b 1 512 1 KILN_CUDA_FUSE_WEIGHTS=1)"
     left 90 && echo "llama-3-8b --kv f32 batch 1 context 8192 decode tok/s: new" \
         "$(ctx llama-3-8b f32 1) | KILN_CUDA_ATT_SHORT=512 $(ctx llama-3-8b f32 1 KILN_CUDA_ATT_SHORT=512)"
-    if left 60; then
-        stamp "profile: llama-3-8b bf16 batch 64"
-        KILN_CUDA_PROFILE=1 timeout 60 "$B/kiln" bench --device cuda --model "$M/llama-3-8b" \
-            --prompt 128 --gen 8 --batch 64 --runs 1 2>&1 | grep -vE "^\s*$" | tail -30 |
-            cut -c1-150
-    fi
+    op_profile llama-3-8b 64 60
     if left 40; then # the codes GEMM at 64 tokens: 96-112 blocks of 8 warps (ncu, 15th session)
         build_gpu_bench
         KILN_BENCH_TC_FMTS="q4g64 q8g64 bf16" KILN_BENCH_TC_SHAPES="6144x4096 14336x4096 4096x14336" \

@@ -70,12 +70,7 @@ if [ "$PART" = 1 ]; then
     m=llama-3-8b
     left 70 && echo "$m batch 64 (prefill decode tok/s): default $(bench_tok_s $m 64 128 32)" \
         "| bf16 on the tc GEMM $(bench_tok_s $m 64 128 32 KILN_CUDA_TC_DENSE_SMALL=100000000000)"
-    if left 45; then
-        stamp "profile: llama-3-8b-q4 batch 64"
-        KILN_CUDA_PROFILE=1 timeout 45 "$B/kiln" bench --device cuda --model "$M/llama-3-8b-q4" \
-            --prompt 128 --gen 8 --batch 64 --runs 1 2>&1 | grep -vE "^\s*$" | tail -24 |
-            cut -c1-150
-    fi
+    op_profile llama-3-8b-q4 64 45
 fi
 if [ "$PART" = 2 ]; then
     # the lean loop with the fold's operands kept raw until the fold and the lo products in their
