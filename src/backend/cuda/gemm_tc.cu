@@ -394,10 +394,11 @@ __device__ __forceinline__ void tc_reduce_last(const tc_args &A, const tc_block 
     }
 }
 
-/* The lean main loop's per-thread state (LEAN kernels): everything a chunk's copies and a group's
- * fold need that does not change over the call, worked out once, so that a chunk costs its MMAs,
- * fragment loads and conversions plus a few adds (the loop that recomputed these per chunk ran
- * ~1100 PTX instructions per 64 MMAs of a warp at 64 tokens: issue-bound, not tensor-bound).
+/* The lean main loop's per-thread copy state (LEAN kernels): what a chunk's W and x copies need
+ * that does not change over the call, worked out once, so that a chunk costs its MMAs, fragment
+ * loads and conversions plus a few adds (the loop that recomputed it per chunk, with divisions
+ * and a dtype branch per scale load, ran ~1100 PTX instructions per 64 MMAs of a warp at 64
+ * tokens: issue-bound, not tensor-bound).
  * A thread's W pieces are i = tid + 256 k: row tid / SEGS + k * (256 / SEGS), segment tid % SEGS
  * (the same for every k); its x pieces likewise token tid / 16 + 16 k, segment tid % 16. */
 template <int MODE, int SS, int BN> struct tc_lean {
