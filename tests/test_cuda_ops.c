@@ -433,6 +433,44 @@ static void test_tc_gemm_int8_fast(void) {
               kiln_cuda_tc_gemm_launches() - l0, k);
 }
 
+/* The f16 kernels in fast mode (--fast-math): the hi product only, x to 11 bits against codes
+ * (f16 after a power-of-two scale) and 8 against bf16 W, so within 3e-3 / 1e-2 of the f32 product
+ * (the emulator: 1.7e-4-6.7e-4 / 1.5e-3, each y inside its rounding bound); 4/8-bit codes at every
+ * group and scale dtype and bf16 W, n across the block shapes, forced split-K. */
+static void test_tc_gemm_fast(void) {
+    static const int64_t ns[] = {2, 9, 17, 64, 130};
+    const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
+    const long long l0 = kiln_cuda_tc_gemm_launches();
+    int k = 0;
+    kiln_cuda_set_gemm_split(0);
+    for (int b = 4; b <= 16; b += 4) {
+        if (b == 12) continue;
+        for (int g = 32; g <= (b == 16 ? 32 : 128); g *= 2) {
+            test_matrix m;
+            const kiln_dtype sdt = sdts[k % 3];
+            if (b == 16)
+                make_dense(&m, KILN_DT_BF16, 300, 2056, true);
+            else
+                make_quant(&m, b, g, sdt, 300, 2048 + g, g == 64);
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+                char label[96];
+                snprintf(label, sizeof label, "tc fast %s%d g%d/%s splits=%d", b == 16 ? "bf" : "q",
+                         b, b == 16 ? 0 : g, b == 16 ? "-" : kiln_dtype_name(sdt), (int)(i % 3));
+                kiln_cuda_set_tc_gemm(2, -1, 0, (int)(i % 3));
+                g_matmul_tol = b == 16 ? 1e-2 : 3e-3;
+                check_matmul_x(&m, ns[i], label, 0, i % 2 == 0);
+                g_matmul_tol = 0;
+                k++;
+            }
+            free_matrix(&m);
+        }
+    }
+    kiln_cuda_set_gemm_split(1);
+    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
+    CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == k, "tc fast gemm ran %lld of %d calls",
+              kiln_cuda_tc_gemm_launches() - l0, k);
+}
+
 /* matmul_multi and the fused ops (norm, add, norm + GLU) on the tensor-core GEMM at n = 2..64,
  * against the references in order, at the GEMV's tolerance. */
 static void test_tc_fused(void) {
@@ -2452,6 +2490,7 @@ int main(void) {
     RUN(test_gemv_bf16_rows());
     RUN(test_tc_gemm());
     RUN(test_tc_fused());
+    RUN(test_tc_gemm_fast());
     /* the int8 variant for 4/8-bit weights: exact mode at the same tolerances, then fast mode */
     kiln_cuda_set_tc_int8(1);
     RUN(test_tc_gemm());

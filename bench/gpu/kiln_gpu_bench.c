@@ -243,8 +243,10 @@ static bool list_has_int(const char *list, int64_t v) {
 
 /* The tensor-core GEMM (gemm_tc.cu) at one shape: n = 1, 8, 64, 512 with its default block shape
  * and split ([tc]; n = 1 forced onto it), a few forced block shapes / splits, its int8 variant for
- * quantized weights in exact and fast mode ([int8], [int8 fast]; gemm_tc_int8.cuh), and the path
- * it replaces ([old]: KILN_CUDA_TC_GEMM=0 — GEMV / dp4a for n <= 8, cuBLAS precise split above):
+ * quantized weights in exact and fast mode ([int8], [int8 fast]; gemm_tc_int8.cuh), its one-product
+ * fast mode ([tc fast]), what fast mode runs by default ([default fast]: dequantize + cuBLAS from
+ * 32 tokens), and the path it replaces ([old]: KILN_CUDA_TC_GEMM=0 — GEMV / dp4a for n <= 8,
+ * cuBLAS precise split above; [old fast] the same in fast mode):
  * µs, GB/s of the matrix's bytes and % of copy, and TFLOP/s (2 n rows cols) for n >= 64. */
 static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
     hmat h = make_host(fmt, rows, cols);
@@ -259,21 +261,24 @@ static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
         }
     static const struct {
         const char *name;
-        int mode, bn, splits, int8; /* int8: 1 exact, 2 fast */
-    } variants[] = {{"tc", 2, 0, 0, 0},
-                    {"tc bn=8", 2, 8, 0, 0},
-                    {"tc bn=16", 2, 16, 0, 0},
-                    {"tc bn=64", 2, 64, 0, 0},
-                    {"tc bn=128", 2, 128, 0, 0},
-                    {"tc splits=1", 2, 0, 1, 0},
-                    {"tc splits=2", 2, 0, 2, 0},
-                    {"tc splits=3", 2, 0, 3, 0},
-                    {"tc splits=4", 2, 0, 4, 0},
-                    {"tc splits=6", 2, 0, 6, 0},
-                    {"tc bn=16 splits=2", 2, 16, 2, 0},
-                    {"int8", 2, 0, 0, 1},
-                    {"int8 fast", 2, 0, 0, 2},
-                    {"old", 0, 0, 0, 0}};
+        int mode, bn, splits, int8, fast; /* fast: --fast-math (one product / one digit) */
+    } variants[] = {{"tc", 2, 0, 0, 0, 0},
+                    {"tc bn=8", 2, 8, 0, 0, 0},
+                    {"tc bn=16", 2, 16, 0, 0, 0},
+                    {"tc bn=64", 2, 64, 0, 0, 0},
+                    {"tc bn=128", 2, 128, 0, 0, 0},
+                    {"tc splits=1", 2, 0, 1, 0, 0},
+                    {"tc splits=2", 2, 0, 2, 0, 0},
+                    {"tc splits=3", 2, 0, 3, 0, 0},
+                    {"tc splits=4", 2, 0, 4, 0, 0},
+                    {"tc splits=6", 2, 0, 6, 0, 0},
+                    {"tc bn=16 splits=2", 2, 16, 2, 0, 0},
+                    {"int8", 2, 0, 0, 1, 0},
+                    {"int8 fast", 2, 0, 0, 1, 1},
+                    {"tc fast", 2, 0, 0, 0, 1},
+                    {"default fast", 1, 0, 0, 0, 1},
+                    {"old fast", 0, 0, 0, 0, 1},
+                    {"old", 0, 0, 0, 0, 0}};
     const bool quant = kiln_matrix_is_quantized(&h.host);
     const int64_t ns[] = {1, 8, 64, 512};
     /* env KILN_BENCH_TC_NS ("8 64") and KILN_BENCH_TC_VARIANTS (",tc,old,": names between
@@ -294,7 +299,7 @@ static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
             if (variants[v].int8 && !quant) continue;
             kiln_cuda_set_tc_gemm(variants[v].mode, -1, bn, sp);
             kiln_cuda_set_tc_int8(variants[v].int8 ? 1 : 0);
-            kiln_cuda_set_gemm_split(variants[v].int8 == 2 ? 0 : 1);
+            kiln_cuda_set_gemm_split(!variants[v].fast);
             const int cp = n >= 64 && copies > 8 ? 8 : copies;
             double ms = time_matmul(w, cp, n, 0, n >= 64 ? 7 : 15);
             double gbs = bytes / (ms * 1e-3) / 1e9;

@@ -13,6 +13,9 @@
  *    byte or nibble is or-ed under the exponent of 1024 (0x6400) and 1024 subtracted (exact).
  *  - bf16 W: exact as stored; x in bf16 hi + lo (~16 bits, as the cuBLAS split path), both MMAs
  *    into one accumulator.
+ *  Fast mode (--fast-math; ONE kernels): the hi product only (x to 11 bits against codes, 8
+ *  against bf16 W, as the fast cuBLAS path), so half the MMAs and x copies; the fold's x sums
+ *  stay the f32 ones.
  *
  * k order. Within a step of 16 columns the MMA sums over k in any order, so each thread's A and B
  * fragments may map to whichever columns, as long as A and B agree: a thread (g = lane/4, t =
@@ -401,7 +404,7 @@ __device__ __forceinline__ void tc_reduce_last(const tc_args &A, const tc_block 
  * tokens: issue-bound, not tensor-bound).
  * A thread's W pieces are i = tid + 256 k: row tid / SEGS + k * (256 / SEGS), segment tid % SEGS
  * (the same for every k); its x pieces likewise token tid / 16 + 16 k, segment tid % 16. */
-template <int MODE, int SS, int BN> struct tc_lean {
+template <int MODE, int SS, int BN, bool ONE = false> struct tc_lean {
     using G = tc_geom<MODE, SS>;
     static constexpr int SEGS = G::WROW / 16;             /* 16-byte W pieces a row */
     static constexpr int RSTEP = TC_THREADS / SEGS;       /* rows between a thread's pieces */
@@ -416,7 +419,7 @@ template <int MODE, int SS, int BN> struct tc_lean {
     const char *x;     /* this thread's first x piece in chunk 0 (hi or lo buffer) */
     int64_t x_kstep;   /* bytes between a thread's x pieces (16 tokens) */
     int xdst;          /* first piece's byte offset in the x part of a stage */
-    bool xok;          /* BN = 8: half the threads copy no x */
+    bool xok;          /* BN = 8: half the threads copy no x; ONE: the lo half's threads none */
 
     __device__ __forceinline__ void init(const tc_args &A, const tc_block &B, int tid) {
         row_bytes = (int64_t)A.cols * G::BITS / 8;
@@ -428,7 +431,7 @@ template <int MODE, int SS, int BN> struct tc_lean {
             (int64_t)wcol * G::BITS / 8;
         wdst = wrow * G::WS + (tid % SEGS) * 16;
         const int tk = tid / 16, sg = tid % 16;
-        xok = tk < BN;
+        xok = tk < BN && (!ONE || sg < 8);
         x = (const char *)((sg < 8 ? A.xh : A.xl) +
                            (int64_t)(B.tok0 + (xok ? tk : 0)) * A.cols_pad + (sg % 8) * 8);
         x_kstep = (int64_t)16 * A.cols_pad * 2;
@@ -498,7 +501,7 @@ tc_fold_operands(float (&fs)[MT][2], float (&fb)[MT][2], float (&fx)[NT][2], con
         for (int h = 0; h < 2; h++) fx[ni][h] = xok ? xs[(int64_t)(8 * ni + h) * ngp] : 0.0f;
 }
 
-template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true>
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true, bool ONE = false>
 __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
     using G = tc_geom<MODE, SS>;
     using SM = tc_layout<MODE, SS, BN, STAGES>;
@@ -507,6 +510,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     constexpr int NT = BN / 8 / WN;     /* n8 tiles per warp */
     static_assert(WM * WN == TC_THREADS / 32 && MT >= 1 && NT >= 1, "warp layout");
     static_assert(SS == 2 || SS == 4, "span");
+    static_assert(LEAN || !ONE, "one product: lean loop only");
 
     const tc_block B = tc_block_of(A, BN);
     if (B.tok0 >= B.tok_end) return; /* expert mode: no token tile */
@@ -514,7 +518,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     char *smem = (char *)tc_sm_raw;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-    tc_lean<MODE, SS, BN> L;
+    tc_lean<MODE, SS, BN, ONE> L;
     if constexpr (LEAN) L.init(A, B, tid);
     auto issue_w = [&](int kc, int slot) {
         if constexpr (LEAN)
@@ -546,7 +550,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     /* accg: the group's sums (quantized); acc2 (bf16 W, LEAN, up to 8 tiles a warp): the lo
      * products' sums, so a tile's hi and lo MMAs do not wait on each other (bf16 n=64 98.7 ->
      * 94.2 us on an H100; on codes the same measured no faster) */
-    constexpr bool SPLITACC = LEAN && !QUANT && MT * NT <= 8;
+    constexpr bool SPLITACC = LEAN && !ONE && !QUANT && MT * NT <= 8;
     float acc[MT][NT][4], accg[MT][NT][4], acc2[MT][NT][4];
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)
@@ -612,7 +616,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                 for (int ni = 0; ni < NT; ni++) {
                     const char *p = Xs + (ntok + 8 * ni + g) * G::XS + (run + 8 * pr) * 2;
                     bh[ni] = *(const uint4 *)p;
-                    bl[ni] = *(const uint4 *)(p + 128);
+                    bl[ni] = ONE ? uint4{} : *(const uint4 *)(p + 128); /* ONE: not copied */
                 }
                 uint4 ab[MT][2]; /* bf16 A: 8 columns of both rows */
                 if constexpr (!QUANT)
@@ -661,7 +665,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                                 tc_mma<false>(acc[mi][ni], a[mi], h0, h1);
                             } else if constexpr (QUANT) {
                                 tc_mma<true>(accg[mi][ni], a[mi], h0, h1);
-                                tc_mma<true>(accg[mi][ni], a[mi], l0, l1);
+                                if constexpr (!ONE) tc_mma<true>(accg[mi][ni], a[mi], l0, l1);
                             } else {
                                 tc_mma<false>(acc[mi][ni], a[mi], h0, h1);
                                 tc_mma<false>(acc[mi][ni], a[mi], l0, l1);
@@ -670,7 +674,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                     /* bf16 W, LEAN: the lo products after every hi product of the step, so
                      * dependent MMAs sit MT * NT apart, into their own sums where registers
                      * allow */
-                    if constexpr (LEAN && !QUANT)
+                    if constexpr (LEAN && !QUANT && !ONE)
 #pragma unroll
                         for (int mi = 0; mi < MT; mi++)
 #pragma unroll
@@ -1220,18 +1224,18 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     return n >= 2 && n <= 64 && (long long)w->rows * w->cols <= tc_dense_small();
 }
 
-template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true>
+template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true, bool ONE = false>
 static void tc_launch_shape(kcu_state *st, const tc_args &A, dim3 grid) {
     const size_t smem = tc_layout<MODE, SS, BN, S>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN>), grid, TC_THREADS, smem, A);
+    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE>), grid, TC_THREADS, smem, A);
     KCU_LAUNCHED(st);
 }
 
@@ -1246,10 +1250,24 @@ static bool tc_lean_on(void) {
     return g_tc_lean != 0;
 }
 
+static int g_tc_one = -1;
+/* fast mode (--fast-math) multiplies the hi half of x only (lean loop); KILN_CUDA_TC_ONE=0 keeps
+ * both products there, for A/B runs */
+static bool tc_one_on(void) {
+    if (g_tc_one < 0) {
+        const char *e = getenv("KILN_CUDA_TC_ONE");
+        g_tc_one = e && *e ? atoi(e) != 0 : 1;
+    }
+    return g_tc_one != 0 && kcu_fast_math();
+}
+
 template <int MODE, int SS, int BN>
 static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
     using C = tc_cfg<BN>;
-    if (tc_lean_on())
+    if (tc_lean_on() && tc_one_on())
+        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>(), true, true>(st, A,
+                                                                                   grid);
+    else if (tc_lean_on())
         tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>()>(st, A, grid);
     else
         tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>(), false>(st, A, grid);
