@@ -434,9 +434,11 @@ static void test_tc_gemm_int8_fast(void) {
 }
 
 /* The f16 kernels in fast mode (--fast-math): the hi product only, x to 11 bits against codes
- * (f16 after a power-of-two scale) and 8 against bf16 W, so within 3e-3 / 1e-2 of the f32 product
- * (the emulator: 1.7e-4-6.7e-4 / 1.5e-3, each y inside its rounding bound); 4/8-bit codes at every
- * group and scale dtype and bf16 W, n across the block shapes, forced split-K. */
+ * (f16 after a power-of-two scale) and 8 against bf16 W, codes dequantized to f16 in registers
+ * (or, kiln_cuda_set_tc_dq(0), against x with the scales folded in per group), so within 3e-3 /
+ * 1e-2 of the f32 product (the emulator: 1.1e-4-6.7e-4 / 1.5e-3, each y inside its rounding
+ * bound); 4/8-bit codes at every group and scale dtype and bf16 W, n across the block shapes,
+ * forced split-K. */
 static void test_tc_gemm_fast(void) {
     static const int64_t ns[] = {2, 9, 17, 64, 130};
     const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
@@ -2491,6 +2493,9 @@ int main(void) {
     RUN(test_tc_gemm());
     RUN(test_tc_fused());
     RUN(test_tc_gemm_fast());
+    kiln_cuda_set_tc_dq(0); /* fast mode on codes with the scales folded in per group */
+    RUN(test_tc_gemm_fast());
+    kiln_cuda_set_tc_dq(-1);
     /* the int8 variant for 4/8-bit weights: exact mode at the same tolerances, then fast mode */
     kiln_cuda_set_tc_int8(1);
     RUN(test_tc_gemm());

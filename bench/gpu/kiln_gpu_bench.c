@@ -276,6 +276,8 @@ static void bench_tc(const char *fmt, int64_t rows, int64_t cols) {
                     {"int8", 2, 0, 0, 1, 0},
                     {"int8 fast", 2, 0, 0, 1, 1},
                     {"tc fast", 2, 0, 0, 0, 1},
+                    {"tc fast splits=1", 2, 0, 1, 0, 1},
+                    {"tc fast splits=2", 2, 0, 2, 0, 1},
                     {"default fast", 1, 0, 0, 0, 1},
                     {"old fast", 0, 0, 0, 0, 1},
                     {"old", 0, 0, 0, 0, 0}};

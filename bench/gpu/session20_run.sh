@@ -10,6 +10,9 @@
 # the codes GEMM up to 127 tokens (KILN_CUDA_DEQUANT_MIN_N_FAST=128) and with both products
 # (KILN_CUDA_TC_ONE=0); then the peer's bench stage (llama-bench, llama-batched-bench, kiln bench
 # in exact mode) on the 8B in q4 / q8 / bf16.
+# PART=3 (a fresh machine): the DQ kernels (fast mode's codes dequantized to f16 in registers, no
+# per-group fold, two blocks a SM at 64 tokens): tests, micro A/B against the fold, the 8B at
+# batch 64, and the peer rebuilt and run with kiln in fast mode.
 LIMIT=${LIMIT:-560}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -60,6 +63,39 @@ if [ "$PART" = 2 ]; then
     fast_ab llama-3-8b-q8 64
     fast_ab llama-3-8b-q4 16
     left 200 && SHAPES=llama-3-8b FORMATS="q4 q8 bf16" RUNS=2 KILN_PEER_STAGES=bench \
+        bash bench/peer_llamacpp_cuda.sh 2>&1 | grep -E "kiln decode|\[t=|failed|rror" |
+        cut -c1-220
+fi
+if [ "$PART" = 3 ]; then
+    # a fresh machine: fast mode's codes dequantized in registers (DQ kernels, two blocks a SM at
+    # 64 tokens), tested, timed alone and end to end, with the peer rebuilt in the same call
+    (KILN_PEER_STAGES=build bash bench/peer_llamacpp_cuda.sh >/tmp/peer_build.log 2>&1
+        echo "rc=$?" >>/tmp/peer_build.log) &
+    BUILD_PID=$!
+    models_converted_in_background llama-3-8b:4 llama-3-8b:8
+    build_kiln
+    build_gpu_bench
+    stamp "tests: test_cuda_ops test_tc_gemm_fast (DQ, then the fold), test_parity_cuda"
+    TEST_TIMEOUT=120 run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm_fast" "test_parity_cuda"
+    grep -hE "^group " /tmp/test_cuda_ops*test_tc_gemm_fast.log
+    stamp "codes GEMM in fast mode: DQ (default), DQ forced 1 / 2 splits, the fold (DQ=0)"
+    tc_micro "q4g64 q8g64" "14336x4096 4096x14336 6144x4096" "16 64" \
+        ",tc,tc fast,tc fast splits=1,tc fast splits=2,default fast,"
+    echo "KILN_CUDA_TC_DQ=0:"
+    KILN_CUDA_TC_DQ=0 tc_micro "q4g64 q8g64" "14336x4096 6144x4096" "16 64" ",tc fast,"
+    wait $BUILD_PID
+    tail -2 /tmp/peer_build.log
+    wait $MODELS
+    stamp "GGUF, Q8_0 / Q4_0 of the 8B"
+    SHAPES=llama-3-8b FORMATS="q8 q4" KILN_PEER_STAGES=models bash bench/peer_llamacpp_cuda.sh \
+        2>&1 | grep -E "\[t=|failed|rror" | cut -c1-220
+    for m in llama-3-8b-q4 llama-3-8b-q8; do
+        left 120 && echo "$m batch 64 (prefill decode tok/s): exact $(bench_tok_s $m 64 128 32)" \
+            "| fast $(bench_tok_s $m 64 128 32 KILN_MATMUL=fast)" \
+            "| fast, DQ=0 $(bench_tok_s $m 64 128 32 KILN_MATMUL=fast KILN_CUDA_TC_DQ=0)" \
+            "| fast, splits 1 $(bench_tok_s $m 64 128 32 KILN_MATMUL=fast KILN_CUDA_TC_SPLITS=1)"
+    done
+    left 75 && KILN_MATMUL=fast SHAPES=llama-3-8b FORMATS="q4 q8" RUNS=2 KILN_PEER_STAGES=bench \
         bash bench/peer_llamacpp_cuda.sh 2>&1 | grep -E "kiln decode|\[t=|failed|rror" |
         cut -c1-220
 fi

@@ -232,6 +232,10 @@ static uint32_t tc_hsub2(uint32_t a, uint32_t b) {
 static uint32_t tc_hfma2(uint32_t a, uint32_t b, uint32_t c) {
     return f16x2(a, b, c, 1);
 }
+static uint32_t tc_f2h2(float v) {
+    const uint32_t h = f_to_f16(v);
+    return h | h << 16;
+}
 template <bool F16> static void tc_split16(float v, uint16_t *hi, uint16_t *lo) {
     if (F16) {
         *hi = f_to_f16(v);
@@ -295,10 +299,16 @@ template <typename F> static void run_grid(emu_dim3 grid, int nt, F fn) {
             }
 }
 
-static bool g_one = false; /* fast mode's one-product kernels */
+static bool g_one = false, g_dq = false; /* fast mode's one-product kernels (W dequantized) */
 template <int MODE, int SS, int BN> static void run_gemm(const tc_args &A, emu_dim3 grid) {
     using C = tc_cfg<BN>;
     constexpr int S = tc_stages<MODE, BN>();
+    if constexpr (MODE != TC_BF16)
+        if (g_one && g_dq) {
+            run_grid(grid, TC_THREADS,
+                     [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S, true, true, true>(A); });
+            return;
+        }
     if (g_one)
         run_grid(grid, TC_THREADS, [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S, true, true>(A); });
     else
@@ -420,6 +430,7 @@ struct spec {
     bool norm, add, bias;
     int dig; /* the int8 variant's digits of x (1: fast mode, 3: exact), 0: the f16 kernels */
     bool one = false; /* the f16 kernels in fast mode: the hi product only */
+    bool dq = false;  /* ... with W dequantized in registers (codes only) */
 };
 
 static void check(const spec &c) {
@@ -466,7 +477,7 @@ static void check(const spec &c) {
     }
     tc_plan p;
     if (!tc_plan_make(&p, count, ws.data(), c.n, c.n_sms > 0 ? c.n_sms : 132, c.bn, c.splits,
-                      c.dig)) {
+                      c.dig, c.dq)) {
         printf("FAIL plan refused\n");
         failures++;
         return;
@@ -511,7 +522,7 @@ static void check(const spec &c) {
     else
         run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<true, false>(P); });
     const emu_dim3 grid = {(unsigned)p.tiles, (unsigned)(p.n_pad / p.bn), (unsigned)p.splits};
-    g_one = c.one;
+    g_one = c.one, g_dq = c.dq;
     if (c.dig && mode == 4 && p.group == 32)
         run_gemm_i8_dig<TC_Q4, 2>(A, grid, p.bn, c.dig);
     else if (c.dig && mode == 4)
@@ -543,7 +554,9 @@ static void check(const spec &c) {
     double worst = 0;
     /* fast mode's one product: x rounded once (f16 after a power-of-two scale against codes:
      * |error| <= 2^-11 |x|; bf16 against bf16 W: 2^-8), so each y is within that of |W| |x| summed
-     * over the MMAs' part of W, plus f32 accumulation; a dropped or doubled product is far outside */
+     * over the MMAs' part of W, plus f32 accumulation; a dropped or doubled product is far outside.
+     * W dequantized to f16 (dq): scale and bias rounded to f16 and scale q + bias once more, so
+     * |error| <= 2^-11 (|scale q| + |bias| + |W|) more per element. */
     const double unit = p.quant ? 1.0 / 2048 : 1.0 / 256;
     long outside = 0;
     for (int i = 0; i < count; i++) {
@@ -556,7 +569,8 @@ static void check(const spec &c) {
                 if (c.one)
                     for (int j = 0; j < c.cols; j++) {
                         const double xv = fabs(xr[(size_t)t * c.cols + j]);
-                        bound += fabs(hm[i].mma_part(r, j)) * xv;
+                        const double wv = hm[i].at(r, j), sq = hm[i].mma_part(r, j);
+                        bound += (c.dq ? fabs(sq) + fabs(wv - sq) + 2 * fabs(wv) : fabs(sq)) * xv;
                         mag += fabs(hm[i].at(r, j)) * xv;
                     }
                 if (hm[i].m.bias) ref += hm[i].m.bias[r];
@@ -584,6 +598,7 @@ static void check(const spec &c) {
                          : "q4  ",
            c.dig == 3   ? " int8 x3"
            : c.dig == 1 ? " int8 x1"
+           : c.dq       ? " one dq"
            : c.one      ? " one"
                         : "",
            c.bits == 16 ? 0 : c.group,
@@ -775,6 +790,13 @@ int main(int argc, char **argv) {
         {8, 64, BF, {77}, 192, 5, 8, 0, 0, true, false, true, 0, true},
         {16, 0, F16, {150}, 200, 40, 0, 0, 0, false, true, true, 0, true},
         {16, 0, F16, {70}, 136, 9, 16, 2, 0, true, false, false, 0, true},
+        /* ... with W dequantized in registers */
+        {4, 64, BF, {130}, 384, 64, 0, 0, 0, false, false, true, 0, true, true},
+        {4, 32, F16, {100, 30}, 256, 12, 0, 2, 0, true, true, false, 0, true, true},
+        {4, 128, F32, {129}, 512, 70, 0, 3, 0, false, false, true, 0, true, true},
+        {8, 128, F32, {129}, 512, 130, 0, 0, 0, false, false, false, 0, true, true},
+        {8, 64, BF, {77}, 192, 5, 8, 0, 0, true, false, true, 0, true, true},
+        {8, 32, F16, {40}, 160, 33, 0, 2, 0, false, true, false, 0, true, true},
     };
     for (int pass = 0; pass < (quick ? 1 : 2); pass++) {
         g_cp_early = pass == 1;

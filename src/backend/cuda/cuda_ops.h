@@ -137,6 +137,10 @@ void kiln_cuda_set_tc_gemm(int mode, int dense_max_n, int bn, int splits);
 /* The tensor-core GEMM's int8 variant for 4/8-bit weights (gemm_tc_int8.cuh: x as signed-byte
  * digits, mma m16n8k32 on the codes): 1 = on, 0 = off (default), < 0 = env KILN_CUDA_TC_INT8. */
 void kiln_cuda_set_tc_int8(int on);
+/* Fast mode's tensor-core GEMM on 4/8-bit codes: 1 = W dequantized in registers (scale q + bias
+ * as f16, default), 0 = codes against x with the scales folded in per group; < 0 = env
+ * KILN_CUDA_TC_DQ. */
+void kiln_cuda_set_tc_dq(int on);
 /* The tensor-core GEMM's split-K sum: 1 = by the last split inside the kernel (tc_reduce_last),
  * 0 = a k_tc_reduce launch (default), < 0 = env KILN_CUDA_TC_REDUCE. */
 void kiln_cuda_set_tc_reduce(int in_kernel);

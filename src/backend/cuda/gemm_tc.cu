@@ -154,6 +154,11 @@ __device__ __forceinline__ void tc_split16(float v, uint16_t *hi, uint16_t *lo) 
 __device__ __forceinline__ float tc_load_scale(const void *p, int64_t i, int dt) {
     return kcu_load(p, i, dt);
 }
+/* f16 pair (v, v) */
+__device__ __forceinline__ uint32_t tc_f2h2(float v) {
+    const uint32_t h = __half_as_ushort(__float2half_rn(v));
+    return h | h << 16;
+}
 #endif
 
 /* ---- the GEMM kernel ---- */
@@ -501,8 +506,36 @@ tc_fold_operands(float (&fs)[MT][2], float (&fb)[MT][2], float (&fx)[NT][2], con
         for (int h = 0; h < 2; h++) fx[ni][h] = xok ? xs[(int64_t)(8 * ni + h) * ngp] : 0.0f;
 }
 
-template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true, bool ONE = false>
-__global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
+/* Fast mode with W dequantized in registers (DQ kernels): group gi's scales and biases of the
+ * thread's rows as f16 pairs (v, v), zeros past the matrix or the groups; loaded one group ahead */
+template <int MT>
+__device__ __forceinline__ void tc_dq_operands(uint32_t (&s2)[MT][2], uint32_t (&b2)[MT][2],
+                                               const tc_args &A, const tc_block &B, int mrow, int g,
+                                               int gpr, int gi) {
+    const int64_t srow = (B.wrow0 + mrow + g) * gpr + gi;
+    const bool gok = gi < gpr;
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const bool ok = gok && B.row0 + mrow + 16 * mi + g + 8 * h < B.rows;
+            const int64_t k = srow + (int64_t)(16 * mi + 8 * h) * gpr;
+            if (A.sdt == KILN_DT_F16) { /* as stored */
+                const uint32_t sv = ok ? ((const uint16_t *)B.M->scales)[k] : 0;
+                const uint32_t bv = ok ? ((const uint16_t *)B.M->qbias)[k] : 0;
+                s2[mi][h] = sv | sv << 16, b2[mi][h] = bv | bv << 16;
+            } else {
+                s2[mi][h] = tc_f2h2(ok ? tc_load_scale(B.M->scales, k, A.sdt) : 0.0f);
+                b2[mi][h] = tc_f2h2(ok ? tc_load_scale(B.M->qbias, k, A.sdt) : 0.0f);
+            }
+        }
+}
+
+/* DQ kernels of 64 tokens fit 128 registers (no group sums): two blocks a SM */
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true, bool ONE = false,
+          bool DQ = false>
+__global__ void __launch_bounds__(TC_THREADS, (DQ && BN == 64) ? 2 : 1)
+    k_tc_gemm(const __grid_constant__ tc_args A) {
     using G = tc_geom<MODE, SS>;
     using SM = tc_layout<MODE, SS, BN, STAGES>;
     constexpr bool QUANT = G::QUANT;
@@ -511,6 +544,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
     static_assert(WM * WN == TC_THREADS / 32 && MT >= 1 && NT >= 1, "warp layout");
     static_assert(SS == 2 || SS == 4, "span");
     static_assert(LEAN || !ONE, "one product: lean loop only");
+    static_assert(!DQ || (ONE && QUANT), "W dequantized in registers: fast mode's codes only");
 
     const tc_block B = tc_block_of(A, BN);
     if (B.tok0 >= B.tok_end) return; /* expert mode: no token tile */
@@ -567,8 +601,14 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
      * spilled with the extra 24 registers, load them at the span's start as before */
     constexpr bool AHEAD = MT * NT <= 8;
     float ns[MT][2] = {}, nb[MT][2] = {}, nx[NT][2] = {};
-    if constexpr (LEAN && QUANT && AHEAD)
+    if constexpr (LEAN && QUANT && AHEAD && !DQ)
         tc_fold_operands<MT, NT>(ns, nb, nx, A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
+    /* DQ: the current group's f16 scale / bias pairs (cs, cb) and the next's (qs, qb) */
+    uint32_t cs[MT][2] = {}, cb[MT][2] = {}, qs[MT][2] = {}, qb[MT][2] = {};
+    if constexpr (DQ) {
+        tc_dq_operands<MT>(cs, cb, A, B, mrow, g, gpr, gnext);
+        tc_dq_operands<MT>(qs, qb, A, B, mrow, g, gpr, gnext + 1);
+    }
 
     for (int it = 0; it < nk; it++) {
         tc_pipeline_next<STAGES>(it, kc0, nk, issue_w, issue_x);
@@ -584,7 +624,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
             const int cend = c0 + (sp + 1) * 16 * SS;
             const bool fold = QUANT && (cend & (A.group - 1)) == 0; /* group: a power of 2 */
             float fs[MT][2] = {}, fb[MT][2] = {}, fx[NT][2] = {};
-            if (LEAN && !AHEAD && fold) {
+            if (DQ) {
+                /* scales are applied to the codes below; the next group's at the fold */
+            } else if (LEAN && !AHEAD && fold) {
                 tc_fold_operands<MT, NT>(fs, fb, fx, A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp,
                                          (cend >> glog) - 1);
             } else if (LEAN && fold) {
@@ -649,6 +691,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                                 const uint4 v = ab[mi][h];
                                 lo2 = st == 0 ? v.x : v.z, hi2 = st == 0 ? v.y : v.w;
                             }
+                            if constexpr (DQ) /* W = scale q + bias, one f16 rounding */
+                                lo2 = tc_hfma2(lo2, cs[mi][h], cb[mi][h]),
+                                hi2 = tc_hfma2(hi2, cs[mi][h], cb[mi][h]);
                             a[mi][h] = lo2, a[mi][2 + h] = hi2;
                         }
                     }
@@ -663,6 +708,9 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                             if constexpr (LEAN && !QUANT) { /* lo products below */
                                 (void)l0, (void)l1;
                                 tc_mma<false>(acc[mi][ni], a[mi], h0, h1);
+                            } else if constexpr (DQ) {
+                                (void)l0, (void)l1;
+                                tc_mma<true>(acc[mi][ni], a[mi], h0, h1);
                             } else if constexpr (QUANT) {
                                 tc_mma<true>(accg[mi][ni], a[mi], h0, h1);
                                 if constexpr (!ONE) tc_mma<true>(accg[mi][ni], a[mi], l0, l1);
@@ -685,7 +733,14 @@ __global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ 
                             }
                 }
             }
-            if (fold) {
+            if (DQ && fold) { /* the next group's pairs; the one after it issued */
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) cs[mi][h] = qs[mi][h], cb[mi][h] = qb[mi][h];
+                gnext++;
+                tc_dq_operands<MT>(qs, qb, A, B, mrow, g, gpr, gnext + 1);
+            } else if (fold) {
 #pragma unroll
                 for (int mi = 0; mi < MT; mi++)
 #pragma unroll
@@ -948,9 +1003,17 @@ static int tc_blocks_per_sm_i8(int bits, int dig, int bn) {
         return dig == 3 ? tc_blocks_per_sm_i8_m<TC_Q4, 3>(bn) : tc_blocks_per_sm_i8_m<TC_Q4, 1>(bn);
     return dig == 3 ? tc_blocks_per_sm_i8_m<TC_Q8, 3>(bn) : tc_blocks_per_sm_i8_m<TC_Q8, 1>(bn);
 }
-static int tc_blocks_per_sm(int bits, int group, int bn, int dig) {
+/* fast mode's DQ kernels of 64 tokens: two blocks a SM by registers */
+template <int MODE, int SS> static int tc_blocks_per_sm_dq(void) {
+    return tc_blocks_fit(tc_layout<MODE, SS, 64, tc_stages<MODE, 64>()>::bytes, 2);
+}
+static int tc_blocks_per_sm(int bits, int group, int bn, int dig, bool dq = false) {
     if (dig) return tc_blocks_per_sm_i8(bits, dig, bn);
     if (bits == 16) return tc_blocks_per_sm_m<TC_BF16, 4>(bn);
+    if (dq && bn == 64 && bits == 4)
+        return group == 32 ? tc_blocks_per_sm_dq<TC_Q4, 2>() : tc_blocks_per_sm_dq<TC_Q4, 4>();
+    if (dq && bn == 64)
+        return group == 32 ? tc_blocks_per_sm_dq<TC_Q8, 2>() : tc_blocks_per_sm_dq<TC_Q8, 4>();
     if (bits == 4)
         return group == 32 ? tc_blocks_per_sm_m<TC_Q4, 2>(bn) : tc_blocks_per_sm_m<TC_Q4, 4>(bn);
     return group == 32 ? tc_blocks_per_sm_m<TC_Q8, 2>(bn) : tc_blocks_per_sm_m<TC_Q8, 4>(bn);
@@ -961,7 +1024,7 @@ static int tc_blocks_per_sm(int bits, int group, int bn, int dig) {
  * count; dig > 0 (1 or 3 digits, quantized W only): the int8 variant. False: the kernels do not
  * take them. */
 static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, int64_t n, int n_sms,
-                         int bn, int splits, int dig) {
+                         int bn, int splits, int dig, bool dq = false) {
     if (count < 1 || count > TC_MATS || n < 1 || n > (int64_t)1 << 24) return false;
     int64_t rows_total = 0;
     for (int i = 0; i < count; i++) {
@@ -993,7 +1056,7 @@ static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, in
     const int units = (nchunks + unit - 1) / unit;
     if (splits < 1) {
         const int64_t blocks = (int64_t)p->tiles * (p->n_pad / bn);
-        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn, dig);
+        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn, dig, dq);
         /* split only when under 3/4 of a wave: partials cost a write and a read of y per split */
         splits = 4 * blocks < 3 * want ? (int)(want / blocks) : 1; /* within one wave */
         if (splits < 1) splits = 1;
@@ -1224,18 +1287,19 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     return n >= 2 && n <= 64 && (long long)w->rows * w->cols <= tc_dense_small();
 }
 
-template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true, bool ONE = false>
+template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true, bool ONE = false,
+          bool DQ = false>
 static void tc_launch_shape(kcu_state *st, const tc_args &A, dim3 grid) {
     const size_t smem = tc_layout<MODE, SS, BN, S>::bytes;
     static bool raised = false; /* per instantiation */
     if (!raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE>,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE, DQ>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE>), grid, TC_THREADS, smem, A);
+    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE, DQ>), grid, TC_THREADS, smem, A);
     KCU_LAUNCHED(st);
 }
 
@@ -1260,13 +1324,28 @@ static bool tc_one_on(void) {
     }
     return g_tc_one != 0 && kcu_fast_math();
 }
+static int g_tc_dq = -1;
+/* fast mode on codes: W dequantized in registers (scale q + bias as f16 pairs, no per-group
+ * fold); KILN_CUDA_TC_DQ=0 keeps the fold (codes against x, scales after), for A/B runs */
+extern "C" void kiln_cuda_set_tc_dq(int on) {
+    g_tc_dq = on;
+}
+static bool tc_dq_on(void) {
+    if (g_tc_dq < 0) {
+        const char *e = getenv("KILN_CUDA_TC_DQ");
+        g_tc_dq = e && *e ? atoi(e) != 0 : 1;
+    }
+    return g_tc_dq != 0;
+}
 
 template <int MODE, int SS, int BN>
 static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
     using C = tc_cfg<BN>;
-    if (tc_lean_on() && tc_one_on())
-        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>(), true, true>(st, A,
-                                                                                   grid);
+    constexpr int S = tc_stages<MODE, BN>();
+    if (MODE != TC_BF16 && tc_lean_on() && tc_one_on() && tc_dq_on())
+        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, true, MODE != TC_BF16>(st, A, grid);
+    else if (tc_lean_on() && tc_one_on())
+        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, true>(st, A, grid);
     else if (tc_lean_on())
         tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>()>(st, A, grid);
     else
@@ -1375,7 +1454,9 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
         if (!kcu_tc_gemm_applies(ws[i], n)) return false;
     tc_plan p;
     const int dig = kiln_matrix_is_quantized(ws[0]) && tc_int8() ? (kcu_fast_math() ? 1 : 3) : 0;
-    if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits, dig)) return false;
+    const bool dq = !dig && kiln_matrix_is_quantized(ws[0]) && tc_lean_on() && tc_one_on() &&
+                    tc_dq_on(); /* as tc_launch_cfg picks */
+    if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits, dig, dq)) return false;
     char *scr = (char *)kcu_scratch(st, p.bytes);
     if (!scr) return true; /* the sticky error is set */
     tc_args A;
