@@ -13,6 +13,7 @@
 # PART=3 (a fresh machine): the DQ kernels (fast mode's codes dequantized to f16 in registers, no
 # per-group fold, two blocks a SM at 64 tokens): tests, micro A/B against the fold, the 8B at
 # batch 64, and the peer rebuilt and run with kiln in fast mode.
+# PART=4: every test_tc_gemm pass, and fast mode's batches of 4 / 8 on the GEMV or the DQ GEMM.
 LIMIT=${LIMIT:-560}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -98,5 +99,22 @@ if [ "$PART" = 3 ]; then
     left 75 && KILN_MATMUL=fast SHAPES=llama-3-8b FORMATS="q4 q8" RUNS=2 KILN_PEER_STAGES=bench \
         bash bench/peer_llamacpp_cuda.sh 2>&1 | grep -E "kiln decode|\[t=|failed|rror" |
         cut -c1-220
+fi
+if [ "$PART" = 4 ]; then
+    # every pass of test_cuda_ops' test_tc_gemm groups (the in-kernel split-K pass was cut off
+    # before), and where fast mode's quantized batches should leave the dp4a GEMV for the DQ GEMM
+    models_converted_in_background llama-3-8b:4 llama-3-8b:8
+    build_kiln
+    stamp "tests: test_cuda_ops test_tc_gemm* (f16, int8, in-kernel split-K, fast)"
+    TEST_TIMEOUT=300 run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm"
+    grep -hE "^group " /tmp/test_cuda_ops*test_tc_gemm.log
+    wait $MODELS
+    for m in llama-3-8b-q4 llama-3-8b-q8; do
+        for b in 8 4; do
+            left 40 && echo "$m batch $b fast (prefill decode tok/s): GEMV $(bench_tok_s $m $b 128 32 \
+                KILN_MATMUL=fast)| DQ GEMM from 2 tokens $(bench_tok_s $m $b 128 32 \
+                KILN_MATMUL=fast KILN_CUDA_TC_QUANT_MIN_N=2)"
+        done
+    done
 fi
 stamp "end"
