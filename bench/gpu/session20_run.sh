@@ -13,7 +13,8 @@
 # PART=3 (a fresh machine): the DQ kernels (fast mode's codes dequantized to f16 in registers, no
 # per-group fold, two blocks a SM at 64 tokens): tests, micro A/B against the fold, the 8B at
 # batch 64, and the peer rebuilt and run with kiln in fast mode.
-# PART=4: every test_tc_gemm pass, and fast mode's batches of 4 / 8 on the GEMV or the DQ GEMM.
+# PART=4: exact mode's TWO kernels (two blocks a SM at 64 tokens) against the default, every
+# test_tc_gemm pass, and fast mode's batch 8 on the GEMV or the DQ GEMM.
 LIMIT=${LIMIT:-560}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -101,20 +102,29 @@ if [ "$PART" = 3 ]; then
         cut -c1-220
 fi
 if [ "$PART" = 4 ]; then
-    # every pass of test_cuda_ops' test_tc_gemm groups (the in-kernel split-K pass was cut off
-    # before), and where fast mode's quantized batches should leave the dp4a GEMV for the DQ GEMM
+    # exact mode's 64-token kernels capped at 128 registers (KILN_CUDA_TC_TWO=1: two blocks a SM,
+    # split-K to fill them) against the default; every pass of test_tc_gemm (the in-kernel split-K
+    # one was cut off before) and test_tc_fused with TWO; fast mode's batch 8 on the dp4a GEMV or
+    # the DQ GEMM
     models_converted_in_background llama-3-8b:4 llama-3-8b:8
     build_kiln
-    stamp "tests: test_cuda_ops test_tc_gemm* (f16, int8, in-kernel split-K, fast)"
-    TEST_TIMEOUT=300 run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm"
+    build_gpu_bench
+    stamp "codes GEMM, exact: default / TWO"
+    for two in 0 1; do
+        echo "KILN_CUDA_TC_TWO=$two"
+        KILN_CUDA_TC_TWO=$two tc_micro "q4g64 q8g64" "14336x4096 4096x14336 6144x4096" "64" ",tc,"
+    done
+    stamp "tests"
+    TEST_TIMEOUT=240 run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm" \
+        "test_cuda_ops KILN_TEST_ONLY=test_tc_fused KILN_CUDA_TC_TWO=1"
     grep -hE "^group " /tmp/test_cuda_ops*test_tc_gemm.log
     wait $MODELS
     for m in llama-3-8b-q4 llama-3-8b-q8; do
-        for b in 8 4; do
-            left 40 && echo "$m batch $b fast (prefill decode tok/s): GEMV $(bench_tok_s $m $b 128 32 \
-                KILN_MATMUL=fast)| DQ GEMM from 2 tokens $(bench_tok_s $m $b 128 32 \
-                KILN_MATMUL=fast KILN_CUDA_TC_QUANT_MIN_N=2)"
-        done
+        left 50 && echo "$m batch 64 exact (prefill decode tok/s): default $(bench_tok_s $m 64 128 32)" \
+            "| TWO $(bench_tok_s $m 64 128 32 KILN_CUDA_TC_TWO=1)"
+        left 40 && echo "$m batch 8 fast (prefill decode tok/s): GEMV $(bench_tok_s $m 8 128 32 \
+            KILN_MATMUL=fast)| DQ GEMM $(bench_tok_s $m 8 128 32 KILN_MATMUL=fast \
+            KILN_CUDA_TC_QUANT_MIN_N=2)"
     done
 fi
 stamp "end"

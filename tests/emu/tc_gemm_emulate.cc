@@ -300,9 +300,16 @@ template <typename F> static void run_grid(emu_dim3 grid, int nt, F fn) {
 }
 
 static bool g_one = false, g_dq = false; /* fast mode's one-product kernels (W dequantized) */
+static bool g_two = false;                /* exact mode's 64-token kernels capped for 2 a SM */
 template <int MODE, int SS, int BN> static void run_gemm(const tc_args &A, emu_dim3 grid) {
     using C = tc_cfg<BN>;
     constexpr int S = tc_stages<MODE, BN>();
+    if constexpr (MODE != TC_BF16 && BN == 64)
+        if (g_two) {
+            run_grid(grid, TC_THREADS,
+                     [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S, true, false, false, true>(A); });
+            return;
+        }
     if constexpr (MODE != TC_BF16)
         if (g_one && g_dq) {
             run_grid(grid, TC_THREADS,
@@ -431,6 +438,7 @@ struct spec {
     int dig; /* the int8 variant's digits of x (1: fast mode, 3: exact), 0: the f16 kernels */
     bool one = false; /* the f16 kernels in fast mode: the hi product only */
     bool dq = false;  /* ... with W dequantized in registers (codes only) */
+    bool two = false; /* exact mode's TWO kernels (codes, 64-token blocks) */
 };
 
 static void check(const spec &c) {
@@ -477,7 +485,7 @@ static void check(const spec &c) {
     }
     tc_plan p;
     if (!tc_plan_make(&p, count, ws.data(), c.n, c.n_sms > 0 ? c.n_sms : 132, c.bn, c.splits,
-                      c.dig, c.dq)) {
+                      c.dig, c.dq || c.two)) {
         printf("FAIL plan refused\n");
         failures++;
         return;
@@ -522,7 +530,7 @@ static void check(const spec &c) {
     else
         run_grid({(unsigned)p.n_pad, 1, 1}, TC_THREADS, [&] { k_tc_prep<true, false>(P); });
     const emu_dim3 grid = {(unsigned)p.tiles, (unsigned)(p.n_pad / p.bn), (unsigned)p.splits};
-    g_one = c.one, g_dq = c.dq;
+    g_one = c.one, g_dq = c.dq, g_two = c.two;
     if (c.dig && mode == 4 && p.group == 32)
         run_gemm_i8_dig<TC_Q4, 2>(A, grid, p.bn, c.dig);
     else if (c.dig && mode == 4)
@@ -541,7 +549,7 @@ static void check(const spec &c) {
         run_gemm_bn<TC_Q8, 2>(A, grid, p.bn);
     else
         run_gemm_bn<TC_Q8, 4>(A, grid, p.bn);
-    g_one = false;
+    g_one = g_two = false;
     if (p.splits > 1 && !A.counters) run_grid({3, 1, 1}, 256, [&] { k_tc_reduce(A, p.splits); });
     for (unsigned v : counters)
         if (v != 0) {
@@ -599,6 +607,7 @@ static void check(const spec &c) {
            c.dig == 3   ? " int8 x3"
            : c.dig == 1 ? " int8 x1"
            : c.dq       ? " one dq"
+           : c.two      ? " two"
            : c.one      ? " one"
                         : "",
            c.bits == 16 ? 0 : c.group,
@@ -797,6 +806,9 @@ int main(int argc, char **argv) {
         {8, 128, F32, {129}, 512, 130, 0, 0, 0, false, false, false, 0, true, true},
         {8, 64, BF, {77}, 192, 5, 8, 0, 0, true, false, true, 0, true, true},
         {8, 32, F16, {40}, 160, 33, 0, 2, 0, false, true, false, 0, true, true},
+        /* exact mode's 64-token kernels for two blocks a SM */
+        {4, 64, BF, {130}, 384, 64, 0, 0, 0, false, false, true, 0, false, false, true},
+        {8, 32, F32, {100, 30}, 256, 40, 0, 3, 0, true, true, false, 0, false, false, true},
     };
     for (int pass = 0; pass < (quick ? 1 : 2); pass++) {
         g_cp_early = pass == 1;

@@ -531,11 +531,13 @@ __device__ __forceinline__ void tc_dq_operands(uint32_t (&s2)[MT][2], uint32_t (
         }
 }
 
-/* DQ kernels of 64 tokens fit 128 registers (no group sums): two blocks a SM */
-template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true, bool ONE = false,
-          bool DQ = false>
-__global__ void __launch_bounds__(TC_THREADS, (DQ && BN == 64) ? 2 : 1)
-    k_tc_gemm(const __grid_constant__ tc_args A) {
+/* The GEMM (one block: 128 rows x BN tokens over its chunks). LEAN: the lean main loop; ONE: fast
+ * mode's hi product only; DQ (ONE, codes): W dequantized to f16 in registers instead of the
+ * group sums and their fold; TWO: fold operands loaded at a span's start (k_tc_gemm_two's
+ * 128-register cap). */
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN, bool ONE, bool DQ,
+          bool TWO>
+__device__ __forceinline__ void tc_gemm_block(const tc_args &A) {
     using G = tc_geom<MODE, SS>;
     using SM = tc_layout<MODE, SS, BN, STAGES>;
     constexpr bool QUANT = G::QUANT;
@@ -599,7 +601,7 @@ __global__ void __launch_bounds__(TC_THREADS, (DQ && BN == 64) ? 2 : 1)
     int gnext = (kc0 * TC_BK) >> glog; /* a split starts on a group */
     /* ahead where registers allow (up to 8 tiles a warp: BN <= 64); 128-token blocks, which
      * spilled with the extra 24 registers, load them at the span's start as before */
-    constexpr bool AHEAD = MT * NT <= 8;
+    constexpr bool AHEAD = MT * NT <= 8 && !TWO;
     float ns[MT][2] = {}, nb[MT][2] = {}, nx[NT][2] = {};
     if constexpr (LEAN && QUANT && AHEAD && !DQ)
         tc_fold_operands<MT, NT>(ns, nb, nx, A, B, mrow, tok0 + ntok + 2 * t, g, gpr, ngp, gnext);
@@ -766,6 +768,18 @@ __global__ void __launch_bounds__(TC_THREADS, (DQ && BN == 64) ? 2 : 1)
                 for (int i = 0; i < 4; i++) acc[mi][ni][i] += acc2[mi][ni][i];
     tc_store<MT, NT>(A, B, acc, mrow, ntok, g, t);
     tc_reduce_last(A, B, BN);
+}
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN = true, bool ONE = false,
+          bool DQ = false, bool TWO = false>
+__global__ void __launch_bounds__(TC_THREADS) k_tc_gemm(const __grid_constant__ tc_args A) {
+    tc_gemm_block<MODE, SS, BN, WM, WN, STAGES, LEAN, ONE, DQ, TWO>(A);
+}
+/* Two blocks a SM (<= 128 registers): the 64-token DQ kernels (123 without the cap) and, as an
+ * A/B knob (KILN_CUDA_TC_TWO), exact mode's */
+template <int MODE, int SS, int BN, int WM, int WN, int STAGES, bool LEAN, bool ONE, bool DQ,
+          bool TWO>
+__global__ void __launch_bounds__(TC_THREADS, 2) k_tc_gemm_two(const __grid_constant__ tc_args A) {
+    tc_gemm_block<MODE, SS, BN, WM, WN, STAGES, LEAN, ONE, DQ, TWO>(A);
 }
 
 /* y = sum over splits of the partials (in split order) / sigma + bias (+ y) */
@@ -1003,17 +1017,17 @@ static int tc_blocks_per_sm_i8(int bits, int dig, int bn) {
         return dig == 3 ? tc_blocks_per_sm_i8_m<TC_Q4, 3>(bn) : tc_blocks_per_sm_i8_m<TC_Q4, 1>(bn);
     return dig == 3 ? tc_blocks_per_sm_i8_m<TC_Q8, 3>(bn) : tc_blocks_per_sm_i8_m<TC_Q8, 1>(bn);
 }
-/* fast mode's DQ kernels of 64 tokens: two blocks a SM by registers */
-template <int MODE, int SS> static int tc_blocks_per_sm_dq(void) {
+/* 64-token kernels capped at 128 registers (DQ, TWO): two blocks a SM by registers */
+template <int MODE, int SS> static int tc_blocks_per_sm_two(void) {
     return tc_blocks_fit(tc_layout<MODE, SS, 64, tc_stages<MODE, 64>()>::bytes, 2);
 }
-static int tc_blocks_per_sm(int bits, int group, int bn, int dig, bool dq = false) {
+static int tc_blocks_per_sm(int bits, int group, int bn, int dig, bool two64 = false) {
     if (dig) return tc_blocks_per_sm_i8(bits, dig, bn);
     if (bits == 16) return tc_blocks_per_sm_m<TC_BF16, 4>(bn);
-    if (dq && bn == 64 && bits == 4)
-        return group == 32 ? tc_blocks_per_sm_dq<TC_Q4, 2>() : tc_blocks_per_sm_dq<TC_Q4, 4>();
-    if (dq && bn == 64)
-        return group == 32 ? tc_blocks_per_sm_dq<TC_Q8, 2>() : tc_blocks_per_sm_dq<TC_Q8, 4>();
+    if (two64 && bn == 64 && bits == 4)
+        return group == 32 ? tc_blocks_per_sm_two<TC_Q4, 2>() : tc_blocks_per_sm_two<TC_Q4, 4>();
+    if (two64 && bn == 64)
+        return group == 32 ? tc_blocks_per_sm_two<TC_Q8, 2>() : tc_blocks_per_sm_two<TC_Q8, 4>();
     if (bits == 4)
         return group == 32 ? tc_blocks_per_sm_m<TC_Q4, 2>(bn) : tc_blocks_per_sm_m<TC_Q4, 4>(bn);
     return group == 32 ? tc_blocks_per_sm_m<TC_Q8, 2>(bn) : tc_blocks_per_sm_m<TC_Q8, 4>(bn);
@@ -1024,7 +1038,7 @@ static int tc_blocks_per_sm(int bits, int group, int bn, int dig, bool dq = fals
  * count; dig > 0 (1 or 3 digits, quantized W only): the int8 variant. False: the kernels do not
  * take them. */
 static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, int64_t n, int n_sms,
-                         int bn, int splits, int dig, bool dq = false) {
+                         int bn, int splits, int dig, bool two64 = false) {
     if (count < 1 || count > TC_MATS || n < 1 || n > (int64_t)1 << 24) return false;
     int64_t rows_total = 0;
     for (int i = 0; i < count; i++) {
@@ -1056,7 +1070,7 @@ static bool tc_plan_make(tc_plan *p, int count, const kiln_matrix *const *ws, in
     const int units = (nchunks + unit - 1) / unit;
     if (splits < 1) {
         const int64_t blocks = (int64_t)p->tiles * (p->n_pad / bn);
-        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn, dig, dq);
+        const int64_t want = (int64_t)n_sms * tc_blocks_per_sm(p->bits, p->group, bn, dig, two64);
         /* split only when under 3/4 of a wave: partials cost a write and a read of y per split */
         splits = 4 * blocks < 3 * want ? (int)(want / blocks) : 1; /* within one wave */
         if (splits < 1) splits = 1;
@@ -1288,18 +1302,23 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
 }
 
 template <int MODE, int SS, int BN, int WM, int WN, int S, bool LEAN = true, bool ONE = false,
-          bool DQ = false>
+          bool DQ = false, bool TWO = false>
 static void tc_launch_shape(kcu_state *st, const tc_args &A, dim3 grid) {
     const size_t smem = tc_layout<MODE, SS, BN, S>::bytes;
+    constexpr bool CAP = (DQ || TWO) && BN == 64; /* two blocks a SM */
+    void (*kernel)(const tc_args);
+    if constexpr (CAP)
+        kernel = k_tc_gemm_two<MODE, SS, BN, WM, WN, S, LEAN, ONE, DQ, TWO>;
+    else
+        kernel = k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE, DQ, TWO>;
     static bool raised = false; /* per instantiation */
     if (!raised) {
-        if (!KCU_CHECK(st, cudaFuncSetAttribute(k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE, DQ>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (!KCU_CHECK(st, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)smem)))
             return;
         raised = true;
     }
-    KCU_LAUNCH(st, (k_tc_gemm<MODE, SS, BN, WM, WN, S, LEAN, ONE, DQ>), grid, TC_THREADS, smem, A);
+    KCU_LAUNCH(st, kernel, grid, TC_THREADS, smem, A);
     KCU_LAUNCHED(st);
 }
 
@@ -1324,6 +1343,16 @@ static bool tc_one_on(void) {
     }
     return g_tc_one != 0 && kcu_fast_math();
 }
+static int g_tc_two = -1;
+/* KILN_CUDA_TC_TWO=1: exact mode's 64-token kernels on codes capped at 128 registers, two blocks
+ * a SM (split-K to fill them); an A/B knob, off by default */
+static bool tc_two_on(void) {
+    if (g_tc_two < 0) {
+        const char *e = getenv("KILN_CUDA_TC_TWO");
+        g_tc_two = e && *e ? atoi(e) != 0 : 0;
+    }
+    return g_tc_two != 0;
+}
 static int g_tc_dq = -1;
 /* fast mode on codes: W dequantized in registers (scale q + bias as f16 pairs, no per-group
  * fold); KILN_CUDA_TC_DQ=0 keeps the fold (codes against x, scales after), for A/B runs */
@@ -1338,18 +1367,29 @@ static bool tc_dq_on(void) {
     return g_tc_dq != 0;
 }
 
+/* The kernel for the mode: fast mode's DQ (codes) or one-product (bf16) kernels, exact mode's
+ * two-blocks-a-SM A/B variant (KILN_CUDA_TC_TWO), the lean loop, or the old one */
 template <int MODE, int SS, int BN>
 static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
     using C = tc_cfg<BN>;
     constexpr int S = tc_stages<MODE, BN>();
-    if (MODE != TC_BF16 && tc_lean_on() && tc_one_on() && tc_dq_on())
-        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, true, MODE != TC_BF16>(st, A, grid);
-    else if (tc_lean_on() && tc_one_on())
-        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, true>(st, A, grid);
-    else if (tc_lean_on())
-        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>()>(st, A, grid);
+    constexpr bool CODES = MODE != TC_BF16;
+    if (tc_lean_on() && tc_one_on()) {
+        if (CODES && tc_dq_on())
+            tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, true, CODES>(st, A, grid);
+        else
+            tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, true>(st, A, grid);
+        return;
+    }
+    if constexpr (CODES && BN == 64)
+        if (tc_lean_on() && tc_two_on()) {
+            tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, false, false, true>(st, A, grid);
+            return;
+        }
+    if (tc_lean_on())
+        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S>(st, A, grid);
     else
-        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, tc_stages<MODE, BN>(), false>(st, A, grid);
+        tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, false>(st, A, grid);
 }
 
 template <int MODE, int SS, int DIG, int BN>
@@ -1454,9 +1494,10 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
         if (!kcu_tc_gemm_applies(ws[i], n)) return false;
     tc_plan p;
     const int dig = kiln_matrix_is_quantized(ws[0]) && tc_int8() ? (kcu_fast_math() ? 1 : 3) : 0;
-    const bool dq = !dig && kiln_matrix_is_quantized(ws[0]) && tc_lean_on() && tc_one_on() &&
-                    tc_dq_on(); /* as tc_launch_cfg picks */
-    if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits, dig, dq)) return false;
+    /* the 64-token kernel tc_launch_cfg picks holds two blocks a SM (DQ or TWO) */
+    const bool two64 = !dig && kiln_matrix_is_quantized(ws[0]) && tc_lean_on() &&
+                       ((tc_one_on() && tc_dq_on()) || tc_two_on());
+    if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits, dig, two64)) return false;
     char *scr = (char *)kcu_scratch(st, p.bytes);
     if (!scr) return true; /* the sticky error is set */
     tc_args A;
