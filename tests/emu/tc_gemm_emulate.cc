@@ -300,14 +300,15 @@ template <typename F> static void run_grid(emu_dim3 grid, int nt, F fn) {
 }
 
 static bool g_one = false, g_dq = false; /* fast mode's one-product kernels (W dequantized) */
-static bool g_two = false;                /* exact mode's 64-token kernels capped for 2 a SM */
+static bool g_two = false;               /* exact mode's 64-token kernels capped for 2 a SM */
 template <int MODE, int SS, int BN> static void run_gemm(const tc_args &A, emu_dim3 grid) {
     using C = tc_cfg<BN>;
     constexpr int S = tc_stages<MODE, BN>();
     if constexpr (MODE != TC_BF16 && BN == 64)
         if (g_two) {
-            run_grid(grid, TC_THREADS,
-                     [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S, true, false, false, true>(A); });
+            run_grid(grid, TC_THREADS, [&] {
+                k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S, true, false, false, true>(A);
+            });
             return;
         }
     if constexpr (MODE != TC_BF16)
@@ -317,7 +318,8 @@ template <int MODE, int SS, int BN> static void run_gemm(const tc_args &A, emu_d
             return;
         }
     if (g_one)
-        run_grid(grid, TC_THREADS, [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S, true, true>(A); });
+        run_grid(grid, TC_THREADS,
+                 [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S, true, true>(A); });
     else
         run_grid(grid, TC_THREADS, [&] { k_tc_gemm<MODE, SS, BN, C::WM, C::WN, S>(A); });
 }
@@ -484,8 +486,8 @@ static void check(const spec &c) {
         ys[i] = y[i].data();
     }
     tc_plan p;
-    if (!tc_plan_make(&p, count, ws.data(), c.n, c.n_sms > 0 ? c.n_sms : 132, c.bn, c.splits,
-                      c.dig, c.dq || c.two)) {
+    if (!tc_plan_make(&p, count, ws.data(), c.n, c.n_sms > 0 ? c.n_sms : 132, c.bn, c.splits, c.dig,
+                      c.dq || c.two)) {
         printf("FAIL plan refused\n");
         failures++;
         return;

@@ -1252,16 +1252,18 @@ static int tc_dense_max(void) {
  * Measured on the H200 (Llama-3-8B q4g64 / q8g64, Qwen3-0.6B q4g64, aggregate decode tok/s): at
  * batch 4 the GEMV beats this GEMM in both modes (8B q4 exact 591 -> 875, fast 592 -> 1089); at
  * batch 8 only in fast mode (1170 -> 1402; exact 1169 vs 1071, its three x digits cost more).
- * So from 5 tokens in exact mode and 9 in fast mode; env KILN_CUDA_TC_QUANT_MIN_N overrides. */
+ * So from 5 tokens in exact mode and 9 in fast mode. With fast mode's DQ kernels (twentieth
+ * session, H100, Llama-3-8B batch 8 fast): q8 1134 tok/s on the GEMM vs 1027 on the GEMV, q4 1262
+ * vs 1399, so 8-bit weights start at 8 tokens there. Env KILN_CUDA_TC_QUANT_MIN_N overrides. */
 static int g_tc_quant_min = -1; /* the env's value; 0 = not set */
-static int tc_quant_min(void) {
+static int tc_quant_min(int bits) {
     if (g_tc_quant_min < 0) {
         const char *e = getenv("KILN_CUDA_TC_QUANT_MIN_N");
         g_tc_quant_min = e && *e ? atoi(e) : 0;
         if (e && *e && g_tc_quant_min < 2) g_tc_quant_min = 2;
     }
     if (g_tc_quant_min > 0) return g_tc_quant_min;
-    return kcu_fast_math() ? 9 : 5;
+    return kcu_fast_math() ? (bits == 8 ? 8 : 9) : 5;
 }
 
 /* Largest bf16 matrix (rows * cols) that takes the tensor-core GEMM up to 64 tokens: measured on
@@ -1296,7 +1298,7 @@ bool kcu_tc_gemm_applies(const kiln_matrix *w, int64_t n) {
     if (mode == 0 || n < 1 || !tc_format_ok(w)) return false;
     if (mode == 2) return true;      /* forced (tests, bench) */
     if (kiln_matrix_is_quantized(w)) /* from kcu_quant_cublas_min_n: dequantize + cuBLAS */
-        return n >= tc_quant_min() && n < kcu_quant_cublas_min_n();
+        return n >= tc_quant_min(w->bits) && n < kcu_quant_cublas_min_n();
     if (n >= 2 && n <= tc_dense_max()) return true;
     return n >= 2 && n <= 64 && (long long)w->rows * w->cols <= tc_dense_small();
 }
@@ -1344,14 +1346,17 @@ static bool tc_one_on(void) {
     return g_tc_one != 0 && kcu_fast_math();
 }
 static int g_tc_two = -1;
-/* KILN_CUDA_TC_TWO=1: exact mode's 64-token kernels on codes capped at 128 registers, two blocks
- * a SM (split-K to fill them); an A/B knob, off by default */
-static bool tc_two_on(void) {
+/* Exact mode's 64-token kernels on codes capped at 128 registers (TWO: two blocks a SM, split-K to
+ * fill them). Measured on an H100 (twentieth session, n = 64): 4-bit group 64 faster (14336x4096
+ * 112 vs 117 us, 6144x4096 56 vs 67; Llama-3-8B q4 batch-64 decode 3997 vs 3628 tok/s), 8-bit
+ * slower (133 vs 120 us; 3374 vs 3517 tok/s), so on for 4-bit codes of groups >= 64 (group 32
+ * spills 112 bytes at the cap and was not timed). KILN_CUDA_TC_TWO=1 / 0: every format / none. */
+static bool tc_two_on(int bits, int group) {
     if (g_tc_two < 0) {
         const char *e = getenv("KILN_CUDA_TC_TWO");
-        g_tc_two = e && *e ? atoi(e) != 0 : 0;
+        g_tc_two = e && *e ? atoi(e) != 0 : 2;
     }
-    return g_tc_two != 0;
+    return g_tc_two == 2 ? bits == 4 && group >= 64 : g_tc_two != 0;
 }
 static int g_tc_dq = -1;
 /* fast mode on codes: W dequantized in registers (scale q + bias as f16 pairs, no per-group
@@ -1382,7 +1387,7 @@ static void tc_launch_cfg(kcu_state *st, const tc_args &A, dim3 grid) {
         return;
     }
     if constexpr (CODES && BN == 64)
-        if (tc_lean_on() && tc_two_on()) {
+        if (tc_lean_on() && tc_two_on(MODE, A.group)) {
             tc_launch_shape<MODE, SS, BN, C::WM, C::WN, S, true, false, false, true>(st, A, grid);
             return;
         }
@@ -1496,7 +1501,7 @@ bool kcu_tc_gemm(kcu_state *st, int count, float *const *ys, const float *x, int
     const int dig = kiln_matrix_is_quantized(ws[0]) && tc_int8() ? (kcu_fast_math() ? 1 : 3) : 0;
     /* the 64-token kernel tc_launch_cfg picks holds two blocks a SM (DQ or TWO) */
     const bool two64 = !dig && kiln_matrix_is_quantized(ws[0]) && tc_lean_on() &&
-                       ((tc_one_on() && tc_dq_on()) || tc_two_on());
+                       ((tc_one_on() && tc_dq_on()) || tc_two_on(ws[0]->bits, ws[0]->group_size));
     if (!tc_plan_make(&p, count, ws, n, st->n_sms, g_tc_bn, g_tc_splits, dig, two64)) return false;
     char *scr = (char *)kcu_scratch(st, p.bytes);
     if (!scr) return true; /* the sticky error is set */
