@@ -400,52 +400,24 @@ static void test_tc_gemm(void) {
               kiln_cuda_tc_gemm_launches() - l0, k);
 }
 
-/* The int8 variant (gemm_tc_int8.cuh) in fast mode: x on steps of 1/127 of its group's max |x|
- * (one digit), so within 2e-2 of the f32 product (~7e-3 seen in the emulator's noise model);
- * every bit width, group and scale dtype, n across the block shapes 8/16/64/128, forced split-K,
- * x blocks of very different magnitude. Exact mode runs test_tc_gemm / test_tc_fused. */
-static void test_tc_gemm_int8_fast(void) {
+/* The tensor-core GEMM in fast mode (--fast-math), forced onto n = 2..130 across the block
+ * shapes with forced split-K, on 300-row matrices (a partial row tile), x blocks of very
+ * different magnitude:
+ *  - int8 (the int8 variant, gemm_tc_int8.cuh): x on steps of 1/127 of its group's max |x| (one
+ *    digit), so within 2e-2 of the f32 product (~7e-3 seen in the emulator's noise model); 4/8-bit
+ *    codes at every group and scale dtype.
+ *  - else the f16 kernels: the hi product only, x to 11 bits against codes (f16 after a
+ *    power-of-two scale) and 8 against bf16 W, codes dequantized to f16 in registers (or, with
+ *    kiln_cuda_set_tc_dq(0), against x with the scales folded in per group), so within 3e-3 /
+ *    1e-2 (the emulator: 1.1e-4-6.7e-4 / 1.5e-3, each y inside its rounding bound); 4/8-bit codes
+ *    and bf16 W. */
+static void tc_fast_cases(bool int8) {
     static const int64_t ns[] = {2, 9, 17, 64, 130};
     const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
     const long long l0 = kiln_cuda_tc_gemm_launches();
     int k = 0;
     kiln_cuda_set_gemm_split(0);
-    for (int b = 4; b <= 8; b += 4)
-        for (int g = 32; g <= 128; g *= 2) {
-            test_matrix m;
-            const kiln_dtype sdt = sdts[k % 3];
-            make_quant(&m, b, g, sdt, 300, 2048 + g, g == 64);
-            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-                char label[96];
-                snprintf(label, sizeof label, "tc int8 fast q%d g%d/%s splits=%d", b, g,
-                         kiln_dtype_name(sdt), (int)(i % 3));
-                kiln_cuda_set_tc_gemm(2, -1, 0, (int)(i % 3));
-                g_matmul_tol = 2e-2;
-                check_matmul_x(&m, ns[i], label, 0, i % 2 == 0);
-                g_matmul_tol = 0;
-                k++;
-            }
-            free_matrix(&m);
-        }
-    kiln_cuda_set_gemm_split(1);
-    kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
-    CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == k, "tc int8 gemm ran %lld of %d calls",
-              kiln_cuda_tc_gemm_launches() - l0, k);
-}
-
-/* The f16 kernels in fast mode (--fast-math): the hi product only, x to 11 bits against codes
- * (f16 after a power-of-two scale) and 8 against bf16 W, codes dequantized to f16 in registers
- * (or, kiln_cuda_set_tc_dq(0), against x with the scales folded in per group), so within 3e-3 /
- * 1e-2 of the f32 product (the emulator: 1.1e-4-6.7e-4 / 1.5e-3, each y inside its rounding
- * bound); 4/8-bit codes at every group and scale dtype and bf16 W, n across the block shapes,
- * forced split-K. */
-static void test_tc_gemm_fast(void) {
-    static const int64_t ns[] = {2, 9, 17, 64, 130};
-    const kiln_dtype sdts[] = {KILN_DT_F16, KILN_DT_BF16, KILN_DT_F32};
-    const long long l0 = kiln_cuda_tc_gemm_launches();
-    int k = 0;
-    kiln_cuda_set_gemm_split(0);
-    for (int b = 4; b <= 16; b += 4) {
+    for (int b = 4; b <= (int8 ? 8 : 16); b += 4) {
         if (b == 12) continue;
         for (int g = 32; g <= (b == 16 ? 32 : 128); g *= 2) {
             test_matrix m;
@@ -456,10 +428,11 @@ static void test_tc_gemm_fast(void) {
                 make_quant(&m, b, g, sdt, 300, 2048 + g, g == 64);
             for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
                 char label[96];
-                snprintf(label, sizeof label, "tc fast %s%d g%d/%s splits=%d", b == 16 ? "bf" : "q",
-                         b, b == 16 ? 0 : g, b == 16 ? "-" : kiln_dtype_name(sdt), (int)(i % 3));
+                snprintf(label, sizeof label, "tc %s %s%d g%d/%s splits=%d",
+                         int8 ? "int8 fast" : "fast", b == 16 ? "bf" : "q", b, b == 16 ? 0 : g,
+                         b == 16 ? "-" : kiln_dtype_name(sdt), (int)(i % 3));
                 kiln_cuda_set_tc_gemm(2, -1, 0, (int)(i % 3));
-                g_matmul_tol = b == 16 ? 1e-2 : 3e-3;
+                g_matmul_tol = int8 ? 2e-2 : b == 16 ? 1e-2 : 3e-3;
                 check_matmul_x(&m, ns[i], label, 0, i % 2 == 0);
                 g_matmul_tol = 0;
                 k++;
@@ -469,8 +442,15 @@ static void test_tc_gemm_fast(void) {
     }
     kiln_cuda_set_gemm_split(1);
     kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
-    CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == k, "tc fast gemm ran %lld of %d calls",
-              kiln_cuda_tc_gemm_launches() - l0, k);
+    CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == k, "tc %s gemm ran %lld of %d calls",
+              int8 ? "int8 fast" : "fast", kiln_cuda_tc_gemm_launches() - l0, k);
+}
+/* (the caller turns the int8 variant on) */
+static void test_tc_gemm_int8_fast(void) {
+    tc_fast_cases(true);
+}
+static void test_tc_gemm_fast(void) {
+    tc_fast_cases(false);
 }
 
 /* matmul_multi and the fused ops (norm, add, norm + GLU) on the tensor-core GEMM at n = 2..64,

@@ -1214,6 +1214,15 @@ static int tc_mode(void) {
     }
     return g_tc_mode;
 }
+/* An on/off switch read from env `name` once (1 for any non-zero value; dflt when unset); a
+ * setter's value >= 0 stands instead, < 0 reads the env again */
+static int tc_switch(int *v, const char *name, int dflt) {
+    if (*v < 0) {
+        const char *e = getenv(name);
+        *v = e && *e ? atoi(e) != 0 : dflt;
+    }
+    return *v;
+}
 /* Split-K summed by the last split in the kernel (tc_reduce_last) instead of k_tc_reduce:
  * KILN_CUDA_TC_REDUCE=1 or kiln_cuda_set_tc_reduce(1); default off until measured on the GPU. */
 static int g_tc_reduce = -1;
@@ -1221,11 +1230,7 @@ extern "C" void kiln_cuda_set_tc_reduce(int in_kernel) {
     g_tc_reduce = in_kernel;
 }
 static bool tc_reduce_in_kernel(void) {
-    if (g_tc_reduce < 0) {
-        const char *e = getenv("KILN_CUDA_TC_REDUCE");
-        g_tc_reduce = e && *e ? atoi(e) != 0 : 0;
-    }
-    return g_tc_reduce == 1;
+    return tc_switch(&g_tc_reduce, "KILN_CUDA_TC_REDUCE", 0) == 1;
 }
 /* The int8 variant for quantized W: KILN_CUDA_TC_INT8=1 or kiln_cuda_set_tc_int8(1) (default off
  * until measured on the GPU). */
@@ -1234,11 +1239,7 @@ extern "C" void kiln_cuda_set_tc_int8(int on) {
     g_tc_int8 = on;
 }
 static bool tc_int8(void) {
-    if (g_tc_int8 < 0) {
-        const char *e = getenv("KILN_CUDA_TC_INT8");
-        g_tc_int8 = e && *e ? atoi(e) != 0 : 0;
-    }
-    return g_tc_int8 == 1;
+    return tc_switch(&g_tc_int8, "KILN_CUDA_TC_INT8", 0) == 1;
 }
 static int tc_dense_max(void) {
     if (g_tc_dense_max < 0) {
@@ -1328,22 +1329,14 @@ static int g_tc_lean = -1;
 /* KILN_CUDA_TC_LEAN=0: the main loop that works out copy addresses and fold operands per chunk
  * (before the nineteenth session), for A/B runs */
 static bool tc_lean_on(void) {
-    if (g_tc_lean < 0) {
-        const char *e = getenv("KILN_CUDA_TC_LEAN");
-        g_tc_lean = e && *e ? atoi(e) != 0 : 1;
-    }
-    return g_tc_lean != 0;
+    return tc_switch(&g_tc_lean, "KILN_CUDA_TC_LEAN", 1) != 0;
 }
 
 static int g_tc_one = -1;
 /* fast mode (--fast-math) multiplies the hi half of x only (lean loop); KILN_CUDA_TC_ONE=0 keeps
  * both products there, for A/B runs */
 static bool tc_one_on(void) {
-    if (g_tc_one < 0) {
-        const char *e = getenv("KILN_CUDA_TC_ONE");
-        g_tc_one = e && *e ? atoi(e) != 0 : 1;
-    }
-    return g_tc_one != 0 && kcu_fast_math();
+    return tc_switch(&g_tc_one, "KILN_CUDA_TC_ONE", 1) != 0 && kcu_fast_math();
 }
 static int g_tc_two = -1;
 /* Exact mode's 64-token kernels on codes capped at 128 registers (TWO: two blocks a SM, split-K to
@@ -1352,11 +1345,8 @@ static int g_tc_two = -1;
  * slower (133 vs 120 us; 3374 vs 3517 tok/s), so on for 4-bit codes of groups >= 64 (group 32
  * spills 112 bytes at the cap and was not timed). KILN_CUDA_TC_TWO=1 / 0: every format / none. */
 static bool tc_two_on(int bits, int group) {
-    if (g_tc_two < 0) {
-        const char *e = getenv("KILN_CUDA_TC_TWO");
-        g_tc_two = e && *e ? atoi(e) != 0 : 2;
-    }
-    return g_tc_two == 2 ? bits == 4 && group >= 64 : g_tc_two != 0;
+    const int v = tc_switch(&g_tc_two, "KILN_CUDA_TC_TWO", 2); /* 2: by format */
+    return v == 2 ? bits == 4 && group >= 64 : v != 0;
 }
 static int g_tc_dq = -1;
 /* fast mode on codes: W dequantized in registers (scale q + bias as f16 pairs, no per-group
@@ -1365,11 +1355,7 @@ extern "C" void kiln_cuda_set_tc_dq(int on) {
     g_tc_dq = on;
 }
 static bool tc_dq_on(void) {
-    if (g_tc_dq < 0) {
-        const char *e = getenv("KILN_CUDA_TC_DQ");
-        g_tc_dq = e && *e ? atoi(e) != 0 : 1;
-    }
-    return g_tc_dq != 0;
+    return tc_switch(&g_tc_dq, "KILN_CUDA_TC_DQ", 1) != 0;
 }
 
 /* The kernel for the mode: fast mode's DQ (codes) or one-product (bf16) kernels, exact mode's
