@@ -16,6 +16,8 @@ typedef struct fixture_parity_opts {
     kiln_device device;
     double tol;          /* relative L2 bound on logits */
     bool allow_near_tie; /* greedy flips at a near-tie are reported, not failed */
+    double near_tie;     /* with allow_near_tie: the logit gap (of max |logit|) that is one;
+                          * 0: 2e-3 */
 } fixture_parity_opts;
 
 /* name: folder under fixtures/, e.g. "qwen3-mlx-q4g32". Records CHECK results. */
