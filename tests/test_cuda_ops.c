@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_deltanet.h"
 #include "backend/cpu/cpu_ops.h"
 #include "kv/kv_cache.h"
+#include "ref_matmul.h"
 #include "test_util.h"
 #include "util/half.h"
 
@@ -149,7 +150,7 @@ static void check_matmul_x(test_matrix *m, int64_t n, const char *label, int for
         for (int64_t j = 0; j < 96; j++) x[t * cols + j] *= j < 32 ? 0.0f : j < 64 ? 1e4f : 1e-4f;
     }
     float *ref = malloc((size_t)(n * rows) * sizeof(float));
-    kiln_cpu_matmul_ref(ref, x, n, &m->host);
+    ref_matmul(ref, x, n, &m->host);
     float *dx = dev_copy(x, (size_t)(n * cols) * sizeof(float));
     float *dy = dev_poisoned(n * rows);
     const long long tc0 = kiln_cuda_tc_gemm_launches();
@@ -499,7 +500,7 @@ static void test_tc_fused(void) {
             for (int pass = 0; pass < 2; pass++) {
                 for (int i = 0; i < 3; i++) {
                     ref[i] = malloc((size_t)(n * rows[i]) * 4);
-                    kiln_cpu_matmul_ref(ref[i], pass ? hn : x, n, &m[i].host);
+                    ref_matmul(ref[i], pass ? hn : x, n, &m[i].host);
                     dy[i] = dev_poisoned(n * rows[i]);
                     ws[i] = &m[i].dev;
                 }
@@ -517,8 +518,8 @@ static void test_tc_fused(void) {
             }
             /* matmul_norm_glu */
             float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
-            kiln_cpu_matmul_ref(gr, hn, n, &gt.host);
-            kiln_cpu_matmul_ref(ur, hn, n, &up.host);
+            ref_matmul(gr, hn, n, &gt.host);
+            ref_matmul(ur, hn, n, &up.host);
             if (act == KILN_GLU_GELU_TANH)
                 kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
             else
@@ -531,7 +532,7 @@ static void test_tc_fused(void) {
             compare(what, dout, gr, n * F, tol);
             /* matmul_add: y += glu @ o^T */
             float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
-            kiln_cpu_matmul_ref(yr, gr, n, &o.host);
+            ref_matmul(yr, gr, n, &o.host);
             kiln_cpu_add(yr, yr, y0, n * O);
             float *dy0 = dev_copy(y0, (size_t)(n * O) * 4),
                   *dact = dev_copy(gr, (size_t)(n * F) * 4);
@@ -686,7 +687,7 @@ static void test_matmul_multi(void) {
                 const kiln_matrix *ws[3];
                 for (int i = 0; i < count; i++) {
                     ref[i] = malloc((size_t)(n * rows[c][i]) * sizeof(float));
-                    kiln_cpu_matmul_ref(ref[i], x, n, &m[i].host);
+                    ref_matmul(ref[i], x, n, &m[i].host);
                     dy[i] = dev_poisoned(n * rows[c][i]);
                     ws[i] = &m[i].dev;
                 }
@@ -746,7 +747,7 @@ static void test_upload_matrices(void) {
             float *dx = dev_copy(x, (size_t)(n * cols) * sizeof(float));
             for (int i = 0; i < count; i++) {
                 ref[i] = malloc((size_t)(n * cases[c].rows[i]) * sizeof(float));
-                kiln_cpu_matmul_ref(ref[i], x, n, &m[i].host);
+                ref_matmul(ref[i], x, n, &m[i].host);
                 dy[i] = dev_poisoned(n * cases[c].rows[i]);
             }
             be->matmul_multi(be, count, dy, dx, n, ws);
@@ -828,7 +829,7 @@ static void test_matmul_fused(void) {
             const kiln_matrix *ws[3];
             for (int i = 0; i < 3; i++) {
                 ref[i] = malloc((size_t)(n * rows[i]) * 4);
-                kiln_cpu_matmul_ref(ref[i], hn, n, &m[i].host);
+                ref_matmul(ref[i], hn, n, &m[i].host);
                 dy[i] = dev_poisoned(n * rows[i]);
                 ws[i] = &m[i].dev;
             }
@@ -843,8 +844,8 @@ static void test_matmul_fused(void) {
             }
             /* matmul_norm_glu */
             float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
-            kiln_cpu_matmul_ref(gr, hn, n, &g.host);
-            kiln_cpu_matmul_ref(ur, hn, n, &u.host);
+            ref_matmul(gr, hn, n, &g.host);
+            ref_matmul(ur, hn, n, &u.host);
             if (act == KILN_GLU_GELU_TANH)
                 kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
             else
@@ -858,7 +859,7 @@ static void test_matmul_fused(void) {
             compare(what, dout, gr, n * F, tol);
             /* matmul_add: y += act @ o^T (act: the GLU reference output as the input) */
             float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
-            kiln_cpu_matmul_ref(yr, gr, n, &o.host);
+            ref_matmul(yr, gr, n, &o.host);
             kiln_cpu_add(yr, yr, y0, n * O);
             float *dy0 = dev_copy(y0, (size_t)(n * O) * 4),
                   *dact = dev_copy(gr, (size_t)(n * F) * 4);
@@ -914,7 +915,7 @@ static void check_qfused_case(int bits, int G, kiln_dtype sdt, int64_t cols, con
         const kiln_matrix *ws[3];
         for (int i = 0; i < 3; i++) {
             ref[i] = malloc((size_t)(n * rows[i]) * 4);
-            kiln_cpu_matmul_ref(ref[i], plain ? x : hn, n, &m[i].host);
+            ref_matmul(ref[i], plain ? x : hn, n, &m[i].host);
             dy[i] = dev_poisoned(n * rows[i]);
             ws[i] = &m[i].dev;
         }
@@ -935,8 +936,8 @@ static void check_qfused_case(int bits, int G, kiln_dtype sdt, int64_t cols, con
     }
     /* matmul_norm_glu */
     float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
-    kiln_cpu_matmul_ref(gr, hn, n, &g.host);
-    kiln_cpu_matmul_ref(ur, hn, n, &u.host);
+    ref_matmul(gr, hn, n, &g.host);
+    ref_matmul(ur, hn, n, &u.host);
     if (act == KILN_GLU_GELU_TANH)
         kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
     else
@@ -955,7 +956,7 @@ static void check_qfused_case(int bits, int G, kiln_dtype sdt, int64_t cols, con
         for (int64_t j = 0; (t == 0 || t == n - 1) && j < 96; j++)
             a[t * Fo + j] *= j < 32 ? 0.0f : j < 64 ? 1e4f : 1e-4f;
     float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
-    kiln_cpu_matmul_ref(yr, a, n, &o.host);
+    ref_matmul(yr, a, n, &o.host);
     kiln_cpu_add(yr, yr, y0, n * O);
     float *dy0 = dev_copy(y0, (size_t)(n * O) * 4), *da = dev_copy(a, (size_t)(n * Fo) * 4);
     float *dtmp = dev_poisoned(n * O);
@@ -1009,8 +1010,8 @@ static void test_qgemv_fused(void) {
         float *hn = malloc((size_t)(n * cols) * 4), *gr = malloc((size_t)(n * F) * 4),
               *ur = malloc((size_t)(n * F) * 4);
         kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, false);
-        kiln_cpu_matmul_ref(gr, hn, n, &g.host);
-        kiln_cpu_matmul_ref(ur, hn, n, &u.host);
+        ref_matmul(gr, hn, n, &g.host);
+        ref_matmul(ur, hn, n, &u.host);
         kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
         float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
         float *dh = dev_poisoned(n * cols), *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
@@ -1817,7 +1818,7 @@ static void test_moe_device_ops(void) {
         for (int i = 0; i < n; i++) experts[i] = (int32_t)((i * 3) % E);
         float *x = rand_f32(n * cols, 1.0f), *ref = malloc((size_t)(n * rows) * 4);
         for (int i = 0; i < n; i++) /* each pair against its own separate matrix */
-            kiln_cpu_matmul_ref(ref + i * rows, x + i * cols, 1, &hosts[experts[i]]);
+            ref_matmul(ref + i * rows, x + i * cols, 1, &hosts[experts[i]]);
         float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dy = dev_poisoned(n * rows);
         int32_t *dex = dev_copy(experts, sizeof experts);
         be->matmul_gather(be, dy, dx, 1, n, dex, &stack, rows);
