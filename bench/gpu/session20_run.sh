@@ -37,13 +37,17 @@ fast_ab() { # model batch: decode tok/s in exact mode, fast mode (default: dequa
         "| that, two products $(bench_tok_s "$m" "$b" 128 32 KILN_MATMUL=fast \
             KILN_CUDA_DEQUANT_MIN_N_FAST=128 KILN_CUDA_TC_ONE=0)"
 }
-if [ "$PART" = 1 ]; then
+start_peer_models_and_build() { # llama.cpp built in the background (BUILD_PID), the 8B made and
+    # converted to q4g64 / q8g64 in the background (MODELS), kiln and kiln_gpu_bench built
     (KILN_PEER_STAGES=build bash bench/peer_llamacpp_cuda.sh >/tmp/peer_build.log 2>&1
         echo "rc=$?" >>/tmp/peer_build.log) &
     BUILD_PID=$!
     models_converted_in_background llama-3-8b:4 llama-3-8b:8
     build_kiln
     build_gpu_bench
+}
+if [ "$PART" = 1 ]; then
+    start_peer_models_and_build
     stamp "tests: test_cuda_ops test_tc_gemm* / test_tc_fused groups"
     TEST_TIMEOUT=230 run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm" \
         "test_cuda_ops KILN_TEST_ONLY=test_tc_fused"
@@ -72,12 +76,7 @@ fi
 if [ "$PART" = 3 ]; then
     # a fresh machine: fast mode's codes dequantized in registers (DQ kernels, two blocks a SM at
     # 64 tokens), tested, timed alone and end to end, with the peer rebuilt in the same call
-    (KILN_PEER_STAGES=build bash bench/peer_llamacpp_cuda.sh >/tmp/peer_build.log 2>&1
-        echo "rc=$?" >>/tmp/peer_build.log) &
-    BUILD_PID=$!
-    models_converted_in_background llama-3-8b:4 llama-3-8b:8
-    build_kiln
-    build_gpu_bench
+    start_peer_models_and_build
     stamp "tests: test_cuda_ops test_tc_gemm_fast (DQ, then the fold), test_parity_cuda"
     TEST_TIMEOUT=120 run_tests "test_cuda_ops KILN_TEST_ONLY=test_tc_gemm_fast" "test_parity_cuda"
     grep -hE "^group " /tmp/test_cuda_ops*test_tc_gemm_fast.log
