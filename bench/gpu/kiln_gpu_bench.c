@@ -159,22 +159,26 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
     const int64_t ns[] = {1, 4};
     /* quantized: every GEMV kernel. k1 = 4 warps split the columns of 4 rows; k2 = a warp owns R
      * whole rows (R by shape); dp4a = qgemv.cu (4/8-bit only): rows per warp R and warps per row KS
-     * by shape (0) or forced, programmatic dependent launch on (the default) or off */
+     * by shape (0) or forced, programmatic dependent launch on (the default) or off, x's digits
+     * made by pass 1 or in every block (inl: -1 the environment's / default choice, 0 pass 1, 1
+     * in the blocks wherever they fit) */
     static const struct {
         const char *name;
-        int variant, rows, split, pdl, mma;
-    } variants[] = {{"k1", 1, 0, 0, 1, 0},
-                    {"k2", 2, 0, 0, 1, 0},
-                    {"dp4a R=0 KS=0", 3, 0, 0, 1, 0},
-                    {"mma (int8 tensor cores, n = 1)", 3, 0, 0, 1, 1},
-                    {"dp4a R=0 KS=0 pdl=0", 3, 0, 0, 0, 0},
-                    {"dp4a R=1 KS=0", 3, 1, 0, 1, 0},
-                    {"dp4a R=2 KS=0", 3, 2, 0, 1, 0},
-                    {"dp4a R=4 KS=0", 3, 4, 0, 1, 0},
-                    {"dp4a R=0 KS=1", 3, 0, 1, 1, 0},
-                    {"dp4a R=0 KS=2", 3, 0, 2, 1, 0},
-                    {"dp4a R=0 KS=4", 3, 0, 4, 1, 0},
-                    {"dp4a R=0 KS=8", 3, 0, 8, 1, 0}};
+        int variant, rows, split, pdl, mma, inl;
+    } variants[] = {{"k1", 1, 0, 0, 1, 0, -1},
+                    {"k2", 2, 0, 0, 1, 0, -1},
+                    {"dp4a R=0 KS=0", 3, 0, 0, 1, 0, -1},
+                    {"dp4a inline", 3, 0, 0, 1, 0, 1},
+                    {"dp4a pass 1", 3, 0, 0, 1, 0, 0},
+                    {"mma (int8 tensor cores, n = 1)", 3, 0, 0, 1, 1, -1},
+                    {"dp4a R=0 KS=0 pdl=0", 3, 0, 0, 0, 0, -1},
+                    {"dp4a R=1 KS=0", 3, 1, 0, 1, 0, -1},
+                    {"dp4a R=2 KS=0", 3, 2, 0, 1, 0, -1},
+                    {"dp4a R=4 KS=0", 3, 4, 0, 1, 0, -1},
+                    {"dp4a R=0 KS=1", 3, 0, 1, 1, 0, -1},
+                    {"dp4a R=0 KS=2", 3, 0, 2, 1, 0, -1},
+                    {"dp4a R=0 KS=4", 3, 0, 4, 1, 0, -1},
+                    {"dp4a R=0 KS=8", 3, 0, 8, 1, 0, -1}};
     /* bf16: k_gemv_dense (dense) and the row-streaming kernel with its split by shape or forced */
     static const struct {
         const char *name;
@@ -195,6 +199,7 @@ static void bench_matmul(const char *fmt, int64_t rows, int64_t cols) {
                 kiln_cuda_set_qgemv_variant(variants[v].variant, 0);
                 kiln_cuda_set_qgemv_dp4a(variants[v].rows, variants[v].split, variants[v].pdl);
                 kiln_cuda_set_qgemv_mma(variants[v].mma);
+                kiln_cuda_set_qgemv_inline(variants[v].inl);
             } else {
                 kiln_cuda_set_gemv_dense_variant(dense_variants[v].variant,
                                                  dense_variants[v].split);

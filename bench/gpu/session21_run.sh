@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# session21_run.sh — the twenty-first session's GPU calls: quantized batch-1 decode, where each
+# of the 8B's four GEMVs a layer is two launches (x's digits, pass 1, then the GEMV) or one with
+# the digits made in every block (QG_INL, taken today only where the grid is small).
+# PART=1: build; Llama-3-8B q4 / q8 at batch 1, exact and fast, with the digits in the blocks
+# wherever they fit (KILN_CUDA_QGEMV_INLINE=1) against the default; the batch-1 per-op profile;
+# then the eighteenth session's leftovers as time allows (the batch-64 per-op profile).
+LIMIT=${LIMIT:-560}
+PART=${PART:-1}
+source "$(dirname "$0")/common.sh"
+exec > >(tee "${OUT:-/tmp}/log") 2>&1
+export KILN_BIN=$B/kiln
+b1_ab() { # model [VAR=value ...]: batch-1 decode tok/s, the default against digits in the blocks
+    local m=$1
+    shift
+    left 40 || return 0
+    echo "$m b1 $* (prefill decode tok/s): default $(bench_tok_s "$m" 1 128 64 "$@")" \
+        "| inline $(bench_tok_s "$m" 1 128 64 "$@" KILN_CUDA_QGEMV_INLINE=1)" \
+        "| never $(bench_tok_s "$m" 1 128 64 "$@" KILN_CUDA_QGEMV_INLINE=0)"
+}
+if [ "$PART" = 1 ]; then
+    models_converted_in_background llama-3-8b:4 llama-3-8b:8
+    build_kiln
+    build_gpu_bench
+    stamp "gemv micro, exact: q4g64 / q8g64 n=1"
+    gemv_micro exact "n=1:.*(R=0 KS=0\]|inline|pass 1)"
+    gemv_micro fast "n=1:.*(R=0 KS=0\]|inline|pass 1)"
+    wait $MODELS
+    for m in llama-3-8b-q4 llama-3-8b-q8; do
+        b1_ab $m
+        b1_ab $m KILN_MATMUL=fast
+    done
+    op_profile llama-3-8b-q4 1 40
+    KILN_CUDA_QGEMV_INLINE=1 op_profile llama-3-8b-q4 1 40
+    op_profile llama-3-8b-q4 64 60
+fi
+stamp "end"
