@@ -579,6 +579,15 @@ int main(int argc, char **argv) {
         kiln_backend_free(be);
         return st == KILN_OK ? 0 : 1;
     }
+    if (argc > 1 && strcmp(argv[1], "attn") == 0) { /* just decode attention, one sequence */
+        const int ctxs[] = {32, 128, 1024, 8192};
+        for (int i = 0; i < 4; i++) bench_attention("f32", ctxs[i]);
+        for (int i = 0; i < 4; i++) bench_attention("f16", ctxs[i]);
+        kiln_status st = be->synchronize(be);
+        if (st != KILN_OK) fprintf(stderr, "error: %s\n", kiln_last_error());
+        kiln_backend_free(be);
+        return st == KILN_OK ? 0 : 1;
+    }
     if (argc > 1 && strcmp(argv[1], "prefill") == 0) { /* just prefill attention */
         bench_prefill_attention("bf16", 512);
         bench_prefill_attention("bf16", 4096);

@@ -5,6 +5,8 @@
 # PART=1: build; Llama-3-8B q4 / q8 at batch 1, exact and fast, with the digits in the blocks
 # wherever they fit (KILN_CUDA_QGEMV_INLINE=1) against the default; the batch-1 per-op profile;
 # then the eighteenth session's leftovers as time allows (the batch-64 per-op profile).
+# PART=2: what pass 1 costs the 8B's batch-1 decode (see below), and decode attention alone.
+# PART=3: decode attention's key splits at mid contexts (fewer keys a split, more blocks).
 LIMIT=${LIMIT:-560}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -33,5 +35,42 @@ if [ "$PART" = 1 ]; then
     op_profile llama-3-8b-q4 1 40
     KILN_CUDA_QGEMV_INLINE=1 op_profile llama-3-8b-q4 1 40
     op_profile llama-3-8b-q4 64 60
+fi
+if [ "$PART" = 2 ]; then
+    # the ceiling of handing x's digits from the kernel that makes x to the GEMV: the same decode
+    # with pass 1 not launched (KILN_CUDA_QGEMV_SKIP1, a measurement-only patch: the digits are
+    # stale, the work and bytes of pass 2 the same); decode attention alone at short contexts
+    models_converted_in_background llama-3-8b:4 llama-3-8b:8
+    build_kiln
+    build_gpu_bench
+    timeout 60 "$B/kiln_gpu_bench" attn 2>&1 | grep -E "^attn"
+    wait $MODELS
+    for m in llama-3-8b-q4 llama-3-8b-q8; do
+        for v in KILN_MATMUL=exact KILN_MATMUL=fast; do
+            left 40 && echo "$m b1 $v (prefill decode tok/s): default $(bench_tok_s $m 1 128 64 $v)" \
+                "| no pass 1 $(bench_tok_s $m 1 128 64 $v KILN_CUDA_QGEMV_SKIP1=1)"
+        done
+    done
+fi
+if [ "$PART" = 3 ]; then
+    # decode attention's key splits at mid contexts: the fewest keys a split takes (256 today,
+    # KILN_CUDA_ATT_SPLIT_KEYS) against 128 / 64 / 32; alone, in the attention tests, end to end
+    models_converted_in_background llama-3-8b:4
+    build_kiln
+    build_gpu_bench
+    for k in 0 128 64 32; do
+        echo "split keys $k:"
+        KILN_CUDA_ATT_SPLIT_KEYS=$k timeout 60 "$B/kiln_gpu_bench" attn 2>&1 | grep -E "^attn"
+    done
+    TEST_TIMEOUT=150 run_tests "test_cuda_ops KILN_TEST_ONLY=test_attention KILN_CUDA_ATT_SPLIT_KEYS=64" \
+        "test_kv_cuda KILN_CUDA_ATT_SPLIT_KEYS=64"
+    wait $MODELS
+    for pb in "1024 1" "4096 1" "1024 8" "128 1"; do
+        set -- $pb
+        left 60 && echo "llama-3-8b-q4 prompt $1 batch $2 (prefill decode tok/s): default" \
+            "$(bench_tok_s llama-3-8b-q4 $2 $1 32) | 64 $(bench_tok_s llama-3-8b-q4 $2 $1 32 \
+                KILN_CUDA_ATT_SPLIT_KEYS=64) | 128 $(bench_tok_s llama-3-8b-q4 $2 $1 32 \
+                KILN_CUDA_ATT_SPLIT_KEYS=128)"
+    done
 fi
 stamp "end"

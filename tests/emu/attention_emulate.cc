@@ -162,7 +162,7 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
             const int kb = window > 0 ? std::max(0, pos[s] - window + 1) : 0;
             keys = std::max(keys, pos[s] + 1 - kb);
         }
-        atts_plan_splits(&A, keys, n_seq, n_sms, 0);
+        atts_plan_splits(&A, keys, n_seq, n_sms, 0, 0);
         const size_t n_part = (size_t)n_seq * H * A.splits;
         part.assign(n_part * (vhd + 2), NAN);
         A.part_o = part.data(), A.part_ml = part.data() + n_part * vhd;

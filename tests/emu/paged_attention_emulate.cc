@@ -198,7 +198,7 @@ static void run_case(const char *kname, const char *vname, int group, int n_kv, 
     patt_launch Pp;
     int t2 = 0, r2 = 1;
     patt_plan(&Pp, &L, q.data(), out.data(), &p, ps.data(), n_seq, n_sms, &t2, &r2);
-    const int cls = pdec_plan(&A, Pp, n_sms, 0);
+    const int cls = pdec_plan(&A, Pp, n_sms, 0, 0);
     std::vector<float> part;
     if (P.splits > 1) {
         const size_t n_part = (size_t)n_seq * P.splits * n_kv * P.rows_max;

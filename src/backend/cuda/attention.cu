@@ -439,6 +439,18 @@ static int att_short_splits_cap(void) {
     return g_att_short_splits;
 }
 
+/* The fewest keys of a decode key split (atts_split_plan; 0: ATTS_SPLIT_MIN_KEYS), env
+ * KILN_CUDA_ATT_SPLIT_KEYS for A/B runs. */
+static int g_att_split_keys = -1;
+int kcu_att_split_min_keys(void) {
+    if (g_att_split_keys < 0) {
+        const char *e = getenv("KILN_CUDA_ATT_SPLIT_KEYS");
+        g_att_split_keys = e && *e ? atoi(e) : 0;
+        if (g_att_split_keys < 0) g_att_split_keys = 0;
+    }
+    return g_att_split_keys;
+}
+
 template <int GM, int CH, int KB, int DT>
 static void launch_short_dt(kcu_state *st, const atts_args &A, dim3 grid) {
     const size_t smem = atts_smem_bytes(atts_heads_per_block(A.group, A.hd, A.vhd), A.vhd);
@@ -485,7 +497,8 @@ static bool attention_short(kcu_state *st, const att_launch &L, int max_n, int k
     for (int i = 0; i < n_seq; i++)
         A.s[i].k = L.s[i].k, A.s[i].v = L.s[i].v, A.s[i].pos0 = L.s[i].pos0, A.s[i].t0 = L.s[i].t0;
     atts_plan(&A);
-    atts_plan_splits(&A, keys, n_seq, st->n_sms, att_short_splits_cap());
+    atts_plan_splits(&A, keys, n_seq, st->n_sms, att_short_splits_cap(),
+                     kcu_att_split_min_keys());
     if (A.splits > 1) {
         if ((int64_t)n_seq * a.n_kv_heads * A.nsub > KCU_ATT_COUNTERS) return false;
         const size_t n_part = (size_t)n_seq * a.p.n_heads * A.splits;

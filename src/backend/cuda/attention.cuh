@@ -47,6 +47,8 @@ static inline int kcu_attn_keys_bucket(int keys) {
 }
 void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
                          int n_seq);
+/* The fewest keys of a decode key split (0: the planner's default), KILN_CUDA_ATT_SPLIT_KEYS */
+int kcu_att_split_min_keys(void);
 
 /* Decode (every sequence one token, n_seq <= KCU_ATT_MAX_SEQ) with common->p.prep: one launch
  * that preps q and the raw k rows (k_new [T, n_kv_heads*head_dim], v_new [T, n_kv_heads*

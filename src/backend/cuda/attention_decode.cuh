@@ -86,21 +86,22 @@ static inline void atts_plan(atts_args *A) {
 /* Key splits for `blocks` (sequence, block) pairs whose longest key range is `keys` on a GPU of
  * n_sms SMs: while the pairs leave SMs without a block (each SM holds one or two of these
  * 16-warp blocks), the keys split so that about two blocks a SM stream the cache, each split a
- * multiple of ATTS_SPLIT_MIN_KEYS / 4 keys and at least ATTS_SPLIT_MIN_KEYS. max_splits > 0 caps
- * the splits (A/B runs). atts_plan_splits: for A (A->nsub set), n_seq sequences. */
-static inline void atts_split_plan(int blocks, int keys, int n_sms, int max_splits, int *splits_out,
-                                   int *kps_out) {
+ * multiple of min_keys / 4 keys and at least min_keys (<= 0: ATTS_SPLIT_MIN_KEYS). max_splits > 0
+ * caps the splits (A/B runs). atts_plan_splits: for A (A->nsub set), n_seq sequences. */
+static inline void atts_split_plan(int blocks, int keys, int n_sms, int max_splits, int min_keys,
+                                   int *splits_out, int *kps_out) {
+    if (min_keys <= 0) min_keys = ATTS_SPLIT_MIN_KEYS;
     const int want = 2 * n_sms;
     int splits = 1;
-    if (blocks < want && keys > ATTS_SPLIT_MIN_KEYS) {
+    if (blocks < want && keys > min_keys) {
         splits = (want + blocks - 1) / blocks;
-        const int most = keys / ATTS_SPLIT_MIN_KEYS;
+        const int most = keys / min_keys;
         if (splits > most) splits = most;
         if (splits > ATTS_MAX_SPLITS) splits = ATTS_MAX_SPLITS;
     }
     if (max_splits > 0 && splits > max_splits) splits = max_splits;
     if (splits < 1) splits = 1;
-    const int unit = ATTS_SPLIT_MIN_KEYS / 4;
+    const int unit = min_keys / 4 > 0 ? min_keys / 4 : 1;
     int kps = (keys + splits - 1) / splits;
     kps = (kps + unit - 1) / unit * unit;
     if (kps < unit) kps = unit;
@@ -108,8 +109,10 @@ static inline void atts_split_plan(int blocks, int keys, int n_sms, int max_spli
     *splits_out = (keys + kps - 1) / kps;
     if (*splits_out < 1) *splits_out = 1;
 }
-static inline void atts_plan_splits(atts_args *A, int keys, int n_seq, int n_sms, int max_splits) {
-    atts_split_plan(A->n_kv_heads * A->nsub * n_seq, keys, n_sms, max_splits, &A->splits, &A->kps);
+static inline void atts_plan_splits(atts_args *A, int keys, int n_seq, int n_sms, int max_splits,
+                                    int min_keys) {
+    atts_split_plan(A->n_kv_heads * A->nsub * n_seq, keys, n_sms, max_splits, min_keys, &A->splits,
+                    &A->kps);
 }
 
 /* Calls f.template run<GM, CH, KB>() for the kernel instance of A's geometry (GM: heads per block
