@@ -973,6 +973,97 @@ static void check_qfused_case(int bits, int G, kiln_dtype sdt, int64_t cols, con
     kiln_cuda_set_qgemv_dp4a(-1, -1, -1);
 }
 
+/* qg_link (qgemv.cu): a Llama decode layer's quantized GEMV chain (o + residual, norm + gate/up,
+ * down + residual, the next layer's norm + q/k/v) with the feeds_next hints gives the same bits
+ * as without them (the handed-on digits are pass 1's), run `reps` times to give a race between
+ * the blocks of a 32-row group a chance to show; links: hand-offs each hinted chain must take
+ * (-1: not checked, where the consumers may make their own digits). */
+static void check_qgemv_link_case(int bits, int G, int64_t H, int64_t F, int64_t n, int reps,
+                                  int links) {
+    char label[120];
+    snprintf(label, sizeof label, "q%dg%d H=%lld F=%lld n=%lld", bits, G, (long long)H,
+             (long long)F, (long long)n);
+    test_matrix wo, wg, wu, wd, wq[3];
+    make_quant(&wo, bits, G, KILN_DT_BF16, H, H, false);
+    make_quant(&wg, bits, G, KILN_DT_BF16, F, H, false);
+    make_quant(&wu, bits, G, KILN_DT_BF16, F, H, true);
+    make_quant(&wd, bits, G, KILN_DT_BF16, H, F, false);
+    const int64_t qrows[3] = {H, H / 4, H / 4};
+    for (int i = 0; i < 3; i++) make_quant(&wq[i], bits, G, KILN_DT_BF16, qrows[i], H, i == 0);
+    float *h0 = rand_f32(n * H, 1.0f), *attn = rand_f32(n * H, 0.5f);
+    float *n1 = rand_f32(H, 0.5f), *n2 = rand_f32(H, 0.5f);
+    float *dh0 = dev_copy(h0, (size_t)(n * H) * 4), *dattn = dev_copy(attn, (size_t)(n * H) * 4);
+    float *dn1 = dev_copy(n1, (size_t)H * 4), *dn2 = dev_copy(n2, (size_t)H * 4);
+    float *dh = dev_poisoned(n * H), *dgate = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
+    float *dtmp = dev_poisoned(n * (F > H ? F : H)), *dq[3];
+    for (int i = 0; i < 3; i++) dq[i] = dev_poisoned(n * qrows[i]);
+    const kiln_matrix *qw[3] = {&wq[0].dev, &wq[1].dev, &wq[2].dev};
+    const int64_t sizes[4] = {n * H, n * F, n * qrows[0], n * qrows[1]};
+    float *want[4], *got[4];
+    for (int i = 0; i < 4; i++) {
+        want[i] = malloc((size_t)sizes[i] * 4);
+        got[i] = malloc((size_t)sizes[i] * 4);
+    }
+    int mismatches = 0;
+    long long taken = 0;
+    for (int r = 0; r <= reps; r++) {
+        const bool hinted = r > 0;
+        be->copy2d(be, dh, H, dh0, H, n, H);
+        const long long l0 = kiln_cuda_qgemv_links(be);
+        if (hinted) be->feeds_next(be, dh, dn1, 1e-6f, false);
+        be->matmul_add(be, dh, dattn, dtmp, n, &wo.dev);
+        if (hinted) be->feeds_next(be, dgate, NULL, 0.0f, false);
+        be->matmul_norm_glu(be, dgate, dh, dtmp, dup, n, &wg.dev, &wu.dev, dn1, 1e-6f, false,
+                            KILN_GLU_SILU);
+        if (hinted) be->feeds_next(be, dh, dn2, 1e-6f, true);
+        be->matmul_add(be, dh, dgate, dtmp, n, &wd.dev);
+        be->matmul_norm(be, 3, dq, dh, dtmp, n, qw, dn2, 1e-6f, true);
+        CHECK_OK(be->synchronize(be));
+        if (hinted) taken += kiln_cuda_qgemv_links(be) - l0;
+        float *dst[4] = {hinted ? got[0] : want[0], hinted ? got[1] : want[1],
+                         hinted ? got[2] : want[2], hinted ? got[3] : want[3]};
+        const float *src[4] = {dh, dgate, dq[0], dq[1]};
+        for (int i = 0; i < 4; i++) be->download(be, dst[i], src[i], (size_t)sizes[i] * 4);
+        for (int i = 0; hinted && i < 4; i++)
+            mismatches += memcmp(got[i], want[i], (size_t)sizes[i] * 4) != 0;
+    }
+    /* the unhinted chain itself against the CPU: its last output, q, is finite */
+    bool finite = true;
+    for (int64_t i = 0; i < sizes[2]; i++) finite = finite && isfinite(want[2][i]);
+    CHECK(finite);
+    if (mismatches)
+        fprintf(stderr, "qgemv link %s: %d outputs of %d hinted chains differ\n", label, mismatches,
+                reps);
+    CHECK(mismatches == 0);
+    if (links >= 0) {
+        if (taken != (long long)links * reps)
+            fprintf(stderr, "qgemv link %s: %lld hand-offs in %d chains (want %d each)\n", label,
+                    taken, reps, links);
+        CHECK(taken == (long long)links * reps);
+    }
+    for (int i = 0; i < 4; i++) free(want[i]), free(got[i]);
+    be->free(be, dh0), be->free(be, dattn), be->free(be, dn1), be->free(be, dn2);
+    be->free(be, dh), be->free(be, dgate), be->free(be, dup), be->free(be, dtmp);
+    for (int i = 0; i < 3; i++) be->free(be, dq[i]), free_matrix(&wq[i]);
+    free_matrix(&wo), free_matrix(&wg), free_matrix(&wu), free_matrix(&wd);
+    free(h0), free(attn), free(n1), free(n2);
+}
+static void test_qgemv_link(void) {
+    for (int b = 4; b <= 8; b += 4) {
+        /* Llama-3-8B's shapes: every consumer reads handed-on digits at one token; at 8 some
+         * of the matmuls may take the tensor-core GEMM instead */
+        check_qgemv_link_case(b, 64, 4096, 14336, 1, 10, 3);
+        check_qgemv_link_case(b, 64, 4096, 14336, 8, 4, -1);
+        /* smaller: the consumers may make their digits in the blocks instead */
+        check_qgemv_link_case(b, 32, 1024, 3072, 1, 10, -1);
+        check_qgemv_link_case(b, 128, 1024, 3072, 3, 10, -1);
+    }
+    kiln_cuda_set_qgemv_inline(0); /* digits never in the blocks: every consumer linked */
+    check_qgemv_link_case(4, 32, 1024, 3072, 1, 10, 3);
+    check_qgemv_link_case(8, 64, 512, 1024, 2, 10, 3);
+    kiln_cuda_set_qgemv_inline(-1);
+}
+
 static void test_qgemv_fused(void) {
     static const int bits[] = {4, 8};
     static const int groups[] = {32, 64, 128};
@@ -2468,6 +2559,7 @@ int main(void) {
      * weight among them: that GEMM skipped such norms before 2026-12-03) */
     kiln_cuda_set_qfused(1);
     RUN(test_qgemv_fused());
+    RUN(test_qgemv_link());
     kiln_cuda_set_qfused(-1);
     RUN(test_qgemv_mma());
     RUN(test_gemv_bf16_rows());

@@ -7,6 +7,7 @@
 # then the eighteenth session's leftovers as time allows (the batch-64 per-op profile).
 # PART=2: what pass 1 costs the 8B's batch-1 decode (see below), and decode attention alone.
 # PART=3: decode attention's key splits at mid contexts (fewer keys a split, more blocks).
+# PART=4: everything in one call: qg_link's tests and batch-1 A/B, then PART=3's A/B.
 LIMIT=${LIMIT:-560}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -72,5 +73,36 @@ if [ "$PART" = 3 ]; then
                 KILN_CUDA_ATT_SPLIT_KEYS=64) | 128 $(bench_tok_s llama-3-8b-q4 $2 $1 32 \
                 KILN_CUDA_ATT_SPLIT_KEYS=128)"
     done
+fi
+if [ "$PART" = 4 ]; then
+    # one call for all of it (the session's last device minutes): x's digits handed from GEMV to
+    # GEMV (qg_link, on by default) tested and A/B'd against KILN_CUDA_QGEMV_LINK=0 on the 8B at
+    # batch 1; then PART=3's attention split A/B
+    models_converted_in_background llama-3-8b:4 llama-3-8b:8
+    build_kiln
+    build_gpu_bench
+    stamp "tests"
+    TEST_TIMEOUT=240 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link,test_qgemv_fused" \
+        "test_parity_cuda" "test_cuda_ops KILN_TEST_ONLY=test_attention KILN_CUDA_ATT_SPLIT_KEYS=64" \
+        "test_kv_cuda KILN_CUDA_ATT_SPLIT_KEYS=64"
+    wait $MODELS
+    for m in llama-3-8b-q4 llama-3-8b-q8; do
+        for v in KILN_MATMUL=exact KILN_MATMUL=fast; do
+            left 40 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v)" \
+                "| no link $(bench_tok_s $m 1 128 64 $v KILN_CUDA_QGEMV_LINK=0)" \
+                "| link $(bench_tok_s $m 1 128 64 $v)"
+        done
+    done
+    for k in 0 64; do
+        left 30 && echo "split keys $k:" && KILN_CUDA_ATT_SPLIT_KEYS=$k timeout 30 \
+            "$B/kiln_gpu_bench" attn 2>&1 | grep -E "^attn"
+    done
+    for pb in "1024 1" "4096 1" "1024 8"; do
+        set -- $pb
+        left 45 && echo "llama-3-8b-q4 prompt $1 batch $2 (prefill decode tok/s): default" \
+            "$(bench_tok_s llama-3-8b-q4 $2 $1 32) | split keys 64 $(bench_tok_s llama-3-8b-q4 \
+                $2 $1 32 KILN_CUDA_ATT_SPLIT_KEYS=64)"
+    done
+    op_profile llama-3-8b-q4 1 30
 fi
 stamp "end"

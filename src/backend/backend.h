@@ -136,6 +136,14 @@ struct kiln_backend {
      * (attention at a decode step); the backend may start moving part of them closer to the
      * compute (CUDA: into L2). The first is read first; the others together. Changes no result. */
     void (*prefetch)(kiln_backend *be, const kiln_matrix *const *ws, int count);
+    /* Optional hint (NULL: none): the next op, which writes x (matmul_add's y, matmul_norm_glu's
+     * out), is followed directly by a matmul of x: through matmul_norm / matmul_norm_glu with
+     * norm_w (eps, plus_one) when norm_w is set, else matmul / matmul_add. The backend may
+     * prepare that matmul's input while writing x (CUDA: the digits of x that its quantized GEMV
+     * reads, which else take a launch of their own). Changes no result; a hint that is not
+     * followed so is dropped. */
+    void (*feeds_next)(kiln_backend *be, const float *x, const float *norm_w, float eps,
+                       bool plus_one);
     void (*copy2d)(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,
                    int64_t src_stride, int64_t rows, int64_t cols);
     void (*copy3d)(kiln_backend *be, float *dst, int64_t dst_s0, int64_t dst_s1, const float *src,

@@ -291,9 +291,15 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
                 kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
                 kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
             }
+        /* each matmul below feeds the next one (the hints let CUDA's quantized GEMV hand x's
+         * digits along instead of a launch making them) */
+        if (be->feeds_next) be->feeds_next(be, a.x, L->ffn_norm, s->eps, false);
         be->matmul_add(be, a.x, a.attn, a.h, T, &L->wo);
+        if (be->feeds_next) be->feeds_next(be, a.gate, NULL, 0.0f, false);
         be->matmul_norm_glu(be, a.gate, a.x, a.h, a.up, T, &L->w_gate, &L->w_up, L->ffn_norm,
                             s->eps, false, KILN_GLU_SILU);
+        if (be->feeds_next && l + 1 < s->n_layers)
+            be->feeds_next(be, a.x, s->layers[l + 1].attn_norm, s->eps, false);
         be->matmul_add(be, a.x, a.gate, a.h, T, &L->w_down);
     }
     if (graph && !replayed) be->graph_end(be);

@@ -377,11 +377,25 @@ static int qg_dp4a(uint32_t a, uint32_t b, int acc) {
     return (int)(uint32_t)d; /* 32-bit wrap, as the hardware */
 }
 
+/* the arrival count and L2 read of qg_emit (blocks run one after another here) */
+static void __threadfence() {}
+static unsigned atomicAdd(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+static float __ldcg(const float *p) {
+    return kcu_ld(p);
+}
+
 /* ---- the host side the kernel file takes from cuda_common.cuh ---- */
 
+struct qg_link;
 struct kcu_state {
     int n_sms;
     bool pdl_on;
+    unsigned long long launch_seq = 0; /* bumped by the driver to model a CUDA call between ops */
+    struct qg_link *qg_link = nullptr;
 };
 static bool qe_qfused = true;
 bool kcu_qfused_enabled(void) {
@@ -397,6 +411,15 @@ void *kcu_scratch(kcu_state *, size_t bytes) { /* fresh and poisoned at every ca
     if (qe_scratch) qe_dev_free(qe_scratch);
     qe_scratch = qe_dev_alloc(bytes ? bytes : 1, 256, QE_DATA, "kcu_scratch");
     return qe_scratch;
+}
+/* the hand-off buffers of qg_link: kept between calls, poisoned (or zeroed) when they grow */
+void *kcu_grow(kcu_state *, void **buf, size_t *cap, size_t bytes, bool zeroed) {
+    if (bytes <= *cap) return *buf;
+    if (*buf) qe_dev_free(*buf);
+    *buf = qe_dev_alloc(bytes, 256, QE_DATA, zeroed ? "qg_link counts" : "qg_link digits");
+    if (zeroed) memset(*buf, 0, bytes);
+    *cap = bytes;
+    return *buf;
 }
 static void kcu_report(kcu_state *, const char *op, const char *msg, const char *file, int line) {
     qe_error("kcu_report %s: %s (%s:%d)", op, msg, file, line);
@@ -717,6 +740,92 @@ static void qe_case(int bits, int G, kiln_dtype sdt, int64_t cols, const int64_t
     fflush(stdout);
 }
 
+/* qg_link: a Llama decode layer's GEMV chain (o + residual, norm + gate/up, down + residual, the
+ * next layer's norm + q/k/v) with the feeds_next hints, against the same chain without them:
+ * the outputs must be the same bits (the handed-on digits are pass 1's), and the hinted chain
+ * must skip pass 1 where it may (`link` launches fewer). drop: a CUDA call between producer and
+ * consumer (launch_seq bumped) must make the consumer run pass 1 again. */
+static void qe_link_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t F, int64_t n, int inl,
+                         bool drop) {
+    snprintf(qe_label, sizeof qe_label, "%sq%dg%d/%s link H=%lld F=%lld n=%lld inline=%d%s",
+             qe_fast ? "fast " : "", bits, G, sdt == KILN_DT_BF16 ? "BF16" : "F16", (long long)H,
+             (long long)F, (long long)n, inl, drop ? " dropped" : "");
+    qe_errors = 0;
+    case_ok = true;
+    results[0] = 0;
+    kiln_cuda_set_qgemv_inline(inl);
+    qe_matrix wo, wg, wu, wd, wq[3];
+    make_quant(wo, bits, G, sdt, H, H, false);
+    make_quant(wg, bits, G, sdt, F, H, false);
+    make_quant(wu, bits, G, sdt, F, H, true);
+    make_quant(wd, bits, G, sdt, H, F, false);
+    const int64_t qrows[3] = {H, H / 4, H / 4};
+    for (int i = 0; i < 3; i++) make_quant(wq[i], bits, G, sdt, qrows[i], H, i == 0);
+    const std::vector<float> h0 = rand_f32(n * H, 1.0f), attn = rand_f32(n * H, 0.5f);
+    const std::vector<float> n1 = rand_f32(H, 0.5f), n2 = rand_f32(H, 0.5f);
+    float *dn1 = (float *)qe_dev_alloc(H * 4, 4, QE_WEIGHTS, "ffn norm", n1.data());
+    float *dn2 = (float *)qe_dev_alloc(H * 4, 4, QE_WEIGHTS, "attn norm", n2.data());
+    float *dattn = dev_copy(attn, "attn");
+    std::vector<float> out[2][5]; /* per run: h after o, gate out, h after down, q, k */
+    int launches[2];
+    for (int hinted = 0; hinted < 2; hinted++) {
+        float *dh = dev_copy(h0, "h"), *dgate = dev_poisoned(n * F, "gate out");
+        float *dq[3];
+        for (int i = 0; i < 3; i++) dq[i] = dev_poisoned(n * qrows[i], "q/k/v");
+        const kiln_matrix *qw[3] = {&wq[0].dev, &wq[1].dev, &wq[2].dev};
+        const int l0 = qe_launches;
+        if (hinted) kcu_qg_hint(&g_st, dh, dn1, false);
+        bool ok = kcu_qgemv_dp4a_add(&g_st, dh, dattn, n, &wo.dev);
+        out[hinted][0].assign(dh, dh + n * H);
+        if (hinted) kcu_qg_hint(&g_st, dgate, nullptr, false);
+        if (drop) g_st.launch_seq++;
+        ok = ok && kcu_qgemv_dp4a_norm_glu(&g_st, dgate, dh, n, &wg.dev, &wu.dev, dn1, 1e-6f, false,
+                                           KILN_GLU_SILU);
+        out[hinted][1].assign(dgate, dgate + n * F);
+        if (hinted) kcu_qg_hint(&g_st, dh, dn2, true);
+        ok = ok && kcu_qgemv_dp4a_add(&g_st, dh, dgate, n, &wd.dev);
+        out[hinted][2].assign(dh, dh + n * H);
+        ok = ok && kcu_qgemv_dp4a_norm(&g_st, 3, dq, dh, n, qw, dn2, 1e-6f, true);
+        out[hinted][3].assign(dq[0], dq[0] + n * qrows[0]);
+        out[hinted][4].assign(dq[1], dq[1] + n * qrows[1]);
+        launches[hinted] = qe_launches - l0;
+        if (!ok) qe_error("a GEMV of the chain did not apply");
+        qe_dev_free(dh), qe_dev_free(dgate);
+        for (int i = 0; i < 3; i++) qe_dev_free(dq[i]);
+    }
+    static const char *names[5] = {"h+o", "glu", "h+down", "q", "k"};
+    for (int i = 0; i < 5; i++) {
+        n_checks++;
+        if (out[0][i].size() != out[1][i].size() ||
+            memcmp(out[0][i].data(), out[1][i].data(), out[0][i].size() * 4) != 0) {
+            case_ok = false;
+            printf("  FAIL %s %s: the hinted chain's output differs\n", names[i], qe_label);
+        }
+    }
+    /* pass 1 launches skipped: every consumer that is not inline (it makes its own digits); the
+     * call dropped before glu also voids the hint given before it (glu's output is not handed on
+     * to down), which leaves down -> q/k/v */
+    const bool inl_consumers = inl == 1 || (inl == 2 && H <= 512);
+    const int want = inl_consumers ? 0 : drop ? 1 : 3;
+    n_checks++;
+    if (launches[0] - launches[1] != want) {
+        case_ok = false;
+        printf("  FAIL %s: %d launches unhinted, %d hinted (want %d fewer)\n", qe_label,
+               launches[0], launches[1], want);
+    }
+    const size_t l = strlen(results);
+    snprintf(results + l, sizeof results - l, " launches %d -> %d", launches[0], launches[1]);
+    qe_dev_free(dn1), qe_dev_free(dn2), qe_dev_free(dattn);
+    free_quant(wo), free_quant(wg), free_quant(wu), free_quant(wd);
+    for (int i = 0; i < 3; i++) free_quant(wq[i]);
+    kiln_cuda_set_qgemv_inline(-1);
+    if (qe_errors) case_ok = false;
+    n_cases++;
+    n_failed += !case_ok;
+    printf("%s %s:%s\n", case_ok ? "ok  " : "FAIL", qe_label, results);
+    fflush(stdout);
+}
+
 /* where the dp4a kernel does not apply, the entry points return false and launch nothing (the
  * caller composes plain ops): gate and up of different formats; a matrix whose cols are not whole
  * groups (upload_matrix refuses it; test_cuda_ops' matmul_add used one, 77 columns at group 32,
@@ -827,6 +936,19 @@ int main(int argc, char **argv) {
     }
     qe_fast = false;
     kiln_cuda_set_qgemv_mma(-1);
+    /* qg_link: the chain with and without hints, exact and fast, at 1..8 tokens */
+    for (int fast = 0; fast < 2; fast++) {
+        qe_fast = fast == 1;
+        for (int b = 0; b < 2; b++) {
+            const kiln_dtype sdt = b ? KILN_DT_F16 : KILN_DT_BF16;
+            qe_link_case(bits[b], 64, sdt, 256, 512, 1, 0, false);
+            qe_link_case(bits[b], 32, sdt, 256, 512, 3, 0, false);
+            qe_link_case(bits[b], 128, sdt, 256, 512, 8, 0, true);
+            qe_link_case(bits[b], 64, sdt, 256, 512, 1, 2, false);
+            if (!quick && !fast) qe_link_case(bits[b], 64, sdt, 1024, 2048, 1, 2, false);
+        }
+    }
+    qe_fast = false;
     qe_declines();
     printf("%d cases (%d checks), worst rel err %.2e: %s\n", n_cases, n_checks, worst_err,
            n_failed ? "FAILED" : "all passed");

@@ -497,8 +497,7 @@ static bool attention_short(kcu_state *st, const att_launch &L, int max_n, int k
     for (int i = 0; i < n_seq; i++)
         A.s[i].k = L.s[i].k, A.s[i].v = L.s[i].v, A.s[i].pos0 = L.s[i].pos0, A.s[i].t0 = L.s[i].t0;
     atts_plan(&A);
-    atts_plan_splits(&A, keys, n_seq, st->n_sms, att_short_splits_cap(),
-                     kcu_att_split_min_keys());
+    atts_plan_splits(&A, keys, n_seq, st->n_sms, att_short_splits_cap(), kcu_att_split_min_keys());
     if (A.splits > 1) {
         if ((int64_t)n_seq * a.n_kv_heads * A.nsub > KCU_ATT_COUNTERS) return false;
         const size_t n_part = (size_t)n_seq * a.p.n_heads * A.splits;

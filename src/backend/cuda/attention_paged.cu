@@ -293,8 +293,7 @@ static size_t patt_smem_bytes(int rpw, int hd, int vhd) {
  * every sequence one token, records of a load class (pdec_class), the group's shared memory in
  * bounds; max_splits > 0 caps its key splits. Fills A (not its partials / counters); returns
  * the load class, or -1: k_paged_attn. (No device calls; the emulator runs it too.) */
-static int pdec_plan(pdec_args *A, const patt_launch &P, int n_sms, int max_splits,
-                     int min_keys) {
+static int pdec_plan(pdec_args *A, const patt_launch &P, int n_sms, int max_splits, int min_keys) {
     const kcu_paged_layer &L = P.L;
     if (P.rows_max != P.group || P.n_seq > ATTS_MAX_SEQ) return -1; /* not one token each */
     const int cls = pdec_class(L);
@@ -381,8 +380,8 @@ template <int CLS> struct pdec_launcher {
 static bool paged_decode(kcu_state *st, const patt_launch &P) {
     const int mode = pdec_mode();
     pdec_args A;
-    const int cls = mode == 0 ? -1 : pdec_plan(&A, P, st->n_sms, mode > 1 ? mode : 0,
-                                                      kcu_att_split_min_keys());
+    const int cls =
+        mode == 0 ? -1 : pdec_plan(&A, P, st->n_sms, mode > 1 ? mode : 0, kcu_att_split_min_keys());
     if (cls < 0) return false;
     if ((int64_t)P.n_seq * P.L.n_kv_heads * A.nsub > KCU_ATT_COUNTERS) return false;
     if (A.splits > 1) {

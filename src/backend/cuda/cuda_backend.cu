@@ -47,6 +47,13 @@ void *kcu_multi_out(kcu_state *st, size_t bytes) {
     return grow_buffer(st, &st->multi_out, &st->multi_out_bytes, bytes);
 }
 
+void *kcu_grow(kcu_state *st, void **buf, size_t *cap, size_t bytes, bool zeroed) {
+    const bool grows = bytes > *cap;
+    void *p = grow_buffer(st, buf, cap, bytes);
+    if (p && grows && zeroed) KCU_CHECK(st, cudaMemsetAsync(p, 0, *cap, st->stream));
+    return p;
+}
+
 /* ---- decode-step graphs ----
  * A decode step of a small model is hundreds of short kernels; launched one by one, the GPU waits
  * on the host between them. The forward pass brackets its layers with graph_begin(key) /
@@ -353,6 +360,7 @@ static void cu_destroy(kiln_backend *be) {
         if (st->cublas) cublasDestroy(st->cublas);
         if (st->cublas_workspace) cudaFree(st->cublas_workspace);
         if (st->attn_counters) cudaFree(st->attn_counters);
+        kcu_qg_link_free(st);
         if (st->stream) cudaStreamDestroy(st->stream);
         free(st);
     }
@@ -671,6 +679,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
     be->matmul_add = kcu_matmul_add;
     be->matmul_norm_glu = kcu_matmul_norm_glu;
     be->prefetch = kcu_prefetch;
+    be->feeds_next = kcu_feeds_next;
     be->qk_norm_rope = kcu_qk_norm_rope;
     be->copy2d = kcu_copy2d;
     be->copy3d = kcu_copy3d;

@@ -31,6 +31,7 @@ typedef struct kcu_prof_entry {
 
 /* The backend's private state (kiln_backend.impl). One stream: every op and copy is ordered on it,
  * so scratch buffers can be reused from op to op without further synchronization. */
+struct qg_link; /* qgemv.cu: x's digits handed from one dp4a GEMV to the next */
 typedef struct kcu_state {
     int device;
     int n_sms;
@@ -84,6 +85,10 @@ typedef struct kcu_state {
      * zero between calls) */
     void *sample_args, *sample_probs, *sample_counts;
     size_t sample_args_bytes, sample_probs_bytes, sample_counts_bytes;
+    /* counts the checked CUDA / cuBLAS calls (launches among them): a hand-off between two ops
+     * (qg_link) holds only while nothing ran between them */
+    unsigned long long launch_seq;
+    struct qg_link *qg_link; /* NULL until the first feeds_next hint */
     kiln_status sticky; /* first failure seen by an op (ops return void); reported by synchronize */
     char sticky_msg[256];
 } kcu_state;
@@ -98,10 +103,12 @@ bool kcu_report(kcu_state *st, const char *what, const char *err, const char *fi
 
 static inline bool kcu_check_(kcu_state *st, cudaError_t e, const char *what, const char *file,
                               int line) {
+    if (st) st->launch_seq++;
     return e == cudaSuccess ? true : kcu_report(st, what, cudaGetErrorString(e), file, line);
 }
 static inline bool kcu_cublas_(kcu_state *st, cublasStatus_t s, const char *what, const char *file,
                                int line) {
+    if (st) st->launch_seq++;
     return s == CUBLAS_STATUS_SUCCESS ? true
                                       : kcu_report(st, what, cublasGetStatusString(s), file, line);
 }
@@ -123,6 +130,10 @@ void kcu_prof_end(kcu_state *st, const char *name);
 void *kcu_scratch(kcu_state *st, size_t bytes);
 /* The same for st->multi_out. */
 void *kcu_multi_out(kcu_state *st, size_t bytes);
+/* The same for a buffer of the caller's (*buf of *cap bytes); zeroed: set to 0 when it grows. */
+void *kcu_grow(kcu_state *st, void **buf, size_t *cap, size_t bytes, bool zeroed);
+/* qgemv.cu: frees st->qg_link (the backend's destroy) */
+void kcu_qg_link_free(kcu_state *st);
 
 /* ---- programmatic dependent launch ----
  * A kernel launched with KCU_LAUNCH may become resident while the kernel before it on the stream

@@ -22,6 +22,8 @@ void kcu_matmul_norm(kiln_backend *be, int count, float *const *ys, const float 
 void kcu_matmul_add(kiln_backend *be, float *y, const float *x, float *tmp, int64_t n,
                     const kiln_matrix *w);
 void kcu_prefetch(kiln_backend *be, const kiln_matrix *const *ws, int count);
+void kcu_feeds_next(kiln_backend *be, const float *x, const float *norm_w, float eps,
+                    bool plus_one);
 void kcu_matmul_norm_glu(kiln_backend *be, float *out, const float *x, float *h, float *up,
                          int64_t n, const kiln_matrix *wg, const kiln_matrix *wu,
                          const float *norm_w, float eps, bool plus_one, kiln_glu_act act);
@@ -106,6 +108,11 @@ void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
  * (default; env KILN_CUDA_QGEMV_INLINE_COLS columns per SM, 6144); -1 goes back to env
  * KILN_CUDA_QGEMV_INLINE. Off with KILN_CUDA_FUSED=0. */
 void kiln_cuda_set_qgemv_inline(int mode);
+/* x's digits handed from one quantized GEMV to the next where the model hints it (feeds_next,
+ * qgemv.cu qg_link): 1 on (default), 0 off, < 0 back to env KILN_CUDA_QGEMV_LINK. */
+void kiln_cuda_set_qgemv_link(int on);
+/* How many GEMVs so far read x's digits handed on instead of running pass 1 (tests, stats). */
+long long kiln_cuda_qgemv_links(kiln_backend *be);
 /* The quantized decode GEMV at n = 1 on int8 tensor cores (qgemv.cu, k_qgemv_mma): 1 on, 0 off
  * (default); -1 goes back to env KILN_CUDA_QGEMV_MMA. */
 void kiln_cuda_set_qgemv_mma(int on);

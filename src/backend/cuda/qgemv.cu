@@ -202,7 +202,44 @@ struct qg_args {
     float eps;
     int plus_one, act;
     int nd; /* digits of x: 3 (exact, 24-bit fixed point) or 1 (fast mode: int8, as Q8_1) */
+    /* emit_dig set: this launch also writes pass 1's digits of its output y (QG_GLU: y[0], else
+     * the one matrix's), times emit_norm_w when set (with the sums of squares), for the next
+     * GEMV (qg_link). The block that completes a 32-row group (emit_arrivals blocks each,
+     * counted in emit_count, which the last one sets back to 0) digitizes it. */
+    int8_t *emit_dig;
+    float *emit_E, *emit_sx16, *emit_ssq;
+    unsigned *emit_count;
+    const float *emit_norm_w;
+    int emit_plus_one, emit_perm4, emit_arrivals;
 };
+
+/* The emission of qg_args (emit_dig set): y [n, rows] of this launch; grp the 32-row group this
+ * block's rows lie in. Every thread's writes of y are fenced before the block arrives; the last
+ * block of the group reads the group back from L2 and warp t makes token t's digits. */
+__device__ __noinline__ void qg_emit(const qg_args &A, const float *y, int rows, int n, int grp) {
+    __threadfence();
+    __syncthreads();
+    QG_SHARED(int, emit_last, [1]);
+    if (threadIdx.x == 0) {
+        const unsigned prev = atomicAdd(A.emit_count + grp, 1u);
+        emit_last[0] = prev + 1 == (unsigned)A.emit_arrivals;
+        if (emit_last[0]) {
+            A.emit_count[grp] = 0u; /* for the next launch */
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ng = rows >> 5;
+    if (!emit_last[0] || warp >= n) return;
+    float v = __ldcg(y + (int64_t)warp * rows + grp * 32 + lane);
+    if (A.emit_norm_w) {
+        const float q = kcu_warp_sum(v * v);
+        if (lane == 0) A.emit_ssq[(int64_t)warp * ng + grp] = q;
+        const float g = A.emit_norm_w[grp * 32 + lane];
+        v *= A.emit_plus_one ? 1.0f + g : g;
+    }
+    qx_digit_block(A.emit_dig, A.emit_E, A.emit_sx16, v, warp, grp, ng, A.emit_perm4, lane, A.nd);
+}
 
 /* Pass 2. A warp owns a tile of RR rows (QG_GLU: RR/2 rows of the gate and the same rows of up; a
  * partial last tile re-reads its last row and does not write it) and lane l of warp ks of the
@@ -409,6 +446,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
             }
         }
     }
+    if (A.emit_dig)
+        qg_emit(A, A.y[m], rows, n,
+                (int)(blockIdx.x - A.first[m]) * (QG_WARPS >> ks_log2) * R >> 5);
 }
 
 /* ---- the same GEMV on int8 tensor cores (n = 1; opt-in, KILN_CUDA_QGEMV_MMA=1) ----
@@ -787,18 +827,29 @@ static bool qg_plan(kcu_state *st, const qg_call &c, qg_args &A, unsigned *block
     return true;
 }
 
+/* Pass 1's buffer for n tokens of cols columns: byte offsets of E [n, ng] f32, sx16 [n, 2ng] f32,
+ * ssq [n, ng] f32 and the digits [n, 3, 2ng, 16] bytes (ng = cols / 32), and its size */
+struct qg_digit_layout {
+    size_t e, s, q, d, bytes;
+};
+static qg_digit_layout qg_layout(int64_t n, int cols) {
+    const int ng = cols / 32;
+    const size_t e_bytes = ((size_t)n * ng * 4 + 255) & ~(size_t)255;
+    const size_t s_bytes = ((size_t)n * ng * 8 + 255) & ~(size_t)255;
+    return {0, e_bytes, e_bytes + s_bytes, 2 * e_bytes + s_bytes,
+            2 * e_bytes + s_bytes + (size_t)n * ng * 96};
+}
+
 /* Pass 1 of c into scratch (digits of x, or of x * norm_w and x's sums of squares with QG_NORM);
  * sets A's digit pointers. False when scratch could not grow (the sticky error is set). */
 static bool qg_pass1(kcu_state *st, const qg_call &c, qg_args &A) {
     const int cols = (int)c.ws[0]->cols, ng = cols / 32;
-    /* E [n, ng] f32, sx16 [n, 2ng] f32, ssq [n, ng] f32, digits [n, 3, 2ng, 16] bytes */
-    const size_t e_bytes = ((size_t)c.n * ng * 4 + 255) & ~(size_t)255;
-    const size_t s_bytes = ((size_t)c.n * ng * 8 + 255) & ~(size_t)255;
-    char *scr = (char *)kcu_scratch(st, 2 * e_bytes + s_bytes + (size_t)c.n * ng * 96);
+    const qg_digit_layout lay = qg_layout(c.n, cols);
+    char *scr = (char *)kcu_scratch(st, lay.bytes);
     if (!scr) return false;
-    float *E = (float *)scr, *sx16 = (float *)(scr + e_bytes);
-    float *ssq = (float *)(scr + e_bytes + s_bytes);
-    int8_t *dig = (int8_t *)(scr + 2 * e_bytes + s_bytes);
+    float *E = (float *)(scr + lay.e), *sx16 = (float *)(scr + lay.s);
+    float *ssq = (float *)(scr + lay.q);
+    int8_t *dig = (int8_t *)(scr + lay.d);
     const int64_t warps = c.n * ng;
     const bool norm = (c.flags & QG_NORM) != 0;
     KCU_LAUNCH(st, k_qx_digits, (unsigned)((warps + 7) / 8), 256, 0, dig, E, sx16, c.x, (int)c.n,
@@ -880,6 +931,120 @@ static void qm_run(kcu_state *st, const qg_call &c, qg_args &A) {
  * issue, less than a launch (Qwen3-0.6B's layer matrices; not Llama-3-8B's or any LM head). Knob
  * KILN_CUDA_QGEMV_INLINE / kiln_cuda_set_qgemv_inline: 0 never, 1 wherever it fits, 2 by that
  * budget. False (nothing launched) when the kernel does not apply. */
+/* ---- x's digits handed from one GEMV to the next (backend.h feeds_next) ----
+ * Each quantized GEMV of a decode layer starts with pass 1, a launch of its own that the GEMV
+ * waits for (measured on an H100: the 8B's batch-1 decode without any pass 1 would run 8-14%
+ * faster). When the model says that the op writing x feeds a GEMV of x next (the hint), the
+ * GEMV writing x also writes x's digits (qg_emit) into one of two hand-off buffers, and the next
+ * GEMV reads them instead of running pass 1 — if it comes next (no CUDA call between: launch_seq)
+ * and reads the same x with the same token count, columns, digit layout, mode and norm weight.
+ * The digits are pass 1's bits, so results do not change. KILN_CUDA_QGEMV_LINK=0: off. */
+struct qg_link {
+    /* the hint (feeds_next): the next GEMV writing hint_x feeds a GEMV of it (through the norm
+     * with hint_norm_w when set), valid while launch_seq is hint_seq */
+    const float *hint_x, *hint_norm_w;
+    bool hint_plus_one, hint_set;
+    unsigned long long hint_seq;
+    /* the last emission: x's digits at dig / E / sx16 / ssq, valid while launch_seq is seq */
+    bool valid;
+    unsigned long long seq;
+    const float *x, *norm_w;
+    bool plus_one;
+    int64_t n;
+    int cols, perm4, nd, side;
+    const uint4 *dig;
+    const float *E, *sx16, *ssq;
+    void *buf[2]; /* the two hand-off buffers (a GEMV may read one while it writes the other) */
+    size_t cap[2];
+    void *count; /* [groups] arrival counts, zero between launches */
+    size_t count_cap;
+    long long taken; /* GEMVs that read handed-on digits */
+};
+static int g_qg_link = -1;
+extern "C" void kiln_cuda_set_qgemv_link(int on) {
+    g_qg_link = on;
+}
+void kcu_qg_link_free(kcu_state *st) {
+    qg_link *L = st->qg_link;
+    if (!L) return;
+    void *bufs[3] = {L->buf[0], L->buf[1], L->count};
+    for (void *b : bufs)
+        if (b) {
+#ifdef QG_HOST_EMU
+            qe_dev_free(b);
+#else
+            cudaFree(b);
+#endif
+        }
+    free(L);
+    st->qg_link = NULL;
+}
+/* The hint of backend.h feeds_next for st (dropped when the knob is off or memory is short). */
+void kcu_qg_hint(kcu_state *st, const float *x, const float *norm_w, bool plus_one) {
+    if (qg_env(&g_qg_link, "KILN_CUDA_QGEMV_LINK", 1) == 0) return;
+    if (!st->qg_link) st->qg_link = (qg_link *)calloc(1, sizeof(qg_link));
+    qg_link *L = st->qg_link;
+    if (!L) return;
+    L->hint_x = x, L->hint_norm_w = norm_w, L->hint_plus_one = plus_one;
+    L->hint_seq = st->launch_seq;
+    L->hint_set = true;
+}
+
+/* Consumer: c's x digits from the last emission when it matches (A's digit pointers set, true);
+ * the emission is used up either way. */
+static bool qg_link_take(kcu_state *st, const qg_call &c, qg_args &A) {
+    qg_link *L = st->qg_link;
+    if (!L || !L->valid) return false;
+    L->valid = false;
+    const bool norm = (c.flags & QG_NORM) != 0;
+    if (L->seq != st->launch_seq || L->x != c.x || L->n != c.n || L->cols != c.ws[0]->cols ||
+        L->perm4 != (c.ws[0]->bits == 4 ? 1 : 0) || L->nd != A.nd ||
+        (norm ? L->norm_w != c.norm_w || L->plus_one != c.plus_one : L->norm_w != NULL))
+        return false;
+    A.dig = L->dig, A.E = L->E, A.sx16 = L->sx16, A.ssq = L->ssq;
+    L->taken++;
+    return true;
+}
+
+/* Producer: when the hint names c's output, sets A's emission (true) into the hand-off buffer
+ * the last emission did not use. The hint is used up either way. */
+static bool qg_link_emit(kcu_state *st, const qg_call &c, qg_args &A) {
+    qg_link *L = st->qg_link;
+    if (!L || !L->hint_set) return false;
+    L->hint_set = false;
+    if (L->hint_seq != st->launch_seq || c.ys[0] != L->hint_x ||
+        !((c.flags & QG_GLU) || c.count == 1))
+        return false;
+    const int rows = (int)c.ws[0]->rows, rr = qg_rows_per_warp(c);
+    const int R = (c.flags & QG_GLU) ? rr / 2 : rr, rpb = (QG_WARPS >> A.ks_log2) * R;
+    if (rows % 32 || 32 % rpb) return false; /* a block's rows lie in one 32-row group */
+    const qg_digit_layout lay = qg_layout(c.n, rows);
+    const int side = L->side ^ 1;
+    char *b = (char *)kcu_grow(st, &L->buf[side], &L->cap[side], lay.bytes, false);
+    unsigned *count = (unsigned *)kcu_grow(st, &L->count, &L->count_cap,
+                                           (size_t)(rows / 32) * sizeof(unsigned), true);
+    if (!b || !count) return false;
+    A.emit_E = (float *)(b + lay.e), A.emit_sx16 = (float *)(b + lay.s);
+    A.emit_ssq = (float *)(b + lay.q), A.emit_dig = (int8_t *)(b + lay.d);
+    A.emit_count = count;
+    A.emit_norm_w = L->hint_norm_w, A.emit_plus_one = L->hint_plus_one ? 1 : 0;
+    A.emit_perm4 = c.ws[0]->bits == 4 ? 1 : 0;
+    A.emit_arrivals = 32 / rpb;
+    L->side = side;
+    return true;
+}
+/* After the producer's launch: what it emits, for the next GEMV */
+static void qg_link_emitted(kcu_state *st, const qg_call &c, const qg_args &A) {
+    qg_link *L = st->qg_link;
+    L->valid = true;
+    L->seq = st->launch_seq;
+    L->x = c.ys[0], L->n = c.n, L->cols = (int)c.ws[0]->rows;
+    L->norm_w = A.emit_norm_w, L->plus_one = A.emit_plus_one != 0;
+    L->perm4 = A.emit_perm4, L->nd = A.nd;
+    L->dig = (const uint4 *)A.emit_dig, L->E = A.emit_E, L->sx16 = A.emit_sx16;
+    L->ssq = A.emit_ssq;
+}
+
 static bool qg_run(kcu_state *st, const qg_call &c) {
     qg_args A;
     unsigned blocks = 0;
@@ -893,8 +1058,13 @@ static bool qg_run(kcu_state *st, const qg_call &c) {
     const bool inl = kcu_qfused_enabled() && inl_mode != 0 && c.n == 1 &&
                      c.ws[0]->cols <= QG_INL_COLS &&
                      (inl_mode == 1 || (int64_t)blocks * c.ws[0]->cols <= budget * st->n_sms);
-    if (!inl && !qg_pass1(st, c, A)) return true; /* the sticky error is set */
+    /* x's digits: handed on by the GEMV before, made in the blocks, or pass 1 */
+    const bool linked = !inl && qg_link_take(st, c, A);
+    if (inl && st->qg_link) st->qg_link->valid = false; /* makes its own: the emission is used up */
+    const bool emits = qg_link_emit(st, c, A);
+    if (!inl && !linked && !qg_pass1(st, c, A)) return true; /* the sticky error is set */
     qg_pass2(st, c, c.flags | (inl ? QG_INL : 0), A, blocks);
+    if (emits) qg_link_emitted(st, c, A);
     return true;
 }
 
@@ -933,6 +1103,18 @@ bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const floa
     }
     return true;
 }
+
+#ifndef QG_HOST_EMU
+extern "C" long long kiln_cuda_qgemv_links(kiln_backend *be) {
+    const kcu_state *st = kcu_st(be);
+    return st->qg_link ? st->qg_link->taken : 0;
+}
+extern "C" void kcu_feeds_next(kiln_backend *be, const float *x, const float *norm_w, float eps,
+                               bool plus_one) {
+    (void)eps; /* the digits do not depend on it: the GEMV applies the norm's scale itself */
+    kcu_qg_hint(kcu_st(be), x, norm_w, plus_one);
+}
+#endif
 
 bool kcu_qgemv_dp4a(kcu_state *st, float *y, const float *x, int64_t n, const kiln_matrix *w) {
     return kcu_qgemv_dp4a_multi(st, 1, &y, x, n, &w);
