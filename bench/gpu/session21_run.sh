@@ -83,7 +83,8 @@ if [ "$PART" = 4 ]; then
     build_gpu_bench
     stamp "tests"
     TEST_TIMEOUT=240 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link,test_qgemv_fused" \
-        "test_parity_cuda" "test_cuda_ops KILN_TEST_ONLY=test_attention KILN_CUDA_ATT_SPLIT_KEYS=64" \
+        "test_parity_cuda" "test_parity_cuda_hybrid" \
+        "test_cuda_ops KILN_TEST_ONLY=test_attention KILN_CUDA_ATT_SPLIT_KEYS=64" \
         "test_kv_cuda KILN_CUDA_ATT_SPLIT_KEYS=64"
     wait $MODELS
     for m in llama-3-8b-q4 llama-3-8b-q8; do

@@ -562,20 +562,24 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
     kiln_status st = KILN_OK;
     for (int l = 0; !replayed && l < s->n_layers && st == KILN_OK; l++) {
         qn_layer *L = &s->layers[l];
-        if (L->linear) {
+        /* dense layers: each matmul feeds the next one (backend.h feeds_next, as in llama.c) */
+        const bool hint = be->feeds_next && !L->moe;
+        if (L->linear)
             linear_mixer(m, s, L, l, e, n_entries, T, &a, &gb);
-            be->matmul_add(be, a.x, a.attn, a.h, T, &L->out_proj);
-        } else {
+        else
             attention_mixer(m, s, L, l, e, n_entries, T, &a, kvs, kv_n);
-            be->matmul_add(be, a.x, a.attn, a.h, T, &L->wo);
-        }
+        if (hint) be->feeds_next(be, a.x, L->ffn_norm, s->eps, s->norm_plus_one);
+        be->matmul_add(be, a.x, a.attn, a.h, T, L->linear ? &L->out_proj : &L->wo);
         if (L->moe) {
             be->rmsnorm(be, a.h, a.x, L->ffn_norm, T, H, s->eps, s->norm_plus_one);
             st = kiln_moe_forward(m, &L->sparse, a.y, a.h, T, &s->moe);
             if (st == KILN_OK) be->add(be, a.x, a.x, a.y, T * H);
         } else {
+            if (hint) be->feeds_next(be, a.ff1, NULL, 0.0f, false);
             be->matmul_norm_glu(be, a.ff1, a.x, a.h, a.ff2, T, &L->w_gate, &L->w_up, L->ffn_norm,
                                 s->eps, s->norm_plus_one, KILN_GLU_SILU);
+            if (hint && l + 1 < s->n_layers)
+                be->feeds_next(be, a.x, s->layers[l + 1].attn_norm, s->eps, s->norm_plus_one);
             be->matmul_add(be, a.x, a.ff1, a.h, T, &L->w_down);
         }
     }
