@@ -8,6 +8,7 @@
 # PART=2: what pass 1 costs the 8B's batch-1 decode (see below), and decode attention alone.
 # PART=3: decode attention's key splits at mid contexts (fewer keys a split, more blocks).
 # PART=4: everything in one call: qg_link's tests and batch-1 A/B, then PART=3's A/B.
+# PART=5: PART=4 cut to its first half, for the last ~300 s of device time.
 LIMIT=${LIMIT:-560}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -105,5 +106,21 @@ if [ "$PART" = 4 ]; then
                 $2 $1 32 KILN_CUDA_ATT_SPLIT_KEYS=64)"
     done
     op_profile llama-3-8b-q4 1 30
+fi
+if [ "$PART" = 5 ]; then
+    # PART=4 cut to what ~250 s hold: qg_link's tests and the q4 (then q8) batch-1 A/B
+    models_converted_in_background llama-3-8b:4 llama-3-8b:8
+    build_kiln
+    stamp "tests"
+    TEST_TIMEOUT=100 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" "test_parity_cuda" \
+        "test_parity_cuda_hybrid"
+    while [ ! -f "$M/llama-3-8b-q4/config.json" ] && left 40; do sleep 2; done
+    sleep 3
+    for m in llama-3-8b-q4 llama-3-8b-q8; do
+        for v in KILN_MATMUL=exact KILN_MATMUL=fast; do
+            left 25 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v)" \
+                "| no link $(bench_tok_s $m 1 128 64 $v KILN_CUDA_QGEMV_LINK=0)"
+        done
+    done
 fi
 stamp "end"
