@@ -114,8 +114,7 @@ if [ "$PART" = 5 ]; then
     stamp "tests"
     TEST_TIMEOUT=100 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" "test_parity_cuda" \
         "test_parity_cuda_hybrid"
-    while [ ! -f "$M/llama-3-8b-q4/config.json" ] && left 40; do sleep 2; done
-    sleep 3
+    while kill -0 "$MODELS" 2>/dev/null && left 40; do sleep 2; done
     for m in llama-3-8b-q4 llama-3-8b-q8; do
         for v in KILN_MATMUL=exact KILN_MATMUL=fast; do
             left 25 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v)" \
