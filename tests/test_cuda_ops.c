@@ -1060,7 +1060,8 @@ static void test_qgemv_link(void) {
     }
     kiln_cuda_set_qgemv_inline(0); /* digits never in the blocks: every consumer linked */
     check_qgemv_link_case(4, 32, 1024, 3072, 1, 10, 3);
-    check_qgemv_link_case(8, 64, 512, 1024, 2, 10, 3);
+    check_qgemv_link_case(8, 64, 512, 1024, 1, 10, 3);
+    check_qgemv_link_case(8, 64, 512, 1024, 2, 10, -1); /* norms of 2+ tokens: tensor cores */
     kiln_cuda_set_qgemv_inline(-1);
 }
 
