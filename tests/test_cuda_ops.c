@@ -1049,6 +1049,7 @@ static void check_qgemv_link_case(int bits, int G, int64_t H, int64_t F, int64_t
     free(h0), free(attn), free(n1), free(n2);
 }
 static void test_qgemv_link(void) {
+    kiln_cuda_set_qgemv_link(1); /* opt-in until measured on a GPU */
     for (int b = 4; b <= 8; b += 4) {
         /* Llama-3-8B's shapes: every consumer reads handed-on digits at one token; at 8 some
          * of the matmuls may take the tensor-core GEMM instead */
@@ -1063,6 +1064,7 @@ static void test_qgemv_link(void) {
     check_qgemv_link_case(8, 64, 512, 1024, 1, 10, 3);
     check_qgemv_link_case(8, 64, 512, 1024, 2, 10, -1); /* norms of 2+ tokens: tensor cores */
     kiln_cuda_set_qgemv_inline(-1);
+    kiln_cuda_set_qgemv_link(-1);
 }
 
 static void test_qgemv_fused(void) {

@@ -77,22 +77,23 @@ if [ "$PART" = 3 ]; then
 fi
 if [ "$PART" = 4 ]; then
     # one call for all of it (the session's last device minutes): x's digits handed from GEMV to
-    # GEMV (qg_link, on by default) tested and A/B'd against KILN_CUDA_QGEMV_LINK=0 on the 8B at
+    # GEMV (qg_link, opt-in: KILN_CUDA_QGEMV_LINK=1) tested and A/B'd against the default on the 8B at
     # batch 1; then PART=3's attention split A/B
     models_converted_in_background llama-3-8b:4 llama-3-8b:8
     build_kiln
     build_gpu_bench
     stamp "tests"
     TEST_TIMEOUT=240 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link,test_qgemv_fused" \
-        "test_parity_cuda" "test_parity_cuda_hybrid" \
+        "test_parity_cuda KILN_CUDA_QGEMV_LINK=1" \
+        "test_parity_cuda_hybrid KILN_CUDA_QGEMV_LINK=1" \
         "test_cuda_ops KILN_TEST_ONLY=test_attention KILN_CUDA_ATT_SPLIT_KEYS=64" \
         "test_kv_cuda KILN_CUDA_ATT_SPLIT_KEYS=64"
     wait $MODELS
     for m in llama-3-8b-q4 llama-3-8b-q8; do
         for v in KILN_MATMUL=exact KILN_MATMUL=fast; do
-            left 40 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v)" \
-                "| no link $(bench_tok_s $m 1 128 64 $v KILN_CUDA_QGEMV_LINK=0)" \
-                "| link $(bench_tok_s $m 1 128 64 $v)"
+            left 40 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v \
+                KILN_CUDA_QGEMV_LINK=1) | no link $(bench_tok_s $m 1 128 64 $v)" \
+                "| link $(bench_tok_s $m 1 128 64 $v KILN_CUDA_QGEMV_LINK=1)"
         done
     done
     for k in 0 64; do
@@ -112,13 +113,13 @@ if [ "$PART" = 5 ]; then
     models_converted_in_background llama-3-8b:4 llama-3-8b:8
     build_kiln
     stamp "tests"
-    TEST_TIMEOUT=100 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" "test_parity_cuda" \
-        "test_parity_cuda_hybrid"
+    TEST_TIMEOUT=100 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" \
+        "test_parity_cuda KILN_CUDA_QGEMV_LINK=1" "test_parity_cuda_hybrid KILN_CUDA_QGEMV_LINK=1"
     while kill -0 "$MODELS" 2>/dev/null && left 40; do sleep 2; done
     for m in llama-3-8b-q4 llama-3-8b-q8; do
         for v in KILN_MATMUL=exact KILN_MATMUL=fast; do
-            left 25 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v)" \
-                "| no link $(bench_tok_s $m 1 128 64 $v KILN_CUDA_QGEMV_LINK=0)"
+            left 25 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v \
+                KILN_CUDA_QGEMV_LINK=1) | no link $(bench_tok_s $m 1 128 64 $v)"
         done
     done
 fi

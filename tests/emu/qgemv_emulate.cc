@@ -937,6 +937,7 @@ int main(int argc, char **argv) {
     qe_fast = false;
     kiln_cuda_set_qgemv_mma(-1);
     /* qg_link: the chain with and without hints, exact and fast, at 1..8 tokens */
+    kiln_cuda_set_qgemv_link(1);
     for (int fast = 0; fast < 2; fast++) {
         qe_fast = fast == 1;
         for (int b = 0; b < 2; b++) {
@@ -949,6 +950,7 @@ int main(int argc, char **argv) {
         }
     }
     qe_fast = false;
+    kiln_cuda_set_qgemv_link(-1);
     qe_declines();
     printf("%d cases (%d checks), worst rel err %.2e: %s\n", n_cases, n_checks, worst_err,
            n_failed ? "FAILED" : "all passed");

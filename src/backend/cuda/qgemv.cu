@@ -938,7 +938,9 @@ static void qm_run(kcu_state *st, const qg_call &c, qg_args &A) {
  * GEMV writing x also writes x's digits (qg_emit) into one of two hand-off buffers, and the next
  * GEMV reads them instead of running pass 1 — if it comes next (no CUDA call between: launch_seq)
  * and reads the same x with the same token count, columns, digit layout, mode and norm weight.
- * The digits are pass 1's bits, so results do not change. KILN_CUDA_QGEMV_LINK=0: off. */
+ * The digits are pass 1's bits, so results do not change. Opt-in (KILN_CUDA_QGEMV_LINK=1) until
+ * it has run on a GPU: the emulator runs blocks one after another, so it cannot see a race
+ * between the blocks of a group (test_cuda_ops' test_qgemv_link can). */
 struct qg_link {
     /* the hint (feeds_next): the next GEMV writing hint_x feeds a GEMV of it (through the norm
      * with hint_norm_w when set), valid while launch_seq is hint_seq */
@@ -981,7 +983,7 @@ void kcu_qg_link_free(kcu_state *st) {
 }
 /* The hint of backend.h feeds_next for st (dropped when the knob is off or memory is short). */
 void kcu_qg_hint(kcu_state *st, const float *x, const float *norm_w, bool plus_one) {
-    if (qg_env(&g_qg_link, "KILN_CUDA_QGEMV_LINK", 1) == 0) return;
+    if (qg_env(&g_qg_link, "KILN_CUDA_QGEMV_LINK", 0) == 0) return;
     if (!st->qg_link) st->qg_link = (qg_link *)calloc(1, sizeof(qg_link));
     qg_link *L = st->qg_link;
     if (!L) return;
