@@ -86,6 +86,7 @@ if [ "$PART" = 4 ]; then
     TEST_TIMEOUT=240 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link,test_qgemv_fused" \
         "test_parity_cuda KILN_CUDA_QGEMV_LINK=1" \
         "test_parity_cuda_hybrid KILN_CUDA_QGEMV_LINK=1" \
+        "test_parity_cuda_gemma KILN_CUDA_QGEMV_LINK=1" \
         "test_cuda_ops KILN_TEST_ONLY=test_attention KILN_CUDA_ATT_SPLIT_KEYS=64" \
         "test_kv_cuda KILN_CUDA_ATT_SPLIT_KEYS=64"
     wait $MODELS

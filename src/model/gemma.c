@@ -696,6 +696,8 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         /* x += post_attn_norm(h); ff1 = gelu(pre_ffn_norm(x) @ gate^T) * (pre_ffn_norm(x) @ up^T)
          */
         be->norm_add(be, a.x, a.h, L->post_attn_norm, T, H, s->eps, s->plus_one, 1.0f);
+        /* gate/up feeds down (backend.h feeds_next; the other matmuls feed norms here) */
+        if (be->feeds_next) be->feeds_next(be, a.ff1, NULL, 0.0f, false);
         be->matmul_norm_glu(be, a.ff1, a.x, a.h, a.ff2, T, &L->w_gate, &L->w_up, L->pre_ffn_norm,
                             s->eps, s->plus_one, KILN_GLU_GELU_TANH);
         be->matmul(be, a.h, a.ff1, T, &L->w_down);
