@@ -28,6 +28,10 @@
  *   memory instead of pass 1 (QG_INL): one launch per op. KILN_CUDA_FUSED=0: none of this, as
  *   before (pass 1, then one launch per matrix; the fusions run as compositions of plain ops).
  *
+ * qg_link (further down; opt-in, KILN_CUDA_QGEMV_LINK=1): where the model hints that a GEMV's
+ *   output feeds the next GEMV (backend.h feeds_next), the first also writes pass 1's digits of its
+ *   output (qg_emit: the last block of each 32-row group makes them) and the second skips pass 1.
+ *
  * With programmatic dependent launch (cuda_common.cuh) pass 2's blocks start while pass 1
  * runs, issue their first weight loads, and wait (griddepcontrol.wait) only before reading x's
  * digits. Error: |x_j - E*X_j| <= 2^-23 * max|x| of its block, ~1e-7 relative in the result.
