@@ -927,14 +927,6 @@ static void qm_run(kcu_state *st, const qg_call &c, qg_args &A) {
         kcu_report(st, "qgemv_mma", "no kernel instance for the call", __FILE__, __LINE__);
 }
 
-/* Runs c as one pass-2 launch over all its matrices, preceded by pass 1 unless the blocks make x's
- * digits themselves (QG_INL: n = 1, cols <= QG_INL_COLS). Every block repeats that digit work (a
- * warp makes 32 columns' digits in ~40 instructions, about the issue slots of its share of a q4
- * GEMV), which pays only where launches, not the weight stream, bound the time: by default where
- * the grid's digit work is at most KILN_CUDA_QGEMV_INLINE_COLS (6144) columns per SM, ~1 us of
- * issue, less than a launch (Qwen3-0.6B's layer matrices; not Llama-3-8B's or any LM head). Knob
- * KILN_CUDA_QGEMV_INLINE / kiln_cuda_set_qgemv_inline: 0 never, 1 wherever it fits, 2 by that
- * budget. False (nothing launched) when the kernel does not apply. */
 /* ---- x's digits handed from one GEMV to the next (backend.h feeds_next) ----
  * Each quantized GEMV of a decode layer starts with pass 1, a launch of its own that the GEMV
  * waits for (measured on an H100: the 8B's batch-1 decode without any pass 1 would run 8-14%
@@ -1051,6 +1043,15 @@ static void qg_link_emitted(kcu_state *st, const qg_call &c, const qg_args &A) {
     L->ssq = A.emit_ssq;
 }
 
+/* Runs c as one pass-2 launch over all its matrices, preceded by pass 1 unless the blocks make x's
+ * digits themselves (QG_INL: n = 1, cols <= QG_INL_COLS). Every block repeats that digit work (a
+ * warp makes 32 columns' digits in ~40 instructions, about the issue slots of its share of a q4
+ * GEMV), which pays only where launches, not the weight stream, bound the time: by default where
+ * the grid's digit work is at most KILN_CUDA_QGEMV_INLINE_COLS (6144) columns per SM, ~1 us of
+ * issue, less than a launch (Qwen3-0.6B's layer matrices; not Llama-3-8B's or any LM head). Knob
+ * KILN_CUDA_QGEMV_INLINE / kiln_cuda_set_qgemv_inline: 0 never, 1 wherever it fits, 2 by that
+ * budget. The digits may instead come from the GEMV before (qg_link). False (nothing launched)
+ * when the kernel does not apply. */
 static bool qg_run(kcu_state *st, const qg_call &c) {
     qg_args A;
     unsigned blocks = 0;
