@@ -1,11 +1,11 @@
 /* cuda_shim.h — what the CPU warp emulators (fa_emulate.cc, tc_gemm_emulate.cc,
  * gdn_emulate.cc, qgemv_emulate.cc, attention_emulate.cc, paged_attention_emulate.cc,
  * moe_emulate.cc) share to compile a kernel source as host C++: the CUDA qualifiers as nothing,
- * the vector types the kernels use, and the block / thread coordinates (each emulated CUDA thread
- * is a std::thread, so threadIdx / blockIdx and the warp / lane are thread_local; qgemv_emulate.cc
- * runs its threads as fibers on one OS thread and sets them at every switch). The std::thread
- * emulators take barriers, shuffles and the block runner from thread_blocks.h; the others keep
- * their own (fibers, mma and warp counts differ). */
+ * the vector types the kernels use, the math API's bit casts, and the block / thread
+ * coordinates (each emulated CUDA thread is a std::thread, so threadIdx / blockIdx and the warp /
+ * lane are thread_local; qgemv_emulate.cc runs its threads as fibers on one OS thread and sets
+ * them at every switch). The std::thread emulators take barriers, shuffles and the block runner
+ * from thread_blocks.h; the others keep their own (fibers, mma and warp counts differ). */
 #ifndef KILN_TESTS_EMU_CUDA_SHIM_H
 #define KILN_TESTS_EMU_CUDA_SHIM_H
 
@@ -17,6 +17,10 @@
 #define __launch_bounds__(...)
 #define __grid_constant__
 #define __shared__
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 
 struct uint2 {
     unsigned x, y;
@@ -45,5 +49,25 @@ struct emu_dim3 {
 inline thread_local emu_dim3 threadIdx, blockIdx;
 inline emu_dim3 blockDim, gridDim;
 inline thread_local int t_warp, t_lane;
+
+/* the bit casts and conversions of the CUDA math API */
+static inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline int __float_as_int(float f) {
+    int i;
+    memcpy(&i, &f, 4);
+    return i;
+}
+static inline float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+static inline int __float2int_rn(float v) {
+    return (int)nearbyintf(v); /* round to nearest even (the default mode) */
+}
 
 #endif

@@ -31,12 +31,7 @@ static inline float4 __ldg(const float4 *p) {
 template <typename T> static T kcu_ld(const T *p) { /* cuda_common.cuh's coherent load */
     return *p;
 }
-#define __expf(x) expf(x) /* glibc declares its own __expf */
-static inline float __uint_as_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+#define __expf(x) expf(x)          /* glibc declares its own __expf */
 uint4 fa_sm_raw[(232 << 10) / 16]; /* "shared memory" of the running block */
 
 static std::barrier<> *g_block_bar;

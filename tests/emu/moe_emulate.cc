@@ -53,11 +53,6 @@ template <typename T> static T __ldg(const T *p) {
 template <typename T> static T kcu_ld(const T *p) {
     return __ldg(p);
 }
-static float __uint_as_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, int sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
 }

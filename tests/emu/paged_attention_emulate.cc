@@ -55,11 +55,6 @@ template <typename T> static T kcu_ld(const T *p) {
     memcpy(&r, (const void *)p, sizeof r);
     return r;
 }
-static float __uint_as_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static float kcu_tanh(float x) {
     return tanhf(x);
 }

@@ -298,19 +298,6 @@ static void qe_on_segv(int, siginfo_t *si, void *) {
 
 /* ---- the device functions the kernel file takes from cuda_common.cuh / gemv.cuh ---- */
 
-static int __float_as_int(float f) {
-    int i;
-    memcpy(&i, &f, 4);
-    return i;
-}
-static float __int_as_float(int i) {
-    float f;
-    memcpy(&f, &i, 4);
-    return f;
-}
-static int __float2int_rn(float v) {
-    return (int)nearbyintf(v); /* round to nearest even (the default mode) */
-}
 static float rsqrtf(float x) {
     return 1.0f / sqrtf(x);
 }

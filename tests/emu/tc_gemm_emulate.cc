@@ -58,16 +58,6 @@ static inline float __ldcg(const float *p) {
 static inline float rsqrtf(float x) {
     return 1.0f / sqrtf(x);
 }
-static inline int __float_as_int(float f) {
-    int i;
-    memcpy(&i, &f, 4);
-    return i;
-}
-static inline float __int_as_float(int i) {
-    float f;
-    memcpy(&f, &i, 4);
-    return f;
-}
 uint4 tc_sm_raw[(232 << 10) / 16]; /* "shared memory" of the running block */
 
 static std::barrier<> *g_block_bar;
@@ -253,11 +243,6 @@ static inline float kcu_bf16(uint16_t h) {
 }
 static inline int __ffs(int v) {
     return __builtin_ffs(v);
-}
-static inline float __uint_as_float(unsigned u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 static float tc_load_scale(const void *p, int64_t i, int dt) {
     if (dt == KILN_DT_F32) return ((const float *)p)[i];
