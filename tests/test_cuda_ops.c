@@ -1048,6 +1048,71 @@ static void check_qgemv_link_case(int bits, int G, int64_t H, int64_t F, int64_t
     free_matrix(&wo), free_matrix(&wg), free_matrix(&wu), free_matrix(&wd);
     free(h0), free(attn), free(n1), free(n2);
 }
+/* Decode attention hands its output's digits to the o projection (qg_link; attention.cu
+ * attention_short): n_seq sequences of the f32 contiguous cache with prefixes pres (short, and
+ * long enough for key splits), 32 query / 8 KV heads of 128 dims, then o = attention @ wo^T,
+ * hinted reps times (store_attend_batch attending only, k = NULL) against unhinted, bit for bit,
+ * with one hand-off each (links >= 0). */
+static void check_attn_link_case(int bits, int G, int n_seq, const int *pres, int reps, int links) {
+    enum { HEADS = 32, NKV = 8, HD = 128 };
+    const int64_t qw = HEADS * HD, kw = NKV * HD;
+    kiln_kv_layer_desc layer = {
+        .n_kv_heads = NKV, .head_dim = HD, .v_head_dim = HD, .is_attention = true};
+    kiln_kv_options opts;
+    memset(&opts, 0, sizeof opts);
+    snprintf(opts.kind, sizeof opts.kind, "f32");
+    kiln_kv *kvs[4] = {0};
+    int ones[4], pos[4];
+    for (int i = 0; i < n_seq; i++) {
+        ones[i] = 1;
+        CHECK_OK(be->kv_new(be, &layer, 1, &opts, pres[i] + 1, &kvs[i]));
+        if (!kvs[i]) return;
+        float *k = rand_f32((pres[i] + 1) * kw, 1.0f), *v = rand_f32((pres[i] + 1) * kw, 1.0f);
+        float *dk = dev_copy(k, sizeof(float) * (size_t)((pres[i] + 1) * kw)),
+              *dv = dev_copy(v, sizeof(float) * (size_t)((pres[i] + 1) * kw));
+        CHECK_OK(kvs[i]->vt->reserve(kvs[i], pres[i] + 1));
+        kvs[i]->vt->store(kvs[i], 0, dk, dv, pres[i] + 1); /* the step's row too: attend only */
+        kvs[i]->vt->commit(kvs[i], pres[i]);
+        be->free(be, dk), be->free(be, dv);
+        free(k), free(v);
+        pos[i] = pres[i];
+    }
+    test_matrix wo;
+    make_quant(&wo, bits, G, KILN_DT_BF16, qw, qw, false);
+    float *q = rand_f32(n_seq * qw, 1.0f);
+    float *dq = dev_copy(q, sizeof(float) * (size_t)(n_seq * qw));
+    int32_t *dpos = dev_copy(pos, sizeof(int32_t) * (size_t)n_seq);
+    float *dout = dev_poisoned(n_seq * qw), *dy = dev_poisoned(n_seq * qw);
+    float *want = malloc(sizeof(float) * (size_t)(n_seq * qw)),
+          *got = malloc(sizeof(float) * (size_t)(n_seq * qw));
+    kiln_attn_params p = {.n_heads = HEADS, .scale = 1.0f / sqrtf((float)HD), .positions = dpos};
+    int mismatches = 0;
+    long long taken = 0;
+    for (int r = 0; r <= reps; r++) {
+        const bool hinted = r > 0;
+        const long long l0 = kiln_cuda_qgemv_links(be);
+        if (hinted) be->feeds_next(be, dout, NULL, 0.0f, false);
+        kvs[0]->vt->store_attend_batch(kvs, ones, n_seq, 0, NULL, NULL, dq, dout, &p, NULL);
+        be->matmul(be, dy, dout, n_seq, &wo.dev);
+        CHECK_OK(be->synchronize(be));
+        if (hinted) taken += kiln_cuda_qgemv_links(be) - l0;
+        be->download(be, hinted ? got : want, dy, sizeof(float) * (size_t)(n_seq * qw));
+        if (hinted) mismatches += memcmp(got, want, sizeof(float) * (size_t)(n_seq * qw)) != 0;
+    }
+    bool finite = true;
+    for (int64_t i = 0; i < n_seq * qw; i++) finite = finite && isfinite(want[i]);
+    CHECK(finite);
+    if (mismatches || (links >= 0 && taken != (long long)links * reps))
+        fprintf(stderr, "attention link q%dg%d seqs=%d pre=%d: %d of %d differ, %lld hand-offs\n",
+                bits, G, n_seq, pres[0], mismatches, reps, taken);
+    CHECK(mismatches == 0);
+    if (links >= 0) CHECK(taken == (long long)links * reps);
+    for (int i = 0; i < n_seq; i++) kiln_kv_free(kvs[i]);
+    be->free(be, dq), be->free(be, dpos), be->free(be, dout), be->free(be, dy);
+    free(q), free(want), free(got);
+    free_matrix(&wo);
+}
+
 static void test_qgemv_link(void) {
     kiln_cuda_set_qgemv_link(1); /* opt-in until measured on a GPU */
     for (int b = 4; b <= 8; b += 4) {
@@ -1058,6 +1123,14 @@ static void test_qgemv_link(void) {
         /* smaller: the consumers may make their digits in the blocks instead */
         check_qgemv_link_case(b, 32, 1024, 3072, 1, 10, -1);
         check_qgemv_link_case(b, 128, 1024, 3072, 3, 10, -1);
+    }
+    /* attention -> o: one sequence at 100 keys (no split) and 3000 (splits merged by the last
+     * block), then 3 sequences (3 tokens: the GEMV or the tensor cores may take them) */
+    static const int one_short[] = {100}, one_long[] = {3000}, three[] = {40, 700, 2100};
+    for (int b = 4; b <= 8; b += 4) {
+        check_attn_link_case(b, 64, 1, one_short, 6, 1);
+        check_attn_link_case(b, 64, 1, one_long, 6, 1);
+        check_attn_link_case(b, 64, 3, three, 4, -1);
     }
     kiln_cuda_set_qgemv_inline(0); /* digits never in the blocks: every consumer linked */
     check_qgemv_link_case(4, 32, 1024, 3072, 1, 10, 3);

@@ -137,11 +137,11 @@ struct kiln_backend {
      * compute (CUDA: into L2). The first is read first; the others together. Changes no result. */
     void (*prefetch)(kiln_backend *be, const kiln_matrix *const *ws, int count);
     /* Optional hint (NULL: none): the next op, which writes x (matmul_add's y, matmul_norm_glu's
-     * out), is followed directly by a matmul of x: through matmul_norm / matmul_norm_glu with
-     * norm_w (eps, plus_one) when norm_w is set, else matmul / matmul_add. The backend may
-     * prepare that matmul's input while writing x (CUDA: the digits of x that its quantized GEMV
-     * reads, which else take a launch of their own). Changes no result; a hint that is not
-     * followed so is dropped. */
+     * out, or the KV cache's store_attend_batch's out), is followed directly by a matmul of x:
+     * through matmul_norm / matmul_norm_glu with norm_w (eps, plus_one) when norm_w is set, else
+     * matmul / matmul_add. The backend may prepare that matmul's input while writing x (CUDA: the
+     * digits of x that its quantized GEMV reads, which else take a launch of their own). Changes no
+     * result; a hint that is not followed so is dropped. */
     void (*feeds_next)(kiln_backend *be, const float *x, const float *norm_w, float eps,
                        bool plus_one);
     void (*copy2d)(kiln_backend *be, float *dst, int64_t dst_stride, const float *src,

@@ -283,6 +283,10 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         if (!ap.prep)
             be->qk_norm_rope(be, a.q, a.k, a.pos, T, s->n_heads, s->n_kv_heads, s->head_dim, rot,
                              s->inv_freq, L->q_norm, L->k_norm, s->eps);
+        /* attention's output feeds the o projection (the hints below: each matmul feeds the
+         * next; they let CUDA's quantized GEMV take x's digits from the op writing x instead of
+         * a launch of their own) */
+        if (batch_kv && be->feeds_next) be->feeds_next(be, a.attn, NULL, 0.0f, false);
         if (batch_kv)
             bvt->store_attend_batch(kvs, kv_n, n_entries, l, a.k, a.v, a.q, a.attn, &ap, be->pool);
         else
@@ -291,8 +295,6 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
                 kv->vt->store(kv, l, a.k + t * KVD, a.v + t * KVD, e[i].n_tokens);
                 kv->vt->attend(kv, l, a.q + t * QD, e[i].n_tokens, a.attn + t * QD, &ap, be->pool);
             }
-        /* each matmul below feeds the next one (the hints let CUDA's quantized GEMV hand x's
-         * digits along instead of a launch making them) */
         if (be->feeds_next) be->feeds_next(be, a.x, L->ffn_norm, s->eps, false);
         be->matmul_add(be, a.x, a.attn, a.h, T, &L->wo);
         if (be->feeds_next) be->feeds_next(be, a.gate, NULL, 0.0f, false);

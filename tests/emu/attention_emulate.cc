@@ -51,11 +51,6 @@ template <typename T> static T __ldg(const T *p) {
 template <typename T> static T kcu_ld(const T *p) { /* cuda_common.cuh's coherent load */
     return __ldg(p);
 }
-static float __uint_as_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 #define __expf(x) expf(x) /* (glibc declares an __expf but does not export it) */
 static float kcu_f16(uint16_t h) {
     return kiln_f16_to_f32(h);
@@ -105,12 +100,38 @@ static float from_bits(uint16_t h, int dt) {
     return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
 }
 
+/* The digits of x [n, cols] that k_qx_digits (qgemv.cu pass 1) makes: one emulated warp per
+ * block and 32-column group, in the layout of qgemv.cu's qg_layout (E, sx16, dig). */
+struct digits {
+    std::vector<float> E, sx16;
+    std::vector<int8_t> dig;
+    explicit digits(int n, int ng)
+        : E((size_t)n * ng, NAN), sx16((size_t)n * 2 * ng, NAN), dig((size_t)n * ng * 96, 0x5a) {}
+    bool operator==(const digits &o) const {
+        return !memcmp(E.data(), o.E.data(), E.size() * 4) &&
+               !memcmp(sx16.data(), o.sx16.data(), sx16.size() * 4) && dig == o.dig;
+    }
+};
+static void pass1_digits(digits &d, const float *x, int n, int cols, int perm4, int nd) {
+    const int ng = cols / 32;
+    emu_run(
+        "pass 1 digits", {(unsigned)ng, (unsigned)n, 1}, 0,
+        [&] {
+            const int g = (int)blockIdx.x, t = (int)blockIdx.y, lane = (int)threadIdx.x;
+            qx_digit_block(d.dig.data(), d.E.data(), d.sx16.data(),
+                           x[(size_t)t * cols + g * 32 + lane], t, g, ng, perm4, lane, nd);
+        },
+        32);
+}
+
 /* One launch: n_seq sequences at positions pos[], geometry (n_kv, G, hd, vhd), cache dtype dt.
  * n_sms > 0: key splits as atts_plan_splits plans them for that many SMs, over plan_keys keys
- * (0: the longest sequence's) — more than any sequence has, as for a recorded step. */
+ * (0: the longest sequence's) — more than any sequence has, as for a recorded step. emit > 0:
+ * the kernel also makes out's digits for the o projection (qg_link), 4-bit order when emit & 1,
+ * fast mode's one digit when emit & 2, which must equal pass 1's of out bit for bit. */
 static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float softcap,
                      const std::vector<int> &pos, bool device_positions, int n_sms = 0,
-                     int plan_keys = 0) {
+                     int plan_keys = 0, int emit = 0) {
     const int n_seq = (int)pos.size(), H = n_kv * G;
     if (!atts_applies(G, hd, vhd)) { /* a case the launcher would not give the kernel */
         printf("FAIL kv=%d g=%d hd=%d/%d: not a geometry atts_applies takes\n", n_kv, G, hd, vhd);
@@ -173,8 +194,20 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
             failures++;
         }
     }
+    const int ng = H * vhd / 32, perm4 = emit & 1, nd = emit & 2 ? 1 : 3;
+    digits emitted(emit ? n_seq : 0, ng);
+    if (emit) {
+        A.emit_dig = emitted.dig.data(), A.emit_E = emitted.E.data();
+        A.emit_sx16 = emitted.sx16.data(), A.emit_perm4 = perm4, A.emit_nd = nd;
+    }
     emu_launcher launcher = {A, {(unsigned)(n_kv * A.nsub), (unsigned)n_seq, (unsigned)A.splits}};
     atts_dispatch(A, launcher);
+    bool digits_ok = true;
+    if (emit) {
+        digits want(n_seq, ng);
+        pass1_digits(want, out.data(), n_seq, H * vhd, perm4, nd);
+        digits_ok = emitted == want;
+    }
     for (unsigned c : counters)
         if (c != 0) {
             printf("FAIL an arrival counter is %u after the launch\n", c);
@@ -213,19 +246,20 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
         }
     }
     const double err = den > 0 ? sqrt(num / den) : 0;
-    const bool ok = bad == 0 && err <= 1e-5 && emu_misaligned == 0;
+    const bool ok = bad == 0 && err <= 1e-5 && emu_misaligned == 0 && digits_ok;
     cases++;
     failures += !ok;
-    printf("%s kv=%d g=%d hd=%d/%d %s win=%d cap=%g seqs=%d (last pos %d)%s splits=%d: rel err "
+    printf("%s kv=%d g=%d hd=%d/%d %s win=%d cap=%g seqs=%d (last pos %d)%s splits=%d%s: rel err "
            "%.2e%s\n",
            ok ? "ok  " : "FAIL", n_kv, G, hd, vhd,
            dt == KILN_DT_F32   ? "f32"
            : dt == KILN_DT_F16 ? "f16"
                                : "bf16",
            window, softcap, n_seq, pos.back(), device_positions ? " device positions" : "",
-           A.splits, err,
+           A.splits, emit ? " digits" : "", err,
            bad              ? " (non-finite outputs)"
            : emu_misaligned ? " (misaligned loads)"
+           : !digits_ok     ? " (digits differ from pass 1's)"
                             : "");
     emu_misaligned = 0;
 }
@@ -257,6 +291,14 @@ int main() {
     run_case(1, 2, 512, 512, KILN_DT_BF16, 0, 0.0f, {900}, false, 32);
     run_case(4, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {700, 20}, true, 132, 2048);
     run_case(2, 12, 128, 64, KILN_DT_BF16, 0, 0.0f, {1100}, true, 24);
+    /* out's digits for the o projection (qg_link): Llama-3-8B at batch 1 unsplit and split (the
+     * last split's block makes them), three sequences, a group split over blocks, each digit
+     * order and mode */
+    run_case(8, 4, 128, 128, KILN_DT_F32, 0, 0.0f, {100}, true, 132, 0, 1);
+    run_case(8, 4, 128, 128, KILN_DT_F32, 0, 0.0f, {1500}, true, 132, 0, 3);
+    run_case(2, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {40, 700, 5}, false, 16, 0, 2);
+    run_case(1, 12, 128, 64, KILN_DT_F16, 0, 0.0f, {300, 2}, true, 0, 0, 1);
+    run_case(2, 4, 256, 256, KILN_DT_F32, 0, 0.0f, {127, 900}, true, 24, 0, 0 + 2);
     printf("%d cases: %s\n", cases, failures ? "FAILED" : "all passed");
     return failures != 0;
 }

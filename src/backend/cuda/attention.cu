@@ -507,9 +507,23 @@ static bool attention_short(kcu_state *st, const att_launch &L, int max_n, int k
         A.part_ml = scr + n_part * A.vhd;
         A.counters = st->attn_counters;
     }
+    /* the o projection's digits of out, when the model hinted that it reads out next (qg_link):
+     * every row of out is one sequence's query (rows 0 .. n_seq-1) */
+    const int64_t cols = (int64_t)a.p.n_heads * a.v_head_dim;
+    bool rows_once = a.v_head_dim % 32 == 0;
+    for (int i = 0; rows_once && i < n_seq; i++) rows_once = L.s[i].t0 == i;
+    kcu_qx_emit emit;
+    const bool emits =
+        rows_once && cols <= INT_MAX && kcu_qg_link_claim(st, a.out, n_seq, (int)cols, &emit);
+    if (emits) {
+        A.emit_dig = emit.dig, A.emit_E = emit.E, A.emit_sx16 = emit.sx16;
+        A.emit_perm4 = emit.perm4, A.emit_nd = emit.nd;
+    }
+    const unsigned long long seq0 = st->launch_seq;
     short_launcher launcher = {
         st, A, dim3((unsigned)(a.n_kv_heads * A.nsub), (unsigned)n_seq, (unsigned)A.splits)};
     atts_dispatch(A, launcher);
+    if (emits && st->launch_seq != seq0) kcu_qg_link_emitted(st, a.out, n_seq, (int)cols, &emit);
     return true;
 }
 

@@ -26,6 +26,8 @@
 #define ATTS_SMEM(name) extern __shared__ float name[]
 #endif
 
+#include "backend/cuda/qx_digits.cuh"
+
 #include <stdint.h>
 
 #define ATTS_WARPS   16
@@ -49,6 +51,12 @@ struct atts_args {
     float *part_o;  /* splits > 1: [sequences, n_heads, splits, vhd] each split's unscaled acc */
     float *part_ml; /* [sequences, n_heads, splits, 2] its (max, sum of exp) */
     unsigned *counters; /* [sequences * gridDim.x] split arrivals, zero between launches */
+    /* emit_dig set: out's digits for the quantized GEMV that reads out next (the o projection;
+     * qgemv.cu qg_link), in pass 1's layout for [rows, n_heads*vhd] (vhd % 32 == 0): each block
+     * makes those of the heads it wrote, after writing them */
+    int8_t *emit_dig;
+    float *emit_E, *emit_sx16;
+    int emit_perm4, emit_nd;
     atts_seq s[ATTS_MAX_SEQ];
 };
 
@@ -237,9 +245,9 @@ __device__ __forceinline__ void atts_turn(const float (&q)[GM][CH][4], const flo
  * rows row0 .. row0 + G - 1 of out [rows, vhd]; with splits > 1 into this split's partial
  * (part_o / part_ml [rows, splits, ...]) instead, and the last split of the block column to arrive
  * (counters[blockIdx.y * gridDim.x + blockIdx.x]) merges all of them into out. Every thread of
- * the block calls it. */
+ * the block calls it; true (for all of them) when this block wrote its rows of out. */
 template <int GM, int CH>
-__device__ __forceinline__ void atts_finish(float *sm, int G, int vhd, const float (&m)[GM],
+__device__ __forceinline__ bool atts_finish(float *sm, int G, int vhd, const float (&m)[GM],
                                             const float (&l)[GM], const float (&acc)[GM][CH][4],
                                             int64_t row0, float *out, int splits, float *part_o,
                                             float *part_ml, unsigned *counters) {
@@ -282,7 +290,7 @@ __device__ __forceinline__ void atts_finish(float *sm, int G, int vhd, const flo
         part_o[pz * vhd + d] = num;
         if (d == 0) part_ml[2 * pz] = M, part_ml[2 * pz + 1] = den;
     }
-    if (!split) return;
+    if (!split) return true;
     int *last = (int *)(sml + (size_t)ATTS_WARPS * G * 2);
     __threadfence();
     __syncthreads();
@@ -292,7 +300,7 @@ __device__ __forceinline__ void atts_finish(float *sm, int G, int vhd, const flo
         if (*last) *c = 0; /* every split has arrived: ready for the next launch */
     }
     __syncthreads();
-    if (!*last) return;
+    if (!*last) return false;
     __threadfence();
     for (int i = threadIdx.x; i < G * vhd; i += blockDim.x) {
         const int g = i / vhd, d = i - g * vhd;
@@ -309,6 +317,21 @@ __device__ __forceinline__ void atts_finish(float *sm, int G, int vhd, const flo
         }
         out[row * vhd + d] = den > 0.0f ? num / den : 0.0f;
     }
+    return true;
+}
+
+/* A block that wrote its G heads of out (from head0, token row t0) makes their digits for the
+ * next GEMV (A.emit_dig; qx_digits.cuh): warp w the 32-column groups w, w + ATTS_WARPS, ... of
+ * the block's G * vhd columns, read back after the barrier that makes the block's writes
+ * visible to all its threads. */
+__device__ __forceinline__ void atts_emit_digits(const atts_args &A, int t0, int head0, int G) {
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, vhd = A.vhd;
+    const int ng = A.n_heads * vhd / 32, g0 = head0 * vhd / 32, groups = G * vhd / 32;
+    const float *o = A.out + ((int64_t)t0 * A.n_heads + head0) * vhd; /* [G * vhd] */
+    for (int gi = warp; gi < groups; gi += ATTS_WARPS)
+        qx_digit_block(A.emit_dig, A.emit_E, A.emit_sx16, o[gi * 32 + lane], t0, g0 + gi, ng,
+                       A.emit_perm4, lane, A.emit_nd);
 }
 
 /* GM: query heads per block rounded up (1, 2, 4, 8); CH: 4-dim chunks per lane (hd, vhd <= 128 *
@@ -368,8 +391,9 @@ __global__ void __launch_bounds__(ATTS_WARPS * 32)
         atts_turn<GM, CH, KB>(q, kx, vx, ok, G, A.softcap, m, l, acc);
     }
     ATTS_SMEM(sm);
-    atts_finish<GM, CH>(sm, G, vhd, m, l, acc, (int64_t)S.t0 * A.n_heads + head0, A.out, A.splits,
-                        A.part_o, A.part_ml, A.counters);
+    const bool wrote = atts_finish<GM, CH>(sm, G, vhd, m, l, acc, (int64_t)S.t0 * A.n_heads + head0,
+                                           A.out, A.splits, A.part_o, A.part_ml, A.counters);
+    if (wrote && A.emit_dig) atts_emit_digits(A, S.t0, head0, G);
 }
 
 #endif

@@ -134,6 +134,17 @@ void *kcu_multi_out(kcu_state *st, size_t bytes);
 void *kcu_grow(kcu_state *st, void **buf, size_t *cap, size_t bytes, bool zeroed);
 /* qgemv.cu: frees st->qg_link (the backend's destroy) */
 void kcu_qg_link_free(kcu_state *st);
+/* qgemv.cu, for an op of several launches whose last writes x (the KV cache's store +
+ * attention): keeps a feeds_next hint for x given before the op began (seq0: launch_seq then)
+ * valid for that last launch. */
+void kcu_qg_hint_carry(kcu_state *st, const float *x, unsigned long long seq0);
+/* Where a kernel other than the GEMV writes x [n, cols] and can make x's digits for the GEMV
+ * that the hint says reads x next (decode attention): true (e, qx_digits.cuh, set) when the hint
+ * names x without a norm and a hand-off buffer is at hand; after the launch that writes them,
+ * kcu_qg_link_emitted records the emission. */
+struct kcu_qx_emit;
+bool kcu_qg_link_claim(kcu_state *st, const float *x, int64_t n, int cols, kcu_qx_emit *e);
+void kcu_qg_link_emitted(kcu_state *st, const float *x, int64_t n, int cols, const kcu_qx_emit *e);
 
 /* ---- programmatic dependent launch ----
  * A kernel launched with KCU_LAUNCH may become resident while the kernel before it on the stream

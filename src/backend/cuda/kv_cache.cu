@@ -344,6 +344,7 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
     if (n_kv <= 0) return;
     const kcu_kv *kv0 = (const kcu_kv *)kvs[0];
     const kiln_kv_layer_desc *d = &kvs[0]->layers[layer];
+    const unsigned long long seq0 = kcu_st(kv0->be)->launch_seq; /* a hint given before the op */
     kiln_attn_params plain;
     bool stored = !k; /* the K/V rows already went in with the q/k prep, or k == NULL: attend
                        * only (kv_cache.h) */
@@ -405,6 +406,8 @@ static void kv_store_attend_batch(kiln_kv *const *kvs, const int *n, int n_kv, i
         if (!stored) store_chunk(ch, n + i0, t0, c, layer, k, v, p->positions);
         kcu_prof_end(st, "kv store");
         kcu_prof_begin(st);
+        /* the last launch writes out: a feeds_next hint for it holds across the store */
+        if (i0 + c == n_kv) kcu_qg_hint_carry(st, out, seq0);
         kcu_attention_batch(st, &a, seqs, c);
         kcu_prof_end(st, "attention");
     }

@@ -48,6 +48,7 @@
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
 #endif
+#include "backend/cuda/qx_digits.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -91,46 +92,6 @@ __device__ __forceinline__ float qx_value(const float *x, const float *norm_w, i
     }
     if (norm_w) v *= plus_one ? 1.0f + norm_w[col] : norm_w[col];
     return v;
-}
-
-/* One warp turns lane's v (column g*32 + lane of token t) into its block's exponent and digits:
- * E[t*ng + g], the three digits at dig (layout of k_qx_digits), sx16[t*n16 + 2g + h]. dig, E and
- * sx16 are global (pass 1) or shared memory (QG_INL). */
-__device__ __forceinline__ void qx_digit_block(int8_t *dig, float *E, float *sx16, float v, int t,
-                                               int g, int ng, int perm4, int lane, int nd) {
-    float m = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    /* 4-bit: an 8-column run is stored as its even columns, then its odd ones */
-    const int pos = perm4 ? (lane & ~7) | ((lane & 1) << 2) | ((lane & 7) >> 1) : lane;
-    /* 16-column unit u = 2g + lane/16, stored at U(u) = u (8-bit) or (u & 1) * ng + u / 2 (4-bit,
-     * where a lane reads units 2c and 2c+1 of its chunk c: consecutive lanes, consecutive 16 B) */
-    const int h = lane >> 4, unit = perm4 ? h * ng + g : 2 * g + h, n16 = 2 * ng;
-    int8_t *o = dig + ((int64_t)t * 3 * n16 + unit) * 16 + (pos & 15);
-    float s = v; /* sums of lanes 0..15 and 16..31 */
-#pragma unroll
-    for (int k = 1; k < 16; k <<= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
-    if ((lane & 15) == 0) sx16[(int64_t)t * n16 + 2 * g + h] = s;
-    if (nd == 1) { /* fast mode: one digit, X = rint(127 x / max|x|) (llama.cpp's Q8_1 steps) */
-        const float inv = m > 0.0f ? 127.0f / m : 0.0f;
-        const int X = __float2int_rn(v * inv);
-        o[0] = (int8_t)(X > 127 ? 127 : X < -127 ? -127 : X);
-        if (lane == 0) E[(int64_t)t * ng + g] = m > 0.0f ? m / 127.0f : 0.0f;
-        return;
-    }
-    /* m < 2^e from m's exponent bits, clamped so 2^(22-e) and 2^(e-22) are normal floats (m == 0
-     * or tiny: e = -104, every X is 0 or tiny); powers of two built from bits scale exactly */
-    int e = ((__float_as_int(m) >> 23) & 0xff) - 126;
-    e = e < -104 ? -104 : e > 128 ? 128 : e;
-    const int X = __float2int_rn(v * __int_as_float((127 + 22 - e) << 23));
-    const int d0 = ((X & 0xff) ^ 0x80) - 0x80;
-    const int r1 = (X - d0) / 256;
-    const int d1 = ((r1 & 0xff) ^ 0x80) - 0x80;
-    const int d2 = (r1 - d1) / 256; /* |d2| <= 64 */
-    o[0] = (int8_t)d0;
-    o[(int64_t)n16 * 16] = (int8_t)d1;
-    o[(int64_t)n16 * 32] = (int8_t)d2;
-    if (lane == 0) E[(int64_t)t * ng + g] = __int_as_float((127 + e - 22) << 23);
 }
 
 /* Pass 1. x [n, cols] (cols % 32 == 0). Writes dig [n, 3 digits, cols/16 units, 16 bytes] (digit p
@@ -957,6 +918,8 @@ struct qg_link {
     void *count; /* [groups] arrival counts, zero between launches */
     size_t count_cap;
     long long taken; /* GEMVs that read handed-on digits */
+    int last_perm4;  /* the digit order of the last GEMV (4-bit: 1), which a producer that is
+                      * not a GEMV assumes for the next (a mismatch only costs pass 1) */
 };
 static int g_qg_link = -1;
 extern "C" void kiln_cuda_set_qgemv_link(int on) {
@@ -986,6 +949,40 @@ void kcu_qg_hint(kcu_state *st, const float *x, const float *norm_w, bool plus_o
     L->hint_x = x, L->hint_norm_w = norm_w, L->hint_plus_one = plus_one;
     L->hint_seq = st->launch_seq;
     L->hint_set = true;
+}
+
+void kcu_qg_hint_carry(kcu_state *st, const float *x, unsigned long long seq0) {
+    qg_link *L = st->qg_link;
+    if (L && L->hint_set && L->hint_x == x && L->hint_seq == seq0) L->hint_seq = st->launch_seq;
+}
+
+/* A producer that is not a GEMV (kcu_qx_emit): the hint's x, no norm, into the hand-off buffer
+ * the last emission did not use. The hint is used up either way. */
+bool kcu_qg_link_claim(kcu_state *st, const float *x, int64_t n, int cols, kcu_qx_emit *e) {
+    qg_link *L = st->qg_link;
+    if (!L || !L->hint_set) return false;
+    L->hint_set = false;
+    if (L->hint_seq != st->launch_seq || L->hint_x != x || L->hint_norm_w || n < 1 || n > 8 ||
+        cols < 32 || cols % 32)
+        return false;
+    const qg_digit_layout lay = qg_layout(n, cols);
+    const int side = L->side ^ 1;
+    char *b = (char *)kcu_grow(st, &L->buf[side], &L->cap[side], lay.bytes, false);
+    if (!b) return false;
+    e->E = (float *)(b + lay.e), e->sx16 = (float *)(b + lay.s), e->dig = (int8_t *)(b + lay.d);
+    e->perm4 = L->last_perm4;
+    e->nd = kcu_fast_math() ? 1 : 3;
+    L->side = side;
+    return true;
+}
+void kcu_qg_link_emitted(kcu_state *st, const float *x, int64_t n, int cols, const kcu_qx_emit *e) {
+    qg_link *L = st->qg_link;
+    L->valid = true;
+    L->seq = st->launch_seq;
+    L->x = x, L->n = n, L->cols = cols;
+    L->norm_w = NULL, L->plus_one = false;
+    L->perm4 = e->perm4, L->nd = e->nd;
+    L->dig = (const uint4 *)e->dig, L->E = e->E, L->sx16 = e->sx16, L->ssq = NULL;
 }
 
 /* Consumer: c's x digits from the last emission when it matches (A's digit pointers set, true);
@@ -1066,6 +1063,7 @@ static bool qg_run(kcu_state *st, const qg_call &c) {
                      c.ws[0]->cols <= QG_INL_COLS &&
                      (inl_mode == 1 || (int64_t)blocks * c.ws[0]->cols <= budget * st->n_sms);
     /* x's digits: handed on by the GEMV before, made in the blocks, or pass 1 */
+    if (st->qg_link) st->qg_link->last_perm4 = c.ws[0]->bits == 4 ? 1 : 0;
     const bool linked = !inl && qg_link_take(st, c, A);
     if (inl && st->qg_link) st->qg_link->valid = false; /* makes its own: the emission is used up */
     const bool emits = qg_link_emit(st, c, A);
