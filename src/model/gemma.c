@@ -682,6 +682,8 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
             be->prefetch(be, next, 3);
         }
         if (batch_kv) { /* KV-shared: attend only, to layer kv_src (k NULL: kv_cache.h) */
+            /* attention's output feeds o (backend.h feeds_next) */
+            if (be->feeds_next) be->feeds_next(be, a.attn, NULL, 0.0f, false);
             bvt->store_attend_batch(kvs, kv_n, n_entries, L->kv_src, own ? a.k : NULL,
                                     own ? a.v : NULL, a.q, a.attn, &apb, be->pool);
         } else {
@@ -696,7 +698,7 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
         /* x += post_attn_norm(h); ff1 = gelu(pre_ffn_norm(x) @ gate^T) * (pre_ffn_norm(x) @ up^T)
          */
         be->norm_add(be, a.x, a.h, L->post_attn_norm, T, H, s->eps, s->plus_one, 1.0f);
-        /* gate/up feeds down (backend.h feeds_next; the other matmuls feed norms here) */
+        /* gate/up feeds down (backend.h feeds_next; o and down feed norms here) */
         if (be->feeds_next) be->feeds_next(be, a.ff1, NULL, 0.0f, false);
         be->matmul_norm_glu(be, a.ff1, a.x, a.h, a.ff2, T, &L->w_gate, &L->w_up, L->pre_ffn_norm,
                             s->eps, s->plus_one, KILN_GLU_GELU_TANH);
