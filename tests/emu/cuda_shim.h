@@ -51,20 +51,20 @@ inline emu_dim3 blockDim, gridDim;
 inline thread_local int t_warp, t_lane;
 
 /* the bit casts and conversions of the CUDA math API */
+template <typename To, typename From> static inline To emu_bits(From v) {
+    static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+    To r;
+    memcpy(&r, &v, sizeof r);
+    return r;
+}
 static inline float __uint_as_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return emu_bits<float>(u);
 }
 static inline int __float_as_int(float f) {
-    int i;
-    memcpy(&i, &f, 4);
-    return i;
+    return emu_bits<int>(f);
 }
 static inline float __int_as_float(int i) {
-    float f;
-    memcpy(&f, &i, 4);
-    return f;
+    return emu_bits<float>(i);
 }
 static inline int __float2int_rn(float v) {
     return (int)nearbyintf(v); /* round to nearest even (the default mode) */
