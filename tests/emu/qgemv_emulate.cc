@@ -272,6 +272,13 @@ static bool qe_register_shared(void *p, size_t n) {
     static const bool name##_qe_reg = qe_register_shared(name, sizeof name);                       \
     (void)name##_qe_reg
 #define QG_DYN_SHARED(name) uint4 *const name = qe_smem
+/* the groups qg_emit digitized since the last qe_emits_once: a block of each, once */
+static std::vector<int> qe_emitted;
+#define QG_EMITS_GROUP(grp)                                                                        \
+    do {                                                                                           \
+        if ((size_t)(grp) >= qe_emitted.size()) qe_emitted.resize((size_t)(grp) + 1, 0);           \
+        qe_emitted[(size_t)(grp)]++;                                                               \
+    } while (0)
 
 static const char *qe_kernel = "";
 static void qe_on_segv(int, siginfo_t *si, void *) {
@@ -727,6 +734,24 @@ static void qe_case(int bits, int G, kiln_dtype sdt, int64_t cols, const int64_t
     fflush(stdout);
 }
 
+/* After a GEMV that may hand its output on (qg_emit): each of its rows/32 groups digitized by
+ * exactly one block, or none by any. Blocks run one after another here, so a group whose blocks
+ * all digitize (an arrival count too small) still ends with the right digits; the count is what
+ * shows it. */
+static void qe_emits_once(const char *what, int64_t rows) {
+    const size_t groups = (size_t)(rows / 32);
+    bool any = false, ok = qe_emitted.size() <= groups;
+    for (size_t g = 0; g < qe_emitted.size(); g++) any = any || qe_emitted[g] != 0;
+    for (size_t g = 0; ok && any && g < groups; g++)
+        ok = g < qe_emitted.size() && qe_emitted[g] == 1;
+    n_checks++;
+    if (!ok) {
+        case_ok = false;
+        printf("  FAIL %s %s: its 32-row groups were not each digitized once\n", what, qe_label);
+    }
+    qe_emitted.clear();
+}
+
 /* qg_link: a Llama decode layer's GEMV chain (o + residual, norm + gate/up, down + residual, the
  * next layer's norm + q/k/v) with the feeds_next hints, against the same chain without them:
  * the outputs must be the same bits (the handed-on digits are pass 1's), and the hinted chain
@@ -762,15 +787,19 @@ static void qe_link_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t F, 
         const kiln_matrix *qw[3] = {&wq[0].dev, &wq[1].dev, &wq[2].dev};
         const int l0 = qe_launches;
         if (hinted) kcu_qg_hint(&g_st, dh, dn1, false);
+        qe_emitted.clear();
         bool ok = kcu_qgemv_dp4a_add(&g_st, dh, dattn, n, &wo.dev);
+        qe_emits_once("o", H);
         out[hinted][0].assign(dh, dh + n * H);
         if (hinted) kcu_qg_hint(&g_st, dgate, nullptr, false);
         if (drop) g_st.launch_seq++;
         ok = ok && kcu_qgemv_dp4a_norm_glu(&g_st, dgate, dh, n, &wg.dev, &wu.dev, dn1, 1e-6f, false,
                                            KILN_GLU_SILU);
+        qe_emits_once("gate/up", F);
         out[hinted][1].assign(dgate, dgate + n * F);
         if (hinted) kcu_qg_hint(&g_st, dh, dn2, true);
         ok = ok && kcu_qgemv_dp4a_add(&g_st, dh, dgate, n, &wd.dev);
+        qe_emits_once("down", H);
         out[hinted][2].assign(dh, dh + n * H);
         ok = ok && kcu_qgemv_dp4a_norm(&g_st, 3, dq, dh, n, qw, dn2, 1e-6f, true);
         out[hinted][3].assign(dq[0], dq[0] + n * qrows[0]);

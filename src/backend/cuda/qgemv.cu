@@ -78,6 +78,8 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
  * poisoned ones: a static one, and the dynamic one (16-byte aligned). */
 #define QG_SHARED(type, name, dims) __shared__ type name dims
 #define QG_DYN_SHARED(name)         extern __shared__ uint4 name[]
+/* qg_emit's block that digitizes group grp (the emulator counts them: exactly one a group) */
+#define QG_EMITS_GROUP(grp)
 #endif
 
 /* The value of x a lane digitizes: x[t][g*32 + lane], times the norm weight when norm_w is set
@@ -190,6 +192,7 @@ __device__ __noinline__ void qg_emit(const qg_args &A, const float *y, int rows,
         emit_last[0] = prev + 1 == (unsigned)A.emit_arrivals;
         if (emit_last[0]) {
             A.emit_count[grp] = 0u; /* for the next launch */
+            QG_EMITS_GROUP(grp);
             __threadfence();
         }
     }
