@@ -842,6 +842,87 @@ static void qe_link_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t F, 
     fflush(stdout);
 }
 
+/* qg_link with a producer that is not a GEMV (decode attention: kcu_qg_link_claim /
+ * kcu_qg_link_emitted; attention_emulate.cc checks that the kernel's digits are pass 1's bits, so
+ * pass 1's kernel stands in for it here), then o = x @ W^T, against the same GEMV unhinted:
+ * the same bits, and pass 1 skipped exactly when the hand-off holds. mode 0: it holds; 1: a CUDA
+ * call between producer and o voids it; 2: the cache's store launch between hint and attention,
+ * carried (kcu_qg_hint_carry); 3: the same not carried (nothing claimed); 4: the GEMV before
+ * attention (whose digit order the producer takes) of the other bit width. */
+static void qe_claim_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t n, int mode) {
+    static const char *modes[] = {"holds", "call between", "store carried", "store not carried",
+                                  "other order"};
+    snprintf(qe_label, sizeof qe_label, "%sq%dg%d attention -> o H=%lld n=%lld: %s",
+             qe_fast ? "fast " : "", bits, G, (long long)H, (long long)n, modes[mode]);
+    qe_errors = 0;
+    case_ok = true;
+    results[0] = 0;
+    kiln_cuda_set_qgemv_inline(0);
+    qe_matrix wo, wprev;
+    make_quant(wo, bits, G, sdt, H, H, false);
+    make_quant(wprev, mode == 4 ? 12 - bits : bits, G, sdt, 64, H, false);
+    const std::vector<float> attn = rand_f32(n * H, 0.5f), xprev = rand_f32(n * H, 1.0f);
+    float *dattn = dev_copy(attn, "attn"), *dxprev = dev_copy(xprev, "x before");
+    std::vector<float> out[2];
+    int launches[2];
+    bool claimed = false;
+    for (int hinted = 0; hinted < 2; hinted++) {
+        float *dy = dev_poisoned(n * H, "o out"), *dprev = dev_poisoned(n * 64, "q out");
+        const kiln_matrix *prev = &wprev.dev, *o = &wo.dev;
+        kcu_qg_hint(&g_st, nullptr, nullptr, false); /* qg_link exists before the GEMV below */
+        bool ok = kcu_qgemv_dp4a_multi(&g_st, 1, &dprev, dxprev, n, &prev);
+        if (hinted) {
+            kcu_qg_hint(&g_st, dattn, nullptr, false);
+            const unsigned long long seq0 = g_st.launch_seq;
+            if (mode == 2 || mode == 3) g_st.launch_seq++; /* the cache's store */
+            if (mode == 2) kcu_qg_hint_carry(&g_st, dattn, seq0);
+            kcu_qx_emit e;
+            claimed = kcu_qg_link_claim(&g_st, dattn, n, (int)H, &e);
+            if (claimed) {
+                const int64_t warps = n * (H / 32);
+                KCU_LAUNCH(&g_st, k_qx_digits, (unsigned)((warps + 7) / 8), 256, 0, e.dig, e.E,
+                           e.sx16, (const float *)dattn, (int)n, (int)H, e.perm4,
+                           (const float *)nullptr, 0, (float *)nullptr, e.nd);
+                g_st.launch_seq++; /* the attention launch */
+                kcu_qg_link_emitted(&g_st, dattn, n, (int)H, &e);
+            }
+            if (mode == 1) g_st.launch_seq++;
+        }
+        const int l0 = qe_launches;
+        ok = ok && kcu_qgemv_dp4a_multi(&g_st, 1, &dy, dattn, n, &o);
+        launches[hinted] = qe_launches - l0;
+        if (!ok) qe_error("a GEMV did not apply");
+        out[hinted].assign(dy, dy + n * H);
+        qe_dev_free(dy), qe_dev_free(dprev);
+    }
+    n_checks += 3;
+    if (claimed != (mode != 3)) {
+        case_ok = false;
+        printf("  FAIL %s: the producer %s a hand-off buffer\n", qe_label,
+               claimed ? "claimed" : "did not claim");
+    }
+    if (memcmp(out[0].data(), out[1].data(), out[0].size() * 4) != 0) {
+        case_ok = false;
+        printf("  FAIL %s: o's output differs from the unhinted GEMV's\n", qe_label);
+    }
+    const int want = mode == 0 || mode == 2 ? 1 : 0; /* pass 1 launches skipped */
+    if (launches[0] - launches[1] != want) {
+        case_ok = false;
+        printf("  FAIL %s: %d launches unhinted, %d hinted (want %d fewer)\n", qe_label,
+               launches[0], launches[1], want);
+    }
+    const size_t l = strlen(results);
+    snprintf(results + l, sizeof results - l, " launches %d -> %d", launches[0], launches[1]);
+    qe_dev_free(dattn), qe_dev_free(dxprev);
+    free_quant(wo), free_quant(wprev);
+    kiln_cuda_set_qgemv_inline(-1);
+    if (qe_errors) case_ok = false;
+    n_cases++;
+    n_failed += !case_ok;
+    printf("%s %s:%s\n", case_ok ? "ok  " : "FAIL", qe_label, results);
+    fflush(stdout);
+}
+
 /* where the dp4a kernel does not apply, the entry points return false and launch nothing (the
  * caller composes plain ops): gate and up of different formats; a matrix whose cols are not whole
  * groups (upload_matrix refuses it; test_cuda_ops' matmul_add used one, 77 columns at group 32,
@@ -963,6 +1044,9 @@ int main(int argc, char **argv) {
             qe_link_case(bits[b], 128, sdt, 256, 512, 8, 0, true);
             qe_link_case(bits[b], 64, sdt, 256, 512, 1, 2, false);
             if (!quick && !fast) qe_link_case(bits[b], 64, sdt, 1024, 2048, 1, 2, false);
+            for (int mode = 0; mode < 5; mode++)
+                qe_claim_case(bits[b], 64, sdt, 256, mode == 1 ? 3 : 1 + (mode & 1), mode);
+            qe_claim_case(bits[b], 32, sdt, 512, 5, 0);
         }
     }
     qe_fast = false;
