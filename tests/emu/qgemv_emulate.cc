@@ -752,6 +752,25 @@ static void qe_emits_once(const char *what, int64_t rows) {
     qe_emitted.clear();
 }
 
+/* A link case's end: the pass-1 launches its hinted run skipped against want (when
+ * check_launches), the inline mode back to its default, the tally and the case's line. */
+static void qe_link_case_end(const int (&launches)[2], int want, bool check_launches) {
+    n_checks++;
+    if (check_launches && launches[0] - launches[1] != want) {
+        case_ok = false;
+        printf("  FAIL %s: %d launches unhinted, %d hinted (want %d fewer)\n", qe_label,
+               launches[0], launches[1], want);
+    }
+    const size_t l = strlen(results);
+    snprintf(results + l, sizeof results - l, " launches %d -> %d", launches[0], launches[1]);
+    kiln_cuda_set_qgemv_inline(-1);
+    if (qe_errors) case_ok = false;
+    n_cases++;
+    n_failed += !case_ok;
+    printf("%s %s:%s\n", case_ok ? "ok  " : "FAIL", qe_label, results);
+    fflush(stdout);
+}
+
 /* qg_link: a Llama decode layer's GEMV chain (o + residual, norm + gate/up, down + residual, the
  * next layer's norm + q/k/v) with the feeds_next hints, against the same chain without them:
  * the outputs must be the same bits (the handed-on digits are pass 1's), and the hinted chain
@@ -818,28 +837,14 @@ static void qe_link_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t F, 
             printf("  FAIL %s %s: the hinted chain's output differs\n", names[i], qe_label);
         }
     }
+    qe_dev_free(dn1), qe_dev_free(dn2), qe_dev_free(dattn);
+    free_quant(wo), free_quant(wg), free_quant(wu), free_quant(wd);
+    for (int i = 0; i < 3; i++) free_quant(wq[i]);
     /* pass 1 launches skipped, with the digits never made in the blocks (inline 0; else a
      * consumer may make its own, by grid size): all three; the call dropped before glu also
      * voids the hint given before it (glu's output is not handed on to down), which leaves
      * down -> q/k/v */
-    const int want = drop ? 1 : 3;
-    n_checks++;
-    if (inl == 0 && launches[0] - launches[1] != want) {
-        case_ok = false;
-        printf("  FAIL %s: %d launches unhinted, %d hinted (want %d fewer)\n", qe_label,
-               launches[0], launches[1], want);
-    }
-    const size_t l = strlen(results);
-    snprintf(results + l, sizeof results - l, " launches %d -> %d", launches[0], launches[1]);
-    qe_dev_free(dn1), qe_dev_free(dn2), qe_dev_free(dattn);
-    free_quant(wo), free_quant(wg), free_quant(wu), free_quant(wd);
-    for (int i = 0; i < 3; i++) free_quant(wq[i]);
-    kiln_cuda_set_qgemv_inline(-1);
-    if (qe_errors) case_ok = false;
-    n_cases++;
-    n_failed += !case_ok;
-    printf("%s %s:%s\n", case_ok ? "ok  " : "FAIL", qe_label, results);
-    fflush(stdout);
+    qe_link_case_end(launches, drop ? 1 : 3, inl == 0);
 }
 
 /* qg_link with a producer that is not a GEMV (decode attention: kcu_qg_link_claim /
@@ -895,7 +900,7 @@ static void qe_claim_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t n,
         out[hinted].assign(dy, dy + n * H);
         qe_dev_free(dy), qe_dev_free(dprev);
     }
-    n_checks += 3;
+    n_checks += 2;
     if (claimed != (mode != 3)) {
         case_ok = false;
         printf("  FAIL %s: the producer %s a hand-off buffer\n", qe_label,
@@ -905,22 +910,9 @@ static void qe_claim_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t n,
         case_ok = false;
         printf("  FAIL %s: o's output differs from the unhinted GEMV's\n", qe_label);
     }
-    const int want = mode == 0 || mode == 2 ? 1 : 0; /* pass 1 launches skipped */
-    if (launches[0] - launches[1] != want) {
-        case_ok = false;
-        printf("  FAIL %s: %d launches unhinted, %d hinted (want %d fewer)\n", qe_label,
-               launches[0], launches[1], want);
-    }
-    const size_t l = strlen(results);
-    snprintf(results + l, sizeof results - l, " launches %d -> %d", launches[0], launches[1]);
     qe_dev_free(dattn), qe_dev_free(dxprev);
     free_quant(wo), free_quant(wprev);
-    kiln_cuda_set_qgemv_inline(-1);
-    if (qe_errors) case_ok = false;
-    n_cases++;
-    n_failed += !case_ok;
-    printf("%s %s:%s\n", case_ok ? "ok  " : "FAIL", qe_label, results);
-    fflush(stdout);
+    qe_link_case_end(launches, mode == 0 || mode == 2 ? 1 : 0, true);
 }
 
 /* where the dp4a kernel does not apply, the entry points return false and launch nothing (the
