@@ -959,33 +959,50 @@ void kcu_qg_hint_carry(kcu_state *st, const float *x, unsigned long long seq0) {
     if (L && L->hint_set && L->hint_x == x && L->hint_seq == seq0) L->hint_seq = st->launch_seq;
 }
 
-/* A producer that is not a GEMV (kcu_qx_emit): the hint's x, no norm, into the hand-off buffer
- * the last emission did not use. The hint is used up either way. */
-bool kcu_qg_link_claim(kcu_state *st, const float *x, int64_t n, int cols, kcu_qx_emit *e) {
+/* The hint for x, used up either way: when it holds (given just before, for x, and ok: a norm
+ * only where the producer can make its digits), the hand-off buffer the last emission did not
+ * use, grown to lay's bytes for n tokens of cols columns; else NULL. */
+static char *qg_link_buffer(kcu_state *st, const float *x, bool ok, int64_t n, int cols,
+                            qg_digit_layout &lay) {
     qg_link *L = st->qg_link;
-    if (!L || !L->hint_set) return false;
+    if (!L || !L->hint_set) return NULL;
     L->hint_set = false;
-    if (L->hint_seq != st->launch_seq || L->hint_x != x || L->hint_norm_w || n < 1 || n > 8 ||
-        cols < 32 || cols % 32)
-        return false;
-    const qg_digit_layout lay = qg_layout(n, cols);
+    if (!ok || L->hint_seq != st->launch_seq || L->hint_x != x) return NULL;
+    lay = qg_layout(n, cols);
     const int side = L->side ^ 1;
     char *b = (char *)kcu_grow(st, &L->buf[side], &L->cap[side], lay.bytes, false);
-    if (!b) return false;
-    e->E = (float *)(b + lay.e), e->sx16 = (float *)(b + lay.s), e->dig = (int8_t *)(b + lay.d);
-    e->perm4 = L->last_perm4;
-    e->nd = kcu_fast_math() ? 1 : 3;
-    L->side = side;
-    return true;
+    if (b) L->side = side;
+    return b;
 }
-void kcu_qg_link_emitted(kcu_state *st, const float *x, int64_t n, int cols, const kcu_qx_emit *e) {
+/* After the producer's launch: the digits of x [n, cols] (times norm_w when set) it made, which
+ * the next GEMV may take while nothing else runs */
+static void qg_link_record(kcu_state *st, const float *x, int64_t n, int cols, const float *norm_w,
+                           bool plus_one, const kcu_qx_emit &e) {
     qg_link *L = st->qg_link;
     L->valid = true;
     L->seq = st->launch_seq;
     L->x = x, L->n = n, L->cols = cols;
-    L->norm_w = NULL, L->plus_one = false;
-    L->perm4 = e->perm4, L->nd = e->nd;
-    L->dig = (const uint4 *)e->dig, L->E = e->E, L->sx16 = e->sx16, L->ssq = NULL;
+    L->norm_w = norm_w, L->plus_one = plus_one;
+    L->perm4 = e.perm4, L->nd = e.nd;
+    L->dig = (const uint4 *)e.dig, L->E = e.E, L->sx16 = e.sx16, L->ssq = e.ssq;
+}
+
+/* A producer that is not a GEMV (kcu_qx_emit): x without a norm, in the digit order of the last
+ * GEMV. */
+bool kcu_qg_link_claim(kcu_state *st, const float *x, int64_t n, int cols, kcu_qx_emit *e) {
+    const qg_link *L = st->qg_link;
+    const bool ok = L && !L->hint_norm_w && n >= 1 && n <= 8 && cols >= 32 && cols % 32 == 0;
+    qg_digit_layout lay;
+    char *b = qg_link_buffer(st, x, ok, n, cols, lay);
+    if (!b) return false;
+    e->E = (float *)(b + lay.e), e->sx16 = (float *)(b + lay.s), e->dig = (int8_t *)(b + lay.d);
+    e->ssq = NULL;
+    e->perm4 = L->last_perm4;
+    e->nd = kcu_fast_math() ? 1 : 3;
+    return true;
+}
+void kcu_qg_link_emitted(kcu_state *st, const float *x, int64_t n, int cols, const kcu_qx_emit *e) {
+    qg_link_record(st, x, n, cols, NULL, false, *e);
 }
 
 /* Consumer: c's x digits from the last emission when it matches (A's digit pointers set, true);
@@ -1007,40 +1024,29 @@ static bool qg_link_take(kcu_state *st, const qg_call &c, qg_args &A) {
 /* Producer: when the hint names c's output, sets A's emission (true) into the hand-off buffer
  * the last emission did not use. The hint is used up either way. */
 static bool qg_link_emit(kcu_state *st, const qg_call &c, qg_args &A) {
-    qg_link *L = st->qg_link;
-    if (!L || !L->hint_set) return false;
-    L->hint_set = false;
-    if (L->hint_seq != st->launch_seq || c.ys[0] != L->hint_x ||
-        !((c.flags & QG_GLU) || c.count == 1))
-        return false;
     const int rows = (int)c.ws[0]->rows, rr = qg_rows_per_warp(c);
     const int R = (c.flags & QG_GLU) ? rr / 2 : rr, rpb = (QG_WARPS >> A.ks_log2) * R;
-    if (rows % 32 || 32 % rpb) return false; /* a block's rows lie in one 32-row group */
-    const qg_digit_layout lay = qg_layout(c.n, rows);
-    const int side = L->side ^ 1;
-    char *b = (char *)kcu_grow(st, &L->buf[side], &L->cap[side], lay.bytes, false);
-    unsigned *count = (unsigned *)kcu_grow(st, &L->count, &L->count_cap,
-                                           (size_t)(rows / 32) * sizeof(unsigned), true);
-    if (!b || !count) return false;
+    /* one output (GLU's, or one matrix's) whose blocks' rows each lie in one 32-row group */
+    const bool ok = ((c.flags & QG_GLU) || c.count == 1) && rows % 32 == 0 && 32 % rpb == 0;
+    qg_digit_layout lay;
+    char *b = qg_link_buffer(st, c.ys[0], ok, c.n, rows, lay);
+    qg_link *L = st->qg_link;
+    unsigned *count = b ? (unsigned *)kcu_grow(st, &L->count, &L->count_cap,
+                                               (size_t)(rows / 32) * sizeof(unsigned), true)
+                        : NULL;
+    if (!count) return false;
     A.emit_E = (float *)(b + lay.e), A.emit_sx16 = (float *)(b + lay.s);
     A.emit_ssq = (float *)(b + lay.q), A.emit_dig = (int8_t *)(b + lay.d);
     A.emit_count = count;
     A.emit_norm_w = L->hint_norm_w, A.emit_plus_one = L->hint_plus_one ? 1 : 0;
     A.emit_perm4 = c.ws[0]->bits == 4 ? 1 : 0;
     A.emit_arrivals = 32 / rpb;
-    L->side = side;
     return true;
 }
 /* After the producer's launch: what it emits, for the next GEMV */
 static void qg_link_emitted(kcu_state *st, const qg_call &c, const qg_args &A) {
-    qg_link *L = st->qg_link;
-    L->valid = true;
-    L->seq = st->launch_seq;
-    L->x = c.ys[0], L->n = c.n, L->cols = (int)c.ws[0]->rows;
-    L->norm_w = A.emit_norm_w, L->plus_one = A.emit_plus_one != 0;
-    L->perm4 = A.emit_perm4, L->nd = A.nd;
-    L->dig = (const uint4 *)A.emit_dig, L->E = A.emit_E, L->sx16 = A.emit_sx16;
-    L->ssq = A.emit_ssq;
+    const kcu_qx_emit e = {A.emit_dig, A.emit_E, A.emit_sx16, A.emit_ssq, A.emit_perm4, A.nd};
+    qg_link_record(st, c.ys[0], c.n, (int)c.ws[0]->rows, A.emit_norm_w, A.emit_plus_one != 0, e);
 }
 
 /* Runs c as one pass-2 launch over all its matrices, preceded by pass 1 unless the blocks make x's

@@ -10,12 +10,13 @@
 
 #include <stdint.h>
 
-/* Where a kernel other than the GEMV makes x's digits for the next GEMV (qgemv.cu qg_link,
- * kcu_qg_link_claim): the hand-off buffer's arrays and the layout to write them in (perm4: the
- * 4-bit order; nd: 3 digits, or 1 in fast mode). */
+/* Digits of x handed from the kernel that writes x to the next GEMV (qgemv.cu qg_link; for a
+ * producer that is not a GEMV, kcu_qg_link_claim): the hand-off buffer's arrays (ssq: the sums
+ * of squares where a norm follows, else NULL) and the layout they are in (perm4: the 4-bit order;
+ * nd: 3 digits, or 1 in fast mode). */
 struct kcu_qx_emit {
     int8_t *dig;
-    float *E, *sx16;
+    float *E, *sx16, *ssq;
     int perm4, nd;
 };
 
