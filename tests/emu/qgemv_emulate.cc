@@ -372,11 +372,8 @@ static int qg_dp4a(uint32_t a, uint32_t b, int acc) {
 }
 
 /* the arrival count and L2 read of qg_emit (blocks run one after another here) */
-static void __threadfence() {}
-static unsigned atomicAdd(unsigned *p, unsigned v) {
-    const unsigned old = *p;
-    *p = old + v;
-    return old;
+static unsigned qg_arrive_acq_rel(unsigned *p) {
+    return (*p)++;
 }
 static float __ldcg(const float *p) {
     return kcu_ld(p);

@@ -47,6 +47,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/quant.cuh"
+#include "util/log.h"
 #endif
 #include "backend/cuda/qx_digits.cuh"
 
@@ -80,6 +81,12 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
 #define QG_DYN_SHARED(name)         extern __shared__ uint4 name[]
 /* qg_emit's block that digitizes group grp (the emulator counts them: exactly one a group) */
 #define QG_EMITS_GROUP(grp)
+/* atomicAdd(p, 1) with acquire-release semantics at GPU scope: the previous value */
+__device__ __forceinline__ unsigned qg_arrive_acq_rel(unsigned *p) {
+    unsigned prev;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(p) : "memory");
+    return prev;
+}
 #endif
 
 /* The value of x a lane digitizes: x[t][g*32 + lane], times the norm weight when norm_w is set
@@ -181,29 +188,29 @@ struct qg_args {
 };
 
 /* The emission of qg_args (emit_dig set): y [n, rows] of this launch; grp the 32-row group this
- * block's rows lie in. Every thread's writes of y are fenced before the block arrives; the last
- * block of the group reads the group back from L2 and warp t makes token t's digits. */
+ * block's rows lie in. After the block's barrier, thread 0 counts the block's arrival with one
+ * acquire-release atomic (the barrier orders every thread's writes of y before its release, as
+ * CUTLASS's semaphores do; no fence per thread); the last block of the group reads the group
+ * back from L2 and warp t makes token t's digits. The norm weight is loaded before the count. */
 __device__ __noinline__ void qg_emit(const qg_args &A, const float *y, int rows, int n, int grp) {
-    __threadfence();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ng = rows >> 5;
+    const float g = A.emit_norm_w && warp < n ? A.emit_norm_w[grp * 32 + lane] : 0.0f;
     __syncthreads();
     QG_SHARED(int, emit_last, [1]);
     if (threadIdx.x == 0) {
-        const unsigned prev = atomicAdd(A.emit_count + grp, 1u);
+        const unsigned prev = qg_arrive_acq_rel(A.emit_count + grp);
         emit_last[0] = prev + 1 == (unsigned)A.emit_arrivals;
         if (emit_last[0]) {
             A.emit_count[grp] = 0u; /* for the next launch */
             QG_EMITS_GROUP(grp);
-            __threadfence();
         }
     }
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ng = rows >> 5;
     if (!emit_last[0] || warp >= n) return;
     float v = __ldcg(y + (int64_t)warp * rows + grp * 32 + lane);
     if (A.emit_norm_w) {
         const float q = kcu_warp_sum(v * v);
         if (lane == 0) A.emit_ssq[(int64_t)warp * ng + grp] = q;
-        const float g = A.emit_norm_w[grp * 32 + lane];
         v *= A.emit_plus_one ? 1.0f + g : g;
     }
     qx_digit_block(A.emit_dig, A.emit_E, A.emit_sx16, v, warp, grp, ng, A.emit_perm4, lane, A.nd);
@@ -920,7 +927,9 @@ struct qg_link {
     size_t cap[2];
     void *count; /* [groups] arrival counts, zero between launches */
     size_t count_cap;
-    long long taken; /* GEMVs that read handed-on digits */
+    long long taken;           /* GEMVs that read handed-on digits */
+    long long emitted, by_attn; /* emissions (host side: a replayed graph counts once), of them
+                                 * by attention */
     int last_perm4;  /* the digit order of the last GEMV (4-bit: 1), which a producer that is
                       * not a GEMV assumes for the next (a mismatch only costs pass 1) */
 };
@@ -931,6 +940,11 @@ extern "C" void kiln_cuda_set_qgemv_link(int on) {
 void kcu_qg_link_free(kcu_state *st) {
     qg_link *L = st->qg_link;
     if (!L) return;
+#ifndef QG_HOST_EMU
+    KILN_LOG_I("cuda: qgemv link: %lld GEMVs read digits handed on, of %lld emitted (%lld by "
+               "attention; steps replayed from a graph not counted)",
+               L->taken, L->emitted, L->by_attn);
+#endif
     void *bufs[3] = {L->buf[0], L->buf[1], L->count};
     for (void *b : bufs)
         if (b) {
@@ -980,6 +994,7 @@ static void qg_link_record(kcu_state *st, const float *x, int64_t n, int cols, c
                            bool plus_one, const kcu_qx_emit &e) {
     qg_link *L = st->qg_link;
     L->valid = true;
+    L->emitted++;
     L->seq = st->launch_seq;
     L->x = x, L->n = n, L->cols = cols;
     L->norm_w = norm_w, L->plus_one = plus_one;
@@ -1003,6 +1018,7 @@ bool kcu_qg_link_claim(kcu_state *st, const float *x, int64_t n, int cols, kcu_q
 }
 void kcu_qg_link_emitted(kcu_state *st, const float *x, int64_t n, int cols, const kcu_qx_emit *e) {
     qg_link_record(st, x, n, cols, NULL, false, *e);
+    st->qg_link->by_attn++;
 }
 
 /* Consumer: c's x digits from the last emission when it matches (A's digit pointers set, true);
