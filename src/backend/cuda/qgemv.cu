@@ -927,11 +927,11 @@ struct qg_link {
     size_t cap[2];
     void *count; /* [groups] arrival counts, zero between launches */
     size_t count_cap;
-    long long taken;           /* GEMVs that read handed-on digits */
+    long long taken;            /* GEMVs that read handed-on digits */
     long long emitted, by_attn; /* emissions (host side: a replayed graph counts once), of them
                                  * by attention */
-    int last_perm4;  /* the digit order of the last GEMV (4-bit: 1), which a producer that is
-                      * not a GEMV assumes for the next (a mismatch only costs pass 1) */
+    int last_perm4; /* the digit order of the last GEMV (4-bit: 1), which a producer that is
+                     * not a GEMV assumes for the next (a mismatch only costs pass 1) */
 };
 static int g_qg_link = -1;
 extern "C" void kiln_cuda_set_qgemv_link(int on) {
