@@ -38,17 +38,21 @@ if [ "$PART" = 1 ]; then
     TEST_TIMEOUT=120 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" \
         "test_parity_cuda KILN_CUDA_QGEMV_LINK=1"
     wait $MODELS
-    for m in llama-3-8b-q4 llama-3-8b-q8; do
-        for v in KILN_MATMUL=exact KILN_MATMUL=fast; do
-            left 150 && echo "$m b1 $v (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 $v \
-                KILN_CUDA_QGEMV_LINK=1) | no link $(bench_tok_s $m 1 128 64 $v)" \
-                "| link $(bench_tok_s $m 1 128 64 $v KILN_CUDA_QGEMV_LINK=1)"
-        done
-    done
+    ab() { # model [VAR=value ...]: batch-1 decode, link / no link / link
+        local m=$1
+        shift
+        left 60 && echo "$m b1 $* (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 "$@" \
+            KILN_CUDA_QGEMV_LINK=1) | no link $(bench_tok_s $m 1 128 64 "$@")" \
+            "| link $(bench_tok_s $m 1 128 64 "$@" KILN_CUDA_QGEMV_LINK=1)"
+    }
+    ab llama-3-8b-q4 KILN_MATMUL=exact
+    ab llama-3-8b-q8 KILN_MATMUL=exact
     link_log llama-3-8b-q4
     link_log llama-3-8b-q4 KILN_CUDA_GRAPH=0
     ncu_trace q4_nolink llama-3-8b-q4
     ncu_trace q4_link llama-3-8b-q4 KILN_CUDA_QGEMV_LINK=1
+    ab llama-3-8b-q4 KILN_MATMUL=fast
+    ab llama-3-8b-q8 KILN_MATMUL=fast
 fi
 if [ "$PART" = 2 ]; then
     models_converted_in_background llama-3-8b:8
