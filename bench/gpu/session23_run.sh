@@ -8,6 +8,9 @@
 # The emission's arrival is now one acquire-release atomic by thread 0 (no fence per thread).
 # PART=1: its tests, the A/B, the link's log line and the per-kernel traces;
 # PART=2: the per-kernel trace only for q8 and fast mode.
+# PART=3: the emission rebuilt after PART=1 (the GEMV's blocks only count their arrival, a few
+# digitizer blocks at the grid's end wait for the groups and make the digits): a minimal build,
+# its tests and the 8B q4 / q8 exact A/B, for the session's last ~210 s of device time.
 LIMIT=${LIMIT:-400}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -61,5 +64,21 @@ if [ "$PART" = 2 ]; then
     ncu_trace q8_nolink llama-3-8b-q8
     ncu_trace q8_link llama-3-8b-q8 KILN_CUDA_QGEMV_LINK=1
     ncu_trace q4f_link llama-3-8b-q4 KILN_CUDA_QGEMV_LINK=1 KILN_MATMUL=fast
+fi
+if [ "$PART" = 3 ]; then
+    models_converted_in_background llama-3-8b:4 llama-3-8b:8
+    stamp "build"
+    cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
+        -DKILN_DEPS_PREFIX="$PWD/.deps/root" >/tmp/configure.log 2>&1 || tail -20 /tmp/configure.log
+    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda \
+        >/tmp/build.log 2>&1 || grep -E "error" /tmp/build.log | head -20
+    stamp "tests"
+    TEST_TIMEOUT=60 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" \
+        "test_parity_cuda KILN_CUDA_QGEMV_LINK=1"
+    while kill -0 "$MODELS" 2>/dev/null && left 30; do sleep 2; done
+    for m in llama-3-8b-q4 llama-3-8b-q8; do
+        left 25 && echo "$m b1 exact (prefill decode tok/s): link $(bench_tok_s $m 1 128 64 \
+            KILN_CUDA_QGEMV_LINK=1) | no link $(bench_tok_s $m 1 128 64)"
+    done
 fi
 stamp "end"
