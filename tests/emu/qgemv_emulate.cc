@@ -272,7 +272,7 @@ static bool qe_register_shared(void *p, size_t n) {
     static const bool name##_qe_reg = qe_register_shared(name, sizeof name);                       \
     (void)name##_qe_reg
 #define QG_DYN_SHARED(name) uint4 *const name = qe_smem
-/* the groups qg_digitize digitized since the last qe_emits_once: a warp of each, once */
+/* the groups qg_emit digitized since the last qe_emits_once: a block of each, once */
 static std::vector<int> qe_emitted;
 #define QG_EMITS_GROUP(grp)                                                                        \
     do {                                                                                           \
@@ -371,14 +371,9 @@ static int qg_dp4a(uint32_t a, uint32_t b, int acc) {
     return (int)(uint32_t)d; /* 32-bit wrap, as the hardware */
 }
 
-/* the arrival count, its wait and the L2 read of qg_link's emission (blocks run one after
- * another here, the digitizer blocks last: a count short of its arrivals is an error, where the
- * GPU would wait) */
-static void qg_red_release(unsigned *p) {
-    (*p)++;
-}
-static void qg_wait_count(const unsigned *p, unsigned want) {
-    if (*p < want) qe_error("digitizer: group count %u of %u arrivals", *p, want);
+/* the arrival count and L2 read of qg_emit (blocks run one after another here) */
+static unsigned qg_arrive_acq_rel(unsigned *p) {
+    return (*p)++;
 }
 static float __ldcg(const float *p) {
     return kcu_ld(p);
@@ -736,9 +731,10 @@ static void qe_case(int bits, int G, kiln_dtype sdt, int64_t cols, const int64_t
     fflush(stdout);
 }
 
-/* After a GEMV that may hand its output on (qg_digitize): each of its rows/32 groups digitized
- * by exactly one warp, or none by any. Blocks run one after another here, so a group digitized
- * twice (two warps given it) still ends with the right digits; the count is what shows it. */
+/* After a GEMV that may hand its output on (qg_emit): each of its rows/32 groups digitized by
+ * exactly one block, or none by any. Blocks run one after another here, so a group whose blocks
+ * all digitize (an arrival count too small) still ends with the right digits; the count is what
+ * shows it. */
 static void qe_emits_once(const char *what, int64_t rows) {
     const size_t groups = (size_t)(rows / 32);
     bool any = false, ok = qe_emitted.size() <= groups;

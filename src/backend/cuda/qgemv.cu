@@ -30,8 +30,7 @@
  *
  * qg_link (further down; opt-in, KILN_CUDA_QGEMV_LINK=1): where the model hints that a GEMV's
  *   output feeds the next GEMV (backend.h feeds_next), the first also writes pass 1's digits of its
- *   output (a few digitizer blocks after its own make them as its 32-row groups complete:
- *   qg_arrive, qg_digitize) and the second skips pass 1.
+ *   output (qg_emit: the last block of each 32-row group makes them) and the second skips pass 1.
  *
  * With programmatic dependent launch (cuda_common.cuh) pass 2's blocks start while pass 1
  * runs, issue their first weight loads, and wait (griddepcontrol.wait) only before reading x's
@@ -80,22 +79,13 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
  * poisoned ones: a static one, and the dynamic one (16-byte aligned). */
 #define QG_SHARED(type, name, dims) __shared__ type name dims
 #define QG_DYN_SHARED(name)         extern __shared__ uint4 name[]
-/* qg_digitize's warp that digitizes group grp (the emulator counts them: exactly one a group) */
+/* qg_emit's block that digitizes group grp (the emulator counts them: exactly one a group) */
 #define QG_EMITS_GROUP(grp)
-/* *p += 1 with release semantics at GPU scope, nothing returned (nothing to wait for) */
-__device__ __forceinline__ void qg_red_release(unsigned *p) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
-}
-/* Waits until *p (an arrival count) reaches want, reading it with acquire semantics at GPU
- * scope; traps after ~2 s so that a missing arrival is an error, not a hang */
-__device__ __forceinline__ void qg_wait_count(const unsigned *p, unsigned want) {
-    for (unsigned spins = 0;; spins++) {
-        unsigned c;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(p) : "memory");
-        if (c >= want) return;
-        if (spins > (1u << 25)) __trap();
-        __nanosleep(64);
-    }
+/* atomicAdd(p, 1) with acquire-release semantics at GPU scope: the previous value */
+__device__ __forceinline__ unsigned qg_arrive_acq_rel(unsigned *p) {
+    unsigned prev;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(p) : "memory");
+    return prev;
 }
 #endif
 
@@ -188,78 +178,42 @@ struct qg_args {
     int nd; /* digits of x: 3 (exact, 24-bit fixed point) or 1 (fast mode: int8, as Q8_1) */
     /* emit_dig set: this launch also writes pass 1's digits of its output y (QG_GLU: y[0], else
      * the one matrix's), times emit_norm_w when set (with the sums of squares), for the next
-     * GEMV (qg_link). Every block counts its arrival at its 32-row group of y (emit_count,
-     * emit_arrivals blocks a group); emit_blocks digitizer blocks after the GEMV's own
-     * (blockIdx.x >= first[QG_MAX]) wait for each group's count, digitize the group and set the
-     * count back to 0. */
+     * GEMV (qg_link). The block that completes a 32-row group (emit_arrivals blocks each,
+     * counted in emit_count, which the last one sets back to 0) digitizes it. */
     int8_t *emit_dig;
     float *emit_E, *emit_sx16, *emit_ssq;
     unsigned *emit_count;
     const float *emit_norm_w;
-    int emit_plus_one, emit_perm4, emit_arrivals, emit_blocks;
+    int emit_plus_one, emit_perm4, emit_arrivals;
 };
 
-/* The emission of qg_args (emit_dig set), the GEMV's side: its block's writes of y done, the
- * block's arrival at its 32-row group grp, one release add by thread 0 after the barrier (which
- * orders every thread's writes before it, as CUTLASS's semaphores do). Nothing is waited for:
- * the block retires at once. */
-__device__ __forceinline__ void qg_arrive(const qg_args &A, int grp) {
+/* The emission of qg_args (emit_dig set): y [n, rows] of this launch; grp the 32-row group this
+ * block's rows lie in. After the block's barrier, thread 0 counts the block's arrival with one
+ * acquire-release atomic (the barrier orders every thread's writes of y before its release, as
+ * CUTLASS's semaphores do; no fence per thread); the last block of the group reads the group
+ * back from L2 and warp t makes token t's digits. The norm weight is loaded before the count. */
+__device__ __noinline__ void qg_emit(const qg_args &A, const float *y, int rows, int n, int grp) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ng = rows >> 5;
+    const float g = A.emit_norm_w && warp < n ? A.emit_norm_w[grp * 32 + lane] : 0.0f;
     __syncthreads();
-    if (threadIdx.x == 0) qg_red_release(A.emit_count + grp);
-}
-
-/* The digitizer blocks' side: warp w of the emit_blocks * QG_WARPS digitizer warps owns groups
- * w, w + W, ... (at most QG_EMIT_GROUPS; W the number of warps) of y [n, rows]. It waits for
- * each group's emit_arrivals, reads the group back from L2 (the groups' loads in flight
- * together) and makes every token's digits, as pass 1 would (times the norm weight, with the
- * sums of squares, when set); then sets the counts back to 0 for the next launch: a group has
- * one waiter, so no other warp still reads its count. The digitizer blocks come last in the
- * grid, so every GEMV block is resident or done before one of them waits. */
-#define QG_EMIT_GROUPS 4
-__device__ __noinline__ void qg_digitize(const qg_args &A) {
-    kcu_pdl_wait(); /* the counts and y are this launch's from here on */
-    kcu_pdl_trigger();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rows = A.rows[0], n = A.n, ng = rows >> 5, W = A.emit_blocks * QG_WARPS;
-    const int w = (int)(blockIdx.x - A.first[QG_MAX]) * QG_WARPS + warp;
-    const float *y = A.y[0];
-    float g[QG_EMIT_GROUPS];
-#pragma unroll
-    for (int k = 0; k < QG_EMIT_GROUPS; k++) {
-        const int grp = w + k * W;
-        g[k] = A.emit_norm_w && grp < ng ? A.emit_norm_w[grp * 32 + lane] : 0.0f;
-        if (A.emit_plus_one) g[k] += 1.0f;
-        if (grp < ng) qg_wait_count(A.emit_count + grp, (unsigned)A.emit_arrivals);
-    }
-    for (int t = 0; t < n; t++) {
-        float v[QG_EMIT_GROUPS];
-#pragma unroll
-        for (int k = 0; k < QG_EMIT_GROUPS; k++) {
-            const int grp = w + k * W;
-            v[k] = grp < ng ? __ldcg(y + (int64_t)t * rows + grp * 32 + lane) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < QG_EMIT_GROUPS; k++) {
-            const int grp = w + k * W;
-            if (grp >= ng) break;
-            float x = v[k];
-            if (A.emit_norm_w) {
-                const float q = kcu_warp_sum(x * x);
-                if (lane == 0) A.emit_ssq[(int64_t)t * ng + grp] = q;
-                x *= g[k];
-            }
-            qx_digit_block(A.emit_dig, A.emit_E, A.emit_sx16, x, t, grp, ng, A.emit_perm4, lane,
-                           A.nd);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < QG_EMIT_GROUPS; k++) {
-        const int grp = w + k * W;
-        if (grp < ng && lane == 0) {
-            A.emit_count[grp] = 0u;
+    QG_SHARED(int, emit_last, [1]);
+    if (threadIdx.x == 0) {
+        const unsigned prev = qg_arrive_acq_rel(A.emit_count + grp);
+        emit_last[0] = prev + 1 == (unsigned)A.emit_arrivals;
+        if (emit_last[0]) {
+            A.emit_count[grp] = 0u; /* for the next launch */
             QG_EMITS_GROUP(grp);
         }
     }
+    __syncthreads();
+    if (!emit_last[0] || warp >= n) return;
+    float v = __ldcg(y + (int64_t)warp * rows + grp * 32 + lane);
+    if (A.emit_norm_w) {
+        const float q = kcu_warp_sum(v * v);
+        if (lane == 0) A.emit_ssq[(int64_t)warp * ng + grp] = q;
+        v *= A.emit_plus_one ? 1.0f + g : g;
+    }
+    qx_digit_block(A.emit_dig, A.emit_E, A.emit_sx16, v, warp, grp, ng, A.emit_perm4, lane, A.nd);
 }
 
 /* Pass 2. A warp owns a tile of RR rows (QG_GLU: RR/2 rows of the gate and the same rows of up; a
@@ -277,10 +231,6 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
     constexpr bool NORM = F & QG_NORM, ADD = F & QG_ADD, GLU = F & QG_GLU, INL = F & QG_INL;
     static_assert(!INL || NT == 1, "digits in shared memory: one token");
     static_assert(!GLU || RR % 2 == 0, "GLU: rows of gate and up");
-    if (A.emit_dig && blockIdx.x >= A.first[QG_MAX]) { /* a digitizer block (qg_link) */
-        qg_digitize(A);
-        return;
-    }
     constexpr int R = GLU ? RR / 2 : RR; /* rows of one matrix per tile */
     constexpr int CODES = 128 / B;       /* codes per 16-byte chunk */
     constexpr int NW = B == 4 ? 8 : 4;   /* 4-byte code words (after the nibble split) per chunk */
@@ -471,7 +421,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
             }
         }
     }
-    if (A.emit_dig) qg_arrive(A, (int)(blockIdx.x - A.first[m]) * (QG_WARPS >> ks_log2) * R >> 5);
+    if (A.emit_dig)
+        qg_emit(A, A.y[m], rows, n,
+                (int)(blockIdx.x - A.first[m]) * (QG_WARPS >> ks_log2) * R >> 5);
 }
 
 /* ---- the same GEMV on int8 tensor cores (n = 1; opt-in, KILN_CUDA_QGEMV_MMA=1) ----
@@ -950,11 +902,11 @@ static void qm_run(kcu_state *st, const qg_call &c, qg_args &A) {
  * Each quantized GEMV of a decode layer starts with pass 1, a launch of its own that the GEMV
  * waits for (measured on an H100: the 8B's batch-1 decode without any pass 1 would run 8-14%
  * faster). When the model says that the op writing x feeds a GEMV of x next (the hint), the
- * GEMV writing x also writes x's digits (qg_digitize) into one of two hand-off buffers, and the
- * next GEMV reads them instead of running pass 1 — if it comes next (no CUDA call between:
- * launch_seq) and reads the same x with the same token count, columns, digit layout, mode and norm
- * weight. The digits are pass 1's bits, so results do not change. Opt-in (KILN_CUDA_QGEMV_LINK=1)
- * until it has run on a GPU: the emulator runs blocks one after another, so it cannot see a race
+ * GEMV writing x also writes x's digits (qg_emit) into one of two hand-off buffers, and the next
+ * GEMV reads them instead of running pass 1 — if it comes next (no CUDA call between: launch_seq)
+ * and reads the same x with the same token count, columns, digit layout, mode and norm weight.
+ * The digits are pass 1's bits, so results do not change. Opt-in (KILN_CUDA_QGEMV_LINK=1) until
+ * it has run on a GPU: the emulator runs blocks one after another, so it cannot see a race
  * between the blocks of a group (test_cuda_ops' test_qgemv_link can). */
 struct qg_link {
     /* the hint (feeds_next): the next GEMV writing hint_x feeds a GEMV of it (through the norm
@@ -1105,7 +1057,6 @@ static bool qg_link_emit(kcu_state *st, const qg_call &c, qg_args &A) {
     A.emit_norm_w = L->hint_norm_w, A.emit_plus_one = L->hint_plus_one ? 1 : 0;
     A.emit_perm4 = c.ws[0]->bits == 4 ? 1 : 0;
     A.emit_arrivals = 32 / rpb;
-    A.emit_blocks = (rows / 32 + QG_WARPS * QG_EMIT_GROUPS - 1) / (QG_WARPS * QG_EMIT_GROUPS);
     return true;
 }
 /* After the producer's launch: what it emits, for the next GEMV */
@@ -1142,7 +1093,7 @@ static bool qg_run(kcu_state *st, const qg_call &c) {
     if (inl && st->qg_link) st->qg_link->valid = false; /* makes its own: the emission is used up */
     const bool emits = qg_link_emit(st, c, A);
     if (!inl && !linked && !qg_pass1(st, c, A)) return true; /* the sticky error is set */
-    qg_pass2(st, c, c.flags | (inl ? QG_INL : 0), A, blocks + (emits ? A.emit_blocks : 0));
+    qg_pass2(st, c, c.flags | (inl ? QG_INL : 0), A, blocks);
     if (emits) qg_link_emitted(st, c, A);
     return true;
 }

@@ -1,7 +1,7 @@
 /* qx_digits.cuh — the digits of x that the dp4a GEMV (qgemv.cu) reads: one warp turns 32
  * columns of one token into their block exponent, three signed-byte digits (one in fast mode) and
  * the sums of each 16 columns. Pass 1 (k_qx_digits), the GEMV's own blocks (QG_INL), the GEMV
- * that hands its output's digits to the next one (qg_digitize) and the decode attention kernel that
+ * that hands its output's digits to the next one (qg_emit) and the decode attention kernel that
  * hands its output's digits to the o projection (attention_decode.cuh) all make them here, so the
  * bits are the same whoever makes them. The emulators (tests/emu) define the device intrinsics
  * it uses before including it. */
