@@ -18,7 +18,10 @@ source "$(dirname "$0")/common.sh"
 exec > >(tee "${OUT:-/tmp}/log") 2>&1
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 link_log() { # model [VAR=value ...]: the link's log line and the decode rate of one bench run
-    env "$@" KILN_CUDA_QGEMV_LINK=1 timeout 60 "$B/kiln" bench --device cuda --model "$M/$1" \
+    # (PART=1 ran it without the shift: env took the model for a command, so no lines came)
+    local m=$1
+    shift
+    env "$@" KILN_CUDA_QGEMV_LINK=1 timeout 60 "$B/kiln" bench --device cuda --model "$M/$m" \
         --prompt 16 --gen 32 --runs 1 --verbose 2>&1 | grep -E "qgemv link|decode steps|^decode"
 }
 ncu_trace() { # tag model [VAR=value ...]: kernel times of ~1.5 decode steps, from launch 4000
