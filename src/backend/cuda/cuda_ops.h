@@ -109,7 +109,7 @@ void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
  * KILN_CUDA_QGEMV_INLINE. Off with KILN_CUDA_FUSED=0. */
 void kiln_cuda_set_qgemv_inline(int mode);
 /* x's digits handed from one quantized GEMV to the next where the model hints it (feeds_next,
- * qgemv.cu qg_link): 1 on, 0 off (default until it has run on a GPU), < 0 back to env
+ * qgemv.cu qg_link): 1 on, 0 off (default: measured level to +3%), < 0 back to env
  * KILN_CUDA_QGEMV_LINK. */
 void kiln_cuda_set_qgemv_link(int on);
 /* How many GEMVs so far read x's digits handed on instead of running pass 1 (tests, stats). */

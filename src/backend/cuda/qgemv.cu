@@ -905,9 +905,11 @@ static void qm_run(kcu_state *st, const qg_call &c, qg_args &A) {
  * GEMV writing x also writes x's digits (qg_emit) into one of two hand-off buffers, and the next
  * GEMV reads them instead of running pass 1 — if it comes next (no CUDA call between: launch_seq)
  * and reads the same x with the same token count, columns, digit layout, mode and norm weight.
- * The digits are pass 1's bits, so results do not change. Opt-in (KILN_CUDA_QGEMV_LINK=1) until
- * it has run on a GPU: the emulator runs blocks one after another, so it cannot see a race
- * between the blocks of a group (test_cuda_ops' test_qgemv_link can). */
+ * The digits are pass 1's bits, so results do not change (test_cuda_ops' test_qgemv_link checks
+ * it on the GPU, where the blocks of a group race; the emulator runs them one after another).
+ * Opt-in (KILN_CUDA_QGEMV_LINK=1): on an H100 the 8B's batch-1 decode measured level to +3%,
+ * since the producer's meeting per group costs about what pass 1 did (docs/gpu.md, twenty-third
+ * session). */
 struct qg_link {
     /* the hint (feeds_next): the next GEMV writing hint_x feeds a GEMV of it (through the norm
      * with hint_norm_w when set), valid while launch_seq is hint_seq */
