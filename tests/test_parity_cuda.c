@@ -7,6 +7,8 @@
  * recorded CUDA graph give the same bits as the same steps launched op by op, across attention
  * split buckets and cache growth. kiln_forward_sample's GPU sampling picks the ids the host
  * sampler picks from the same device logits (and so does the KILN_GPU_SAMPLING=0 fallback).
+ * Decode with x's digits handed from op to op (qg_link) gives the same bits as without it, and
+ * the hand-offs happen (cuda_link_check).
  * The quantized fixtures again in fast mode (--fast-math: the prefill's codes GEMM dequantizes
  * W to f16 and multiplies x's hi half, the decode GEMV takes x as one int8 digit) within 0.1 and
  * greedy flips within 5e-2 of the logit scale, as test_parity's fast pass (the CPU's fast mode:
@@ -17,6 +19,7 @@
 #include "backend/cuda/cuda_ops.h"
 #endif
 #include "cuda_graph_check.h"
+#include "cuda_link_check.h"
 #include "fixture_parity.h"
 #include "test_util.h"
 
@@ -56,6 +59,9 @@ int main(void) {
     unsetenv("KILN_GPU_SAMPLING");
     cuda_graph_replay_check("qwen3", test_shared("fixtures/qwen3"));
     cuda_graph_replay_check("llama-mlx-q4g32", test_shared("fixtures/llama-mlx-q4g32"));
+    /* x's digits handed on (3 layers: o -> gate/up -> down -> the next q/k/v, 8 a step at least) */
+    cuda_link_check("llama-mlx-q4g32", test_shared("fixtures/llama-mlx-q4g32"), 8);
+    cuda_link_check("qwen3-mlx-q8g64", test_shared("fixtures/qwen3-mlx-q8g64"), 8);
     return test_finish();
 #endif
 }

@@ -15,12 +15,15 @@
  *     the same without the MoE block, where the GPU's decode steps are replayed CUDA graphs.
  *  4. Decode steps replayed from recorded graphs give the same bits as launched ops
  *     (cuda_graph_check.h): gemma3_text, gemma4_text and the dense synthetic model.
+ *  5. Decode of gemma3_text-mlx-q4g32 with x's digits handed from op to op (qg_link) gives the
+ *     same bits as without, and the hand-offs happen (cuda_link_check.h).
  * Without a GPU the test exits 77 with the reason. */
 #include "kiln.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
 #include "cuda_graph_check.h"
+#include "cuda_link_check.h"
 #include "fixture_parity.h"
 #include "gemma_synth.h"
 #include "test_util.h"
@@ -190,6 +193,8 @@ int main(void) {
      * whose KV-shared layers attend through the batched call without storing */
     cuda_graph_replay_check("gemma3_text", test_shared("fixtures/gemma3_text"));
     cuda_graph_replay_check("gemma4_text", test_shared("fixtures/gemma4_text"));
+    /* x's digits handed on (4 layers: gate/up -> down, 4 a step at least) */
+    cuda_link_check("gemma3_text-mlx-q4g32", test_shared("fixtures/gemma3_text-mlx-q4g32"), 4);
     {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/gemma4_synth_dense", test_tmpdir());

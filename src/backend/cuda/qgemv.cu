@@ -936,6 +936,7 @@ struct qg_link {
                      * not a GEMV assumes for the next (a mismatch only costs pass 1) */
 };
 static int g_qg_link = -1;
+static long long g_qg_links_total = 0; /* kiln_cuda_qgemv_links_total */
 extern "C" void kiln_cuda_set_qgemv_link(int on) {
     g_qg_link = on;
 }
@@ -1036,6 +1037,7 @@ static bool qg_link_take(kcu_state *st, const qg_call &c, qg_args &A) {
         return false;
     A.dig = L->dig, A.E = L->E, A.sx16 = L->sx16, A.ssq = L->ssq;
     L->taken++;
+    __atomic_fetch_add(&g_qg_links_total, 1, __ATOMIC_RELAXED);
     return true;
 }
 
@@ -1140,6 +1142,9 @@ bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const floa
 extern "C" long long kiln_cuda_qgemv_links(kiln_backend *be) {
     const kcu_state *st = kcu_st(be);
     return st->qg_link ? st->qg_link->taken : 0;
+}
+extern "C" long long kiln_cuda_qgemv_links_total(void) {
+    return __atomic_load_n(&g_qg_links_total, __ATOMIC_RELAXED);
 }
 extern "C" void kcu_feeds_next(kiln_backend *be, const float *x, const float *norm_w, float eps,
                                bool plus_one) {
