@@ -1009,7 +1009,7 @@ static void check_qgemv_link_case(int bits, int G, int64_t H, int64_t F, int64_t
     for (int r = 0; r <= reps; r++) {
         const bool hinted = r > 0;
         be->copy2d(be, dh, H, dh0, H, n, H);
-        const long long l0 = kiln_cuda_qgemv_links(be);
+        const long long l0 = kiln_cuda_qgemv_links_total();
         if (hinted) be->feeds_next(be, dh, dn1, 1e-6f, false);
         be->matmul_add(be, dh, dattn, dtmp, n, &wo.dev);
         if (hinted) be->feeds_next(be, dgate, NULL, 0.0f, false);
@@ -1019,7 +1019,7 @@ static void check_qgemv_link_case(int bits, int G, int64_t H, int64_t F, int64_t
         be->matmul_add(be, dh, dgate, dtmp, n, &wd.dev);
         be->matmul_norm(be, 3, dq, dh, dtmp, n, qw, dn2, 1e-6f, true);
         CHECK_OK(be->synchronize(be));
-        if (hinted) taken += kiln_cuda_qgemv_links(be) - l0;
+        if (hinted) taken += kiln_cuda_qgemv_links_total() - l0;
         float *dst[4] = {hinted ? got[0] : want[0], hinted ? got[1] : want[1],
                          hinted ? got[2] : want[2], hinted ? got[3] : want[3]};
         const float *src[4] = {dh, dgate, dq[0], dq[1]};
@@ -1090,12 +1090,12 @@ static void check_attn_link_case(int bits, int G, int n_seq, const int *pres, in
     long long taken = 0;
     for (int r = 0; r <= reps; r++) {
         const bool hinted = r > 0;
-        const long long l0 = kiln_cuda_qgemv_links(be);
+        const long long l0 = kiln_cuda_qgemv_links_total();
         if (hinted) be->feeds_next(be, dout, NULL, 0.0f, false);
         kvs[0]->vt->store_attend_batch(kvs, ones, n_seq, 0, NULL, NULL, dq, dout, &p, NULL);
         be->matmul(be, dy, dout, n_seq, &wo.dev);
         CHECK_OK(be->synchronize(be));
-        if (hinted) taken += kiln_cuda_qgemv_links(be) - l0;
+        if (hinted) taken += kiln_cuda_qgemv_links_total() - l0;
         be->download(be, hinted ? got : want, dy, sizeof(float) * (size_t)(n_seq * qw));
         if (hinted) mismatches += memcmp(got, want, sizeof(float) * (size_t)(n_seq * qw)) != 0;
     }

@@ -112,10 +112,9 @@ void kiln_cuda_set_qgemv_inline(int mode);
  * qgemv.cu qg_link): 1 on, 0 off (default: measured level to +3%), < 0 back to env
  * KILN_CUDA_QGEMV_LINK. */
 void kiln_cuda_set_qgemv_link(int on);
-/* How many GEMVs so far read x's digits handed on instead of running pass 1 (tests, stats). */
-long long kiln_cuda_qgemv_links(kiln_backend *be);
-/* The same over every backend of the process (counted when the host runs the op: a decode step
- * replayed from a graph adds nothing). */
+/* How many GEMVs of any backend of the process so far read x's digits handed on instead of
+ * running pass 1 (tests; counted when the host runs the op: a decode step replayed from a graph
+ * adds nothing). */
 long long kiln_cuda_qgemv_links_total(void);
 /* The quantized decode GEMV at n = 1 on int8 tensor cores (qgemv.cu, k_qgemv_mma): 1 on, 0 off
  * (default); -1 goes back to env KILN_CUDA_QGEMV_MMA. */

@@ -1139,10 +1139,6 @@ bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const floa
 }
 
 #ifndef QG_HOST_EMU
-extern "C" long long kiln_cuda_qgemv_links(kiln_backend *be) {
-    const kcu_state *st = kcu_st(be);
-    return st->qg_link ? st->qg_link->taken : 0;
-}
 extern "C" long long kiln_cuda_qgemv_links_total(void) {
     return __atomic_load_n(&g_qg_links_total, __ATOMIC_RELAXED);
 }
