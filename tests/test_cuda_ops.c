@@ -1113,8 +1113,7 @@ static void check_attn_link_case(int bits, int G, int n_seq, const int *pres, in
     free_matrix(&wo);
 }
 
-static void test_qgemv_link(void) {
-    kiln_cuda_set_qgemv_link(1); /* opt-in until measured on a GPU */
+static void test_qgemv_link_mode(void) {
     for (int b = 4; b <= 8; b += 4) {
         /* Llama-3-8B's shapes: every consumer reads handed-on digits at one token; at 8 some
          * of the matmuls may take the tensor-core GEMM instead */
@@ -1137,6 +1136,18 @@ static void test_qgemv_link(void) {
     check_qgemv_link_case(8, 64, 512, 1024, 1, 10, 3);
     check_qgemv_link_case(8, 64, 512, 1024, 2, 10, -1); /* norms of 2+ tokens: tensor cores */
     kiln_cuda_set_qgemv_inline(-1);
+}
+
+static void test_qgemv_link(void) {
+    /* the groups' blocks meeting through global atomics (1), as clusters (2): every check */
+    for (int mode = 1; mode <= 2; mode++) {
+        kiln_cuda_set_qgemv_link(mode);
+        const long long clusters0 = kiln_cuda_qgemv_cluster_launches_total();
+        test_qgemv_link_mode();
+        const long long clusters = kiln_cuda_qgemv_cluster_launches_total() - clusters0;
+        CHECK_MSG(mode == 1 ? clusters == 0 : clusters > 0,
+                  "qgemv link mode %d: %lld launches in clusters", mode, clusters);
+    }
     kiln_cuda_set_qgemv_link(-1);
 }
 

@@ -60,8 +60,10 @@ int main(void) {
     cuda_graph_replay_check("qwen3", test_shared("fixtures/qwen3"));
     cuda_graph_replay_check("llama-mlx-q4g32", test_shared("fixtures/llama-mlx-q4g32"));
     /* x's digits handed on (3 layers: o -> gate/up -> down -> the next q/k/v, 8 a step at least) */
-    cuda_link_check("llama-mlx-q4g32", test_shared("fixtures/llama-mlx-q4g32"), 8);
-    cuda_link_check("qwen3-mlx-q8g64", test_shared("fixtures/qwen3-mlx-q8g64"), 8);
+    for (int mode = 1; mode <= 2; mode++) { /* global atomics, clusters */
+        cuda_link_check("llama-mlx-q4g32", test_shared("fixtures/llama-mlx-q4g32"), mode, 8);
+        cuda_link_check("qwen3-mlx-q8g64", test_shared("fixtures/qwen3-mlx-q8g64"), mode, 8);
+    }
     return test_finish();
 #endif
 }

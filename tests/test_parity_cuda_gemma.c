@@ -194,7 +194,10 @@ int main(void) {
     cuda_graph_replay_check("gemma3_text", test_shared("fixtures/gemma3_text"));
     cuda_graph_replay_check("gemma4_text", test_shared("fixtures/gemma4_text"));
     /* x's digits handed on (4 layers: gate/up -> down, 4 a step at least) */
-    cuda_link_check("gemma3_text-mlx-q4g32", test_shared("fixtures/gemma3_text-mlx-q4g32"), 4);
+    for (int mode = 1; mode <= 2; mode++) { /* global atomics, clusters */
+        cuda_link_check("gemma3_text-mlx-q4g32", test_shared("fixtures/gemma3_text-mlx-q4g32"),
+                        mode, 4);
+    }
     {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/gemma4_synth_dense", test_tmpdir());

@@ -107,8 +107,9 @@ struct qe_fiber {
     qe_ctx ctx;
     char *stack;
     bool done;
-    bool waited;   /* passed griddepcontrol.wait */
-    int shfl_side; /* which of the two shuffle buffers the next shuffle uses */
+    bool waited;               /* passed griddepcontrol.wait */
+    int shfl_side;             /* which of the two shuffle buffers the next shuffle uses */
+    int cl_arrived, cl_waited; /* cluster barrier: arrivals and waits so far */
 };
 static qe_fiber qe_fib[QE_THREADS];
 static qe_ctx qe_sched;
@@ -379,12 +380,57 @@ static float __ldcg(const float *p) {
     return kcu_ld(p);
 }
 
+/* Thread-block clusters (qg_emit_cluster). Blocks run one after another here, a cluster's from
+ * its last rank down to its leader (rank 0), so the leader's wait for the others' arrivals (with
+ * release semantics, after their stores) finds them all, and a leader run before the others
+ * would deadlock (reported). The leader's array that every block of the cluster stores into is
+ * one buffer, poisoned when the cluster's first block starts. Each thread must alternate arrive
+ * and wait, starting with an arrival; a store to the leader only after the first wait. */
+static int qe_cluster_dim = 1, qe_cluster_launches = 0;
+static int qe_spanning_emits = 0; /* launches emitting groups that span blocks */
+static float qe_cluster_vals[8][32];
+static int qe_cluster_arrivals; /* second arrivals in the current cluster */
+static unsigned qg_cluster_rank() {
+    return blockIdx.x % (unsigned)qe_cluster_dim;
+}
+static void qe_cluster_arrive() {
+    qe_fiber &f = qe_fib[threadIdx.x];
+    if (f.cl_arrived != f.cl_waited) qe_error("cluster barrier: arrives again before waiting");
+    if (++f.cl_arrived == 2) qe_cluster_arrivals++;
+    qe_progress = true;
+}
+static void qg_cluster_arrive_relaxed() {
+    qe_cluster_arrive();
+}
+static void qg_cluster_arrive_release() {
+    qe_cluster_arrive();
+}
+static void qg_cluster_wait() {
+    qe_fiber &f = qe_fib[threadIdx.x];
+    if (f.cl_arrived != f.cl_waited + 1) qe_error("cluster barrier: waits without arriving");
+    if (f.cl_arrived == 2) /* every thread of the cluster's blocks (none exits before arriving) */
+        while (qe_cluster_arrivals < qe_cluster_dim * (int)blockDim.x) qe_yield();
+    f.cl_waited++;
+    qe_progress = true;
+}
+static void qg_cluster_store(float *p, unsigned rank, float v) {
+    if (qe_cluster_dim < 2) qe_error("distributed shared memory store outside a cluster launch");
+    if (rank != 0) qe_error("store to block %u of the cluster (only the leader is modelled)", rank);
+    if (qe_fib[threadIdx.x].cl_waited < 1) qe_error("store to the leader before the first wait");
+    if (p < &qe_cluster_vals[0][0] || p >= &qe_cluster_vals[0][0] + 8 * 32)
+        qe_error("store outside the leader's array");
+    else
+        *p = v;
+}
+#define QG_CLUSTER_SHARED(type, name, dims) type(&name) dims = qe_cluster_vals
+
 /* ---- the host side the kernel file takes from cuda_common.cuh ---- */
 
 struct qg_link;
 struct kcu_state {
     int n_sms;
     bool pdl_on;
+    bool sm90 = true;
     unsigned long long launch_seq = 0; /* bumped by the driver to model a CUDA call between ops */
     struct qg_link *qg_link = nullptr;
 };
@@ -440,14 +486,22 @@ static void qe_launch(const char *name, unsigned blocks, int nt, size_t smem, Fn
     qe_smem = (uint4 *)(qe_smem_end - ((smem + 15) & ~(size_t)15));
     qe_body_fn = [](void *p) { (*(Fn *)p)(); };
     qe_body_ctx = &fn;
-    for (unsigned b = 0; b < blocks; b++) {
+    const unsigned C = (unsigned)qe_cluster_dim;
+    if (blocks % C) qe_error("%s: %u blocks in clusters of %u", name, blocks, C);
+    qe_cluster_launches += C > 1;
+    for (unsigned i = 0; i < blocks; i++) {
+        const unsigned b = i / C * C + (C - 1 - i % C); /* a cluster's leader last */
+        if (i % C == 0) {
+            memset(qe_cluster_vals, 0xff, sizeof qe_cluster_vals);
+            qe_cluster_arrivals = 0;
+        }
         memset(qe_smem_map, 0xff, (size_t)(qe_smem_end - qe_smem_map));
         for (auto &r : qe_shared_regs) memset(r.p, 0xff, r.n);
         qe_block_bar = {nt, 0, -1, 0};
         for (int w = 0; w < nt / 32; w++) qe_warp_bar[w] = {32, 0, -1, 0};
         for (int t = 0; t < nt; t++) {
             qe_fib[t].done = qe_fib[t].waited = false;
-            qe_fib[t].shfl_side = 0;
+            qe_fib[t].shfl_side = qe_fib[t].cl_arrived = qe_fib[t].cl_waited = 0;
             qe_ctx_init(qe_fib[t].ctx, qe_fib[t].stack, QE_STACK, qe_entry);
         }
         blockIdx = {b, 0, 0};
@@ -775,9 +829,9 @@ static void qe_link_case_end(const int (&launches)[2], int want, bool check_laun
  * consumer (launch_seq bumped) must make the consumer run pass 1 again. */
 static void qe_link_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t F, int64_t n, int inl,
                          bool drop) {
-    snprintf(qe_label, sizeof qe_label, "%sq%dg%d/%s link H=%lld F=%lld n=%lld inline=%d%s",
-             qe_fast ? "fast " : "", bits, G, sdt == KILN_DT_BF16 ? "BF16" : "F16", (long long)H,
-             (long long)F, (long long)n, inl, drop ? " dropped" : "");
+    snprintf(qe_label, sizeof qe_label, "%sq%dg%d/%s link %d H=%lld F=%lld n=%lld inline=%d%s",
+             qe_fast ? "fast " : "", bits, G, sdt == KILN_DT_BF16 ? "BF16" : "F16", g_qg_link,
+             (long long)H, (long long)F, (long long)n, inl, drop ? " dropped" : "");
     qe_errors = 0;
     case_ok = true;
     results[0] = 0;
@@ -802,6 +856,7 @@ static void qe_link_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t F, 
         for (int i = 0; i < 3; i++) dq[i] = dev_poisoned(n * qrows[i], "q/k/v");
         const kiln_matrix *qw[3] = {&wq[0].dev, &wq[1].dev, &wq[2].dev};
         const int l0 = qe_launches;
+        qe_cluster_launches = qe_spanning_emits = 0;
         if (hinted) kcu_qg_hint(&g_st, dh, dn1, false);
         qe_emitted.clear();
         bool ok = kcu_qgemv_dp4a_add(&g_st, dh, dattn, n, &wo.dev);
@@ -821,6 +876,17 @@ static void qe_link_case(int bits, int G, kiln_dtype sdt, int64_t H, int64_t F, 
         out[hinted][3].assign(dq[0], dq[0] + n * qrows[0]);
         out[hinted][4].assign(dq[1], dq[1] + n * qrows[1]);
         launches[hinted] = qe_launches - l0;
+        /* link 2: every emitting GEMV whose 32-row groups span blocks ran in clusters, and
+         * nothing else did */
+        n_checks++;
+        const int want_clusters = g_qg_link == 2 ? qe_spanning_emits : 0;
+        if (qe_cluster_launches != want_clusters ||
+            (hinted && g_qg_link == 2 && n == 1 && want_clusters == 0)) {
+            case_ok = false;
+            printf("  FAIL %s: %d launches in clusters, want %d\n", qe_label, qe_cluster_launches,
+                   want_clusters);
+        }
+        qe_cluster_launches = qe_spanning_emits = 0;
         if (!ok) qe_error("a GEMV of the chain did not apply");
         qe_dev_free(dh), qe_dev_free(dgate);
         for (int i = 0; i < 3; i++) qe_dev_free(dq[i]);
@@ -1022,22 +1088,25 @@ int main(int argc, char **argv) {
     }
     qe_fast = false;
     kiln_cuda_set_qgemv_mma(-1);
-    /* qg_link: the chain with and without hints, exact and fast, at 1..8 tokens */
-    kiln_cuda_set_qgemv_link(1);
-    for (int fast = 0; fast < 2; fast++) {
-        qe_fast = fast == 1;
-        for (int b = 0; b < 2; b++) {
-            const kiln_dtype sdt = b ? KILN_DT_F16 : KILN_DT_BF16;
-            qe_link_case(bits[b], 64, sdt, 256, 512, 1, 0, false);
-            qe_link_case(bits[b], 32, sdt, 256, 512, 3, 0, false);
-            qe_link_case(bits[b], 128, sdt, 256, 512, 8, 0, true);
-            qe_link_case(bits[b], 64, sdt, 256, 512, 1, 2, false);
-            if (!quick && !fast) qe_link_case(bits[b], 64, sdt, 1024, 2048, 1, 2, false);
-            for (int mode = 0; mode < 5; mode++)
-                qe_claim_case(bits[b], 64, sdt, 256, mode == 1 ? 3 : 1 + (mode & 1), mode);
-            qe_claim_case(bits[b], 32, sdt, 512, 5, 0);
+    /* qg_link: the chain with and without hints, exact and fast, at 1..8 tokens; the groups'
+     * blocks meeting in global memory (link 1) and as clusters (link 2) */
+    for (int link = 1; link <= 2; link++)
+        for (int fast = 0; fast < 2; fast++) {
+            kiln_cuda_set_qgemv_link(link);
+            qe_fast = fast == 1;
+            for (int b = 0; b < 2; b++) {
+                const kiln_dtype sdt = b ? KILN_DT_F16 : KILN_DT_BF16;
+                qe_link_case(bits[b], 64, sdt, 256, 512, 1, 0, false);
+                qe_link_case(bits[b], 32, sdt, 256, 512, 3, 0, false);
+                qe_link_case(bits[b], 128, sdt, 256, 512, 8, 0, true);
+                qe_link_case(bits[b], 64, sdt, 256, 512, 1, 2, false);
+                if (!quick && !fast) qe_link_case(bits[b], 64, sdt, 1024, 2048, 1, 2, false);
+                if (link == 2) continue; /* attention's emission does not meet in clusters */
+                for (int mode = 0; mode < 5; mode++)
+                    qe_claim_case(bits[b], 64, sdt, 256, mode == 1 ? 3 : 1 + (mode & 1), mode);
+                qe_claim_case(bits[b], 32, sdt, 512, 5, 0);
+            }
         }
-    }
     qe_fast = false;
     kiln_cuda_set_qgemv_link(-1);
     qe_declines();

@@ -11,13 +11,12 @@
 
 #include <stdio.h>
 
-/* before each forward of copy g: the link off (0) or on (1) */
+/* before each forward of copy g: the link off (copy 0) or in mode *ctx (copy 1) */
 static void set_link(int copy, void *ctx) {
-    (void)ctx;
-    kiln_cuda_set_qgemv_link(copy);
+    kiln_cuda_set_qgemv_link(copy ? *(const int *)ctx : 0);
 }
 
-void cuda_link_check(const char *label, const char *dir, long long min_links) {
+void cuda_link_check(const char *label, const char *dir, int mode, long long min_links) {
     kiln_load_options lo;
     kiln_load_options_default(&lo);
     lo.device = KILN_DEVICE_CUDA;
@@ -27,25 +26,33 @@ void cuda_link_check(const char *label, const char *dir, long long min_links) {
         const int STEPS = 40;          /* 20 with one sequence, 20 with two */
         kiln_cuda_set_qgemv_inline(0); /* pass 1 and its hand-offs, not digits in the blocks */
         const long long links0 = kiln_cuda_qgemv_links_total();
+        const long long clusters0 = kiln_cuda_qgemv_cluster_launches_total();
         int first_bad;
         const int mismatches =
-            decode_pair_mismatches(m, STEPS, STEPS / 2, set_link, NULL, &first_bad);
+            decode_pair_mismatches(m, STEPS, STEPS / 2, set_link, &mode, &first_bad);
         const long long links = kiln_cuda_qgemv_links_total() - links0;
+        const long long clusters = kiln_cuda_qgemv_cluster_launches_total() - clusters0;
         kiln_cuda_set_qgemv_link(-1);
         kiln_cuda_set_qgemv_inline(-1);
         CHECK_MSG(mismatches == 0, "%s: decode with the link differs at %d steps (first %d)", label,
                   mismatches, first_bad);
         CHECK_MSG(links >= min_links, "%s: %lld hand-offs taken in %d steps (want >= %lld)", label,
                   links, STEPS, min_links);
-        fprintf(stderr, "%-18s qgemv link     %d steps, %lld hand-offs, %d differ\n", label, STEPS,
-                links, mismatches);
+        /* mode 2: the emitting GEMVs launched as clusters (as many as hand-offs, at least) */
+        CHECK_MSG(mode != 2 || clusters >= min_links,
+                  "%s: %lld launches in clusters in %d steps (want >= %lld)", label, clusters,
+                  STEPS, min_links);
+        fprintf(
+            stderr,
+            "%-18s qgemv link %d   %d steps, %lld hand-offs, %lld cluster launches, %d differ\n",
+            label, mode, STEPS, links, clusters, mismatches);
     }
     kiln_model_free(m[0]);
     kiln_model_free(m[1]);
 }
 #else
-void cuda_link_check(const char *label, const char *dir, long long min_links) {
-    (void)label, (void)dir, (void)min_links;
+void cuda_link_check(const char *label, const char *dir, int mode, long long min_links) {
+    (void)label, (void)dir, (void)mode, (void)min_links;
     CHECK_MSG(0, "cuda_link_check called in a build without CUDA");
 }
 #endif

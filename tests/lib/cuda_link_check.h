@@ -5,10 +5,11 @@
 #define KILN_TEST_CUDA_LINK_CHECK_H
 
 /* Two copies of the quantized model in `dir`, decoding the same steps (a sequence alone, then
- * two as one batch) with the link off and on, and the digits never made inside the GEMV's blocks
- * (so that tiny fixtures take the two-pass GEMV the link applies to): the logits must be the same
- * bits at every step, and at least min_links GEMVs must have taken handed-on digits. Only in
- * CUDA builds. */
-void cuda_link_check(const char *label, const char *dir, long long min_links);
+ * two as one batch) with the link off and in `mode` (1: the blocks of a group meet through
+ * global atomics, 2: as a cluster), and the digits never made inside the GEMV's blocks (so that
+ * tiny fixtures take the two-pass GEMV the link applies to): the logits must be the same bits at
+ * every step, and at least min_links GEMVs must have taken handed-on digits (mode 2: and as
+ * many launches have run in clusters). Only in CUDA builds. */
+void cuda_link_check(const char *label, const char *dir, int mode, long long min_links);
 
 #endif

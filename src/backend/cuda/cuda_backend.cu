@@ -633,6 +633,7 @@ kiln_status kiln_backend_cuda_new(int n_threads, kiln_backend **out) {
         return e;
     }
     st->n_sms = prop.multiProcessorCount;
+    st->sm90 = prop.major == 9;
     const char *ge = getenv("KILN_CUDA_GRAPH");
     /* on by default: a decode step is recorded once per key and replayed (KILN_CUDA_GRAPH=0
      * launches every op instead; docs/gpu.md has the measurements) */

@@ -35,6 +35,7 @@ struct qg_link; /* qgemv.cu: x's digits handed from one dp4a GEMV to the next */
 typedef struct kcu_state {
     int device;
     int n_sms;
+    bool sm90; /* compute capability 9.x: the sm_90a code runs (clusters, PDL) */
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_workspace; /* given to cuBLAS so it never allocates (graph capture) */

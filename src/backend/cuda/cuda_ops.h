@@ -109,13 +109,17 @@ void kiln_cuda_set_qgemv_dp4a(int rows_per_warp, int split, int pdl);
  * KILN_CUDA_QGEMV_INLINE. Off with KILN_CUDA_FUSED=0. */
 void kiln_cuda_set_qgemv_inline(int mode);
 /* x's digits handed from one quantized GEMV to the next where the model hints it (feeds_next,
- * qgemv.cu qg_link): 1 on, 0 off (default: measured level to +3%), < 0 back to env
- * KILN_CUDA_QGEMV_LINK. */
-void kiln_cuda_set_qgemv_link(int on);
+ * qgemv.cu qg_link): 1 on, the blocks of a 32-row group meeting through global atomics; 2 on,
+ * those blocks launched as a cluster that meets in distributed shared memory (sm_90); 0 off
+ * (default: 1 measured level to +3%); < 0 back to env KILN_CUDA_QGEMV_LINK. */
+void kiln_cuda_set_qgemv_link(int mode);
 /* How many GEMVs of any backend of the process so far read x's digits handed on instead of
  * running pass 1 (tests; counted when the host runs the op: a decode step replayed from a graph
  * adds nothing). */
 long long kiln_cuda_qgemv_links_total(void);
+/* How many GEMV launches so far emitted x's digits with their blocks meeting as clusters
+ * (KILN_CUDA_QGEMV_LINK=2; counted as kiln_cuda_qgemv_links_total). */
+long long kiln_cuda_qgemv_cluster_launches_total(void);
 /* The quantized decode GEMV at n = 1 on int8 tensor cores (qgemv.cu, k_qgemv_mma): 1 on, 0 off
  * (default); -1 goes back to env KILN_CUDA_QGEMV_MMA. */
 void kiln_cuda_set_qgemv_mma(int on);

@@ -28,9 +28,12 @@
  *   memory instead of pass 1 (QG_INL): one launch per op. KILN_CUDA_FUSED=0: none of this, as
  *   before (pass 1, then one launch per matrix; the fusions run as compositions of plain ops).
  *
- * qg_link (further down; opt-in, KILN_CUDA_QGEMV_LINK=1): where the model hints that a GEMV's
- *   output feeds the next GEMV (backend.h feeds_next), the first also writes pass 1's digits of its
- *   output (qg_emit: the last block of each 32-row group makes them) and the second skips pass 1.
+ * qg_link (further down; opt-in, KILN_CUDA_QGEMV_LINK=1 or 2): where the model hints that a
+ *   GEMV's output feeds the next GEMV (backend.h feeds_next), the first also writes pass 1's
+ *   digits of its output and the second skips pass 1. The blocks of a 32-row group meet to make
+ *   them: through an arrival count in global memory, the last block making them (1, qg_emit), or
+ *   launched as a thread-block cluster whose leader gathers the group in its shared memory (2,
+ *   qg_emit_cluster).
  *
  * With programmatic dependent launch (cuda_common.cuh) pass 2's blocks start while pass 1
  * runs, issue their first weight loads, and wait (griddepcontrol.wait) only before reading x's
@@ -81,6 +84,44 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
 #define QG_DYN_SHARED(name)         extern __shared__ uint4 name[]
 /* qg_emit's block that digitizes group grp (the emulator counts them: exactly one a group) */
 #define QG_EMITS_GROUP(grp)
+/* Thread-block clusters (sm_90; qg_emit_cluster): this block's rank in its cluster, the
+ * cluster barrier's two halves (every thread of the block executes them; an exited thread no
+ * longer counts), and a store of v to the place of p (a shared array of this block) in the
+ * shared memory of block `rank` of the cluster. The PTX fallback target never launches them. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned qg_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void qg_cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void qg_cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void qg_cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void qg_cluster_store(float *p, unsigned rank, float v) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+}
+#else
+__device__ __forceinline__ unsigned qg_cluster_rank() {
+    return 0;
+}
+__device__ __forceinline__ void qg_cluster_arrive_relaxed() {}
+__device__ __forceinline__ void qg_cluster_arrive_release() {}
+__device__ __forceinline__ void qg_cluster_wait() {}
+__device__ __forceinline__ void qg_cluster_store(float *p, unsigned, float v) {
+    *p = v;
+}
+#endif
+/* the leader's array of qg_emit_cluster, which the other blocks of its cluster write into */
+#define QG_CLUSTER_SHARED(type, name, dims) __shared__ type name dims
 /* atomicAdd(p, 1) with acquire-release semantics at GPU scope: the previous value */
 __device__ __forceinline__ unsigned qg_arrive_acq_rel(unsigned *p) {
     unsigned prev;
@@ -185,7 +226,23 @@ struct qg_args {
     unsigned *emit_count;
     const float *emit_norm_w;
     int emit_plus_one, emit_perm4, emit_arrivals;
+    /* > 1: launched as clusters of emit_cluster blocks, one 32-row group each, which meet in
+     * the cluster (qg_emit_cluster) instead of counting arrivals in global memory */
+    int emit_cluster;
 };
+
+/* One warp makes token t's digits of the 32-row group grp from lane's value v of y (times the
+ * norm weight g, with the sums of squares, when the emission has a norm): pass 1's bits. */
+__device__ __forceinline__ void qg_emit_digits(const qg_args &A, float v, float g, int t, int grp,
+                                               int ng) {
+    const int lane = threadIdx.x & 31;
+    if (A.emit_norm_w) {
+        const float q = kcu_warp_sum(v * v);
+        if (lane == 0) A.emit_ssq[(int64_t)t * ng + grp] = q;
+        v *= A.emit_plus_one ? 1.0f + g : g;
+    }
+    qx_digit_block(A.emit_dig, A.emit_E, A.emit_sx16, v, t, grp, ng, A.emit_perm4, lane, A.nd);
+}
 
 /* The emission of qg_args (emit_dig set): y [n, rows] of this launch; grp the 32-row group this
  * block's rows lie in. After the block's barrier, thread 0 counts the block's arrival with one
@@ -207,13 +264,30 @@ __device__ __noinline__ void qg_emit(const qg_args &A, const float *y, int rows,
     }
     __syncthreads();
     if (!emit_last[0] || warp >= n) return;
-    float v = __ldcg(y + (int64_t)warp * rows + grp * 32 + lane);
-    if (A.emit_norm_w) {
-        const float q = kcu_warp_sum(v * v);
-        if (lane == 0) A.emit_ssq[(int64_t)warp * ng + grp] = q;
-        v *= A.emit_plus_one ? 1.0f + g : g;
-    }
-    qx_digit_block(A.emit_dig, A.emit_E, A.emit_sx16, v, warp, grp, ng, A.emit_perm4, lane, A.nd);
+    qg_emit_digits(A, __ldcg(y + (int64_t)warp * rows + grp * 32 + lane), g, warp, grp, ng);
+}
+
+/* qg_emit for a launch in clusters of emit_cluster blocks, a 32-row group each (emit_cluster >
+ * 1): every block arrived at the cluster barrier when it started (relaxed), so its first wait
+ * here returns at once and says that the leader (rank 0) runs and its shared memory exists. The
+ * thread holding output (token t, row r32 of the group) stores it, has set (v), into the
+ * leader's array (distributed shared memory), and arrives with release semantics; the blocks but
+ * the leader exit there (an exited thread does not hold the barrier up), the leader waits for the
+ * others' values and its warp t makes token t's digits. No global atomics, no fence to L2. */
+__device__ __noinline__ void qg_emit_cluster(const qg_args &A, bool has, float v, int t, int r32,
+                                             int rows, int n, int grp) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    QG_CLUSTER_SHARED(float, emit_vals, [8][32]); /* the leader's: [token][row of the group] */
+    const unsigned rank = qg_cluster_rank();
+    const float g = rank == 0 && A.emit_norm_w && warp < n ? A.emit_norm_w[grp * 32 + lane] : 0.0f;
+    qg_cluster_wait(); /* the arrival at the start */
+    if (has) qg_cluster_store(&emit_vals[t][r32], 0, v);
+    qg_cluster_arrive_release();
+    if (rank != 0) return;
+    qg_cluster_wait(); /* every block's values are in */
+    if (threadIdx.x == 0) QG_EMITS_GROUP(grp);
+    if (warp >= n) return;
+    qg_emit_digits(A, emit_vals[warp][lane], g, warp, grp, rows >> 5);
 }
 
 /* Pass 2. A warp owns a tile of RR rows (QG_GLU: RR/2 rows of the gate and the same rows of up; a
@@ -236,6 +310,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
     constexpr int NW = B == 4 ? 8 : 4;   /* 4-byte code words (after the nibble split) per chunk */
     constexpr int U = QG_INFLIGHT / RR;  /* chunks per row in flight per lane */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (A.emit_cluster > 1) qg_cluster_arrive_relaxed(); /* qg_emit_cluster's first wait */
     const int ks_log2 = A.ks_log2, KS = 1 << ks_log2, ks = warp & (KS - 1);
     int m = 0;
     if (!GLU)
@@ -400,30 +475,36 @@ __global__ void __launch_bounds__(QG_WARPS * 32, NT *RR <= 2    ? 4
             if (lane == 0) part[warp][r][t] = v;
         }
     __syncthreads();
-    if (ks == 0 && live && lane < R * NT) {
-        const int r = lane / NT, t = lane % NT, row = r0 + r;
-        if (row < rows && t < n) {
-            float v = 0.0f;
-            for (int k = 0; k < KS; k++) v += part[warp + k][r][t];
-            if (NORM) v *= nscale[t];
-            if (A.bias[m]) v += A.bias[m][row];
-            const int64_t o = (int64_t)t * rows + row;
-            if constexpr (GLU) {
-                float u = 0.0f;
-                for (int k = 0; k < KS; k++) u += part[warp + k][r + R][t];
-                if (NORM) u *= nscale[t];
-                if (A.bias[1]) u += A.bias[1][row];
-                A.y[0][o] = kcu_glu_act(v, A.act) * u;
-            } else if constexpr (ADD) {
-                A.y[m][o] += v;
-            } else {
-                A.y[m][o] = v;
-            }
+    float out = 0.0f; /* y[t][row] as written, for qg_emit_cluster */
+    bool has = false;
+    const int r = lane / NT, t = lane % NT, row = r0 + r;
+    if (ks == 0 && live && lane < R * NT && row < rows && t < n) {
+        float v = 0.0f;
+        for (int k = 0; k < KS; k++) v += part[warp + k][r][t];
+        if (NORM) v *= nscale[t];
+        if (A.bias[m]) v += A.bias[m][row];
+        const int64_t o = (int64_t)t * rows + row;
+        if constexpr (GLU) {
+            float u = 0.0f;
+            for (int k = 0; k < KS; k++) u += part[warp + k][r + R][t];
+            if (NORM) u *= nscale[t];
+            if (A.bias[1]) u += A.bias[1][row];
+            out = kcu_glu_act(v, A.act) * u;
+        } else if constexpr (ADD) {
+            out = A.y[m][o] + v;
+        } else {
+            out = v;
         }
+        A.y[m][o] = out;
+        has = true;
     }
-    if (A.emit_dig)
-        qg_emit(A, A.y[m], rows, n,
-                (int)(blockIdx.x - A.first[m]) * (QG_WARPS >> ks_log2) * R >> 5);
+    if (A.emit_dig) {
+        const int grp = (int)(blockIdx.x - A.first[m]) * (QG_WARPS >> ks_log2) * R >> 5;
+        if (A.emit_cluster > 1)
+            qg_emit_cluster(A, has, out, t, row & 31, rows, n, grp);
+        else
+            qg_emit(A, A.y[m], rows, n, grp);
+    }
 }
 
 /* ---- the same GEMV on int8 tensor cores (n = 1; opt-in, KILN_CUDA_QGEMV_MMA=1) ----
@@ -651,28 +732,60 @@ struct qg_call {
     int rows_per_warp; /* 0: by n and flags */
 };
 
+/* Whether a launch in clusters (qg_emit_cluster) may be tried: cleared for the process when one
+ * fails, after which emissions count arrivals in global memory (qg_emit) */
+static bool g_qg_cluster_ok = true;
+#ifndef QG_HOST_EMU
+static long long g_qg_cluster_launches = 0; /* kiln_cuda_qgemv_cluster_launches_total */
+#endif
+
 template <int B, int NT, int RR, int F>
 static void qg_launch(kcu_state *st, bool pdl, const qg_args &A, unsigned blocks, size_t smem) {
 #ifdef QG_HOST_EMU /* the emulator's launch runs the blocks on emulated threads */
     (void)pdl;
+    qe_cluster_dim = A.emit_cluster > 1 ? A.emit_cluster : 1;
+    qe_spanning_emits += A.emit_dig && A.emit_arrivals > 1;
     KCU_LAUNCH(st, (k_qgemv_dp4a<B, NT, RR, F>), blocks, QG_WARPS * 32, smem, A);
+    qe_cluster_dim = 1;
 #else
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(QG_WARPS * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned na = 0;
+    if (pdl) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (A.emit_cluster > 1) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = (unsigned)A.emit_cluster;
+        attr[na].val.clusterDim.y = attr[na].val.clusterDim.z = 1;
+        na++;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = na;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F>, A);
+    if (e != cudaSuccess && A.emit_cluster > 1) { /* no clusters here: the meeting in global */
+        (void)cudaGetLastError();
+        KILN_LOG_W("cuda: qgemv link: a launch in clusters of %d failed (%s); counting arrivals "
+                   "in global memory from here on",
+                   A.emit_cluster, cudaGetErrorString(e));
+        g_qg_cluster_ok = false;
+        qg_args G = A;
+        G.emit_cluster = 0;
+        qg_launch<B, NT, RR, F>(st, pdl, G, blocks, smem);
+        return;
+    }
     if (e != cudaSuccess && pdl) { /* e.g. a driver without PDL: launch plainly */
         (void)cudaGetLastError();
         cfg.numAttrs = 0;
         e = cudaLaunchKernelEx(&cfg, k_qgemv_dp4a<B, NT, RR, F>, A);
     }
+    if (e == cudaSuccess && A.emit_cluster > 1)
+        __atomic_fetch_add(&g_qg_cluster_launches, 1, __ATOMIC_RELAXED);
     KCU_CHECK(st, e);
 #endif
 }
@@ -909,7 +1022,8 @@ static void qm_run(kcu_state *st, const qg_call &c, qg_args &A) {
  * it on the GPU, where the blocks of a group race; the emulator runs them one after another).
  * Opt-in (KILN_CUDA_QGEMV_LINK=1): on an H100 the 8B's batch-1 decode measured level to +3%,
  * since the producer's meeting per group costs about what pass 1 did (docs/gpu.md, twenty-third
- * session). */
+ * session). KILN_CUDA_QGEMV_LINK=2 makes that meeting a cluster's (no global atomics or fences:
+ * qg_emit_cluster). */
 struct qg_link {
     /* the hint (feeds_next): the next GEMV writing hint_x feeds a GEMV of it (through the norm
      * with hint_norm_w when set), valid while launch_seq is hint_seq */
@@ -937,8 +1051,8 @@ struct qg_link {
 };
 static int g_qg_link = -1;
 static long long g_qg_links_total = 0; /* kiln_cuda_qgemv_links_total */
-extern "C" void kiln_cuda_set_qgemv_link(int on) {
-    g_qg_link = on;
+extern "C" void kiln_cuda_set_qgemv_link(int mode) {
+    g_qg_link = mode;
 }
 void kcu_qg_link_free(kcu_state *st) {
     qg_link *L = st->qg_link;
@@ -1061,6 +1175,11 @@ static bool qg_link_emit(kcu_state *st, const qg_call &c, qg_args &A) {
     A.emit_norm_w = L->hint_norm_w, A.emit_plus_one = L->hint_plus_one ? 1 : 0;
     A.emit_perm4 = c.ws[0]->bits == 4 ? 1 : 0;
     A.emit_arrivals = 32 / rpb;
+    /* KILN_CUDA_QGEMV_LINK=2: the group's blocks meet as a cluster (sm_90; at most 8 blocks) */
+    A.emit_cluster = qg_env(&g_qg_link, "KILN_CUDA_QGEMV_LINK", 0) == 2 && st->sm90 &&
+                             g_qg_cluster_ok && A.emit_arrivals <= 8
+                         ? A.emit_arrivals
+                         : 0;
     return true;
 }
 /* After the producer's launch: what it emits, for the next GEMV */
@@ -1141,6 +1260,9 @@ bool kcu_qgemv_dp4a_multi(kcu_state *st, int count, float *const *ys, const floa
 #ifndef QG_HOST_EMU
 extern "C" long long kiln_cuda_qgemv_links_total(void) {
     return __atomic_load_n(&g_qg_links_total, __ATOMIC_RELAXED);
+}
+extern "C" long long kiln_cuda_qgemv_cluster_launches_total(void) {
+    return __atomic_load_n(&g_qg_cluster_launches, __ATOMIC_RELAXED);
 }
 extern "C" void kcu_feeds_next(kiln_backend *be, const float *x, const float *norm_w, float eps,
                                bool plus_one) {
