@@ -8,6 +8,7 @@
 # batch-1 decode, q4 and q8, exact and fast, without the link / link 1 / link 2 / without again;
 # then what the eighteenth session left unmeasured as far as time allows: Llama-3-8B bf16 batch
 # 64 and prefill 512, decode at 8k context, MoE decode of 1 / 2 / 4 sequences.
+# PART=2: the least of PART=1 for a short call (below).
 LIMIT=${LIMIT:-560}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
@@ -55,5 +56,24 @@ if [ "$PART" = 1 ]; then
         left 40 && echo "$m batch $b (prefill decode tok/s): gather $(bench_tok_s $m $b 128 64)" \
             "| KILN_CUDA_MOE_TC=1 $(bench_tok_s $m $b 128 64 KILN_CUDA_MOE_TC=1)"
     done
+fi
+if [ "$PART" = 2 ]; then # the least of PART=1, for a call of ~270 s: a minimal build, the link
+    # tests, and the 8B q4 exact A/B of the cluster meeting
+    models_converted_in_background llama-3-8b:4
+    stamp "build"
+    cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
+        -DKILN_DEPS_PREFIX="$PWD/.deps/root" >/tmp/configure.log 2>&1 || tail -20 /tmp/configure.log
+    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda \
+        >/tmp/build.log 2>&1 || grep -E "error" /tmp/build.log | head -20
+    stamp "tests"
+    TEST_TIMEOUT=60 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" test_parity_cuda
+    grep -hE "qgemv link" /tmp/test_parity_cuda.log | cut -c1-200
+    while kill -0 "$MODELS" 2>/dev/null && left 30; do sleep 2; done
+    m=llama-3-8b-q4
+    left 25 && echo "$m b1 exact (prefill decode tok/s): no link $(bench_tok_s $m 1 128 64) |" \
+        "link 2 $(bench_tok_s $m 1 128 64 KILN_CUDA_QGEMV_LINK=2)"
+    left 25 && echo "$m b1 exact (prefill decode tok/s): no link $(bench_tok_s $m 1 128 64) |" \
+        "link 2 $(bench_tok_s $m 1 128 64 KILN_CUDA_QGEMV_LINK=2)"
+    left 15 && echo "$m b1 exact link 1: $(bench_tok_s $m 1 128 64 KILN_CUDA_QGEMV_LINK=1)"
 fi
 stamp "end"
