@@ -53,6 +53,22 @@ build_gpu_bench() { # $B/kiln_gpu_bench (bench/gpu/kiln_gpu_bench.c) against the
         bench/gpu/kiln_gpu_bench.c -o "$B/kiln_gpu_bench" -L"$B" -lkiln -Wl,-rpath,"$B" \
         -L/usr/local/cuda/lib64 -lcudart -lm 2>&1 | head -5
 }
+build_minimal() { # target ...: a Release build of libkiln, the CLI and those test targets only
+    # (no server), faster than build_kiln's for short calls
+    stamp "build"
+    cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
+        -DKILN_DEPS_PREFIX="$PWD/.deps/root" >/tmp/configure.log 2>&1 || tail -20 /tmp/configure.log
+    cmake --build "$B" -j16 --target kiln_shared kiln_cli "$@" >/tmp/build.log 2>&1 ||
+        grep -E "error" /tmp/build.log | head -20
+    stamp "built"
+}
+ctx() { # model kv batch [VAR=value ...]: decode tok/s at context 8192 (median of 3)
+    local m=$1 kv=$2 b=$3
+    shift 3
+    env "$@" timeout 90 "$B/kiln" bench --device cuda --model "$M/$m" --kv $kv --context 8192 \
+        --prompt 16 --gen 32 --batch "$b" --runs 3 --json --quiet 2>&1 |
+        grep -oE '"decode_tok_s":[0-9.]*' | cut -d: -f2
+}
 bench_tok_s() { # model batch prompt gen [VAR=value ...]: "prefill decode" tok/s of kiln bench on
     # $M/model (--device cuda, median of 2 runs)
     local m=$1 b=$2 p=$3 g=$4

@@ -26,13 +26,6 @@ LIMIT=${LIMIT:-540}
 PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
 exec > >(tee "${OUT:-/tmp}/log") 2>&1
-ctx() { # model kv batch [VAR=value ...]: decode tok/s at context 8192
-    local m=$1 kv=$2 b=$3
-    shift 3
-    env "$@" timeout 90 "$B/kiln" bench --device cuda --model "$M/$m" --kv $kv --context 8192 \
-        --prompt 16 --gen 32 --batch "$b" --runs 3 --json --quiet 2>&1 |
-        grep -oE '"decode_tok_s":[0-9.]*' | cut -d: -f2
-}
 short() { # kv [VAR=value ...]: Qwen3-0.6B batch 1 decode tok/s, prompt 128
     local kv=$1
     shift

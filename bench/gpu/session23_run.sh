@@ -71,11 +71,7 @@ if [ "$PART" = 2 ]; then
 fi
 if [ "$PART" = 3 ]; then
     models_converted_in_background llama-3-8b:4 llama-3-8b:8
-    stamp "build"
-    cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
-        -DKILN_DEPS_PREFIX="$PWD/.deps/root" >/tmp/configure.log 2>&1 || tail -20 /tmp/configure.log
-    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda \
-        >/tmp/build.log 2>&1 || grep -E "error" /tmp/build.log | head -20
+    build_minimal test_cuda_ops test_parity_cuda
     stamp "tests"
     TEST_TIMEOUT=60 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" \
         "test_parity_cuda KILN_CUDA_QGEMV_LINK=1"

@@ -14,13 +14,6 @@ PART=${PART:-1}
 source "$(dirname "$0")/common.sh"
 exec > >(tee "${OUT:-/tmp}/log") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-ctx() { # model kv batch [VAR=value ...]: decode tok/s at context 8192
-    local m=$1 kv=$2 b=$3
-    shift 3
-    env "$@" timeout 90 "$B/kiln" bench --device cuda --model "$M/$m" --kv $kv --context 8192 \
-        --prompt 16 --gen 32 --batch "$b" --runs 3 --json --quiet 2>&1 |
-        grep -oE '"decode_tok_s":[0-9.]*' | cut -d: -f2
-}
 if [ "$PART" = 1 ]; then
     models_converted_in_background llama-3-8b:4 llama-3-8b:8 qwen3-30b-a3b-l4:4
     build_kiln
@@ -60,11 +53,7 @@ fi
 if [ "$PART" = 2 ]; then # the least of PART=1, for a call of ~270 s: a minimal build, the link
     # tests, and the 8B q4 exact A/B of the cluster meeting
     models_converted_in_background llama-3-8b:4
-    stamp "build"
-    cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_SERVER=OFF -DKILN_CUDA=ON \
-        -DKILN_DEPS_PREFIX="$PWD/.deps/root" >/tmp/configure.log 2>&1 || tail -20 /tmp/configure.log
-    cmake --build "$B" -j16 --target kiln_shared kiln_cli test_cuda_ops test_parity_cuda \
-        >/tmp/build.log 2>&1 || grep -E "error" /tmp/build.log | head -20
+    build_minimal test_cuda_ops test_parity_cuda
     stamp "tests"
     TEST_TIMEOUT=60 run_tests "test_cuda_ops KILN_TEST_ONLY=test_qgemv_link" test_parity_cuda
     grep -hE "qgemv link" /tmp/test_parity_cuda.log | cut -c1-200
