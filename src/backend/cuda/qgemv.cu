@@ -85,7 +85,8 @@ __device__ __forceinline__ int qg_dp4a(uint32_t a, uint32_t b, int acc) {
 /* qg_emit's block that digitizes group grp (the emulator counts them: exactly one a group) */
 #define QG_EMITS_GROUP(grp)
 /* Thread-block clusters (sm_90; qg_emit_cluster): this block's rank in its cluster, the
- * cluster barrier's two halves (every thread of the block executes them; an exited thread no
+ * cluster barrier's two halves (every thread of the block executes them, the warp not
+ * necessarily converged after the epilogue's branches, so not .aligned; an exited thread no
  * longer counts), and a store of v to the place of p (a shared array of this block) in the
  * shared memory of block `rank` of the cluster. The PTX fallback target never launches them. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -95,13 +96,13 @@ __device__ __forceinline__ unsigned qg_cluster_rank() {
     return r;
 }
 __device__ __forceinline__ void qg_cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 }
 __device__ __forceinline__ void qg_cluster_arrive_release() {
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
 }
 __device__ __forceinline__ void qg_cluster_wait() {
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 }
 __device__ __forceinline__ void qg_cluster_store(float *p, unsigned rank, float v) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
