@@ -38,8 +38,8 @@ void cuda_link_check(const char *label, const char *dir, int mode, long long min
                   mismatches, first_bad);
         CHECK_MSG(links >= min_links, "%s: %lld hand-offs taken in %d steps (want >= %lld)", label,
                   links, STEPS, min_links);
-        /* mode 2: the emitting GEMVs launched as clusters (as many as hand-offs, at least) */
-        CHECK_MSG(mode != 2 || clusters >= min_links,
+        /* mode 2 on sm_90: the emitting GEMVs launched as clusters (as many as hand-offs) */
+        CHECK_MSG(mode != 2 || !kiln_cuda_qgemv_clusters_supported() || clusters >= min_links,
                   "%s: %lld launches in clusters in %d steps (want >= %lld)", label, clusters,
                   STEPS, min_links);
         fprintf(

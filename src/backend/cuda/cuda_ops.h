@@ -120,6 +120,9 @@ long long kiln_cuda_qgemv_links_total(void);
 /* How many GEMV launches so far emitted x's digits with their blocks meeting as clusters
  * (KILN_CUDA_QGEMV_LINK=2; counted as kiln_cuda_qgemv_links_total). */
 long long kiln_cuda_qgemv_cluster_launches_total(void);
+/* Whether the current device runs that mode in clusters (compute capability 9.x); elsewhere
+ * mode 2 meets as mode 1 does. */
+int kiln_cuda_qgemv_clusters_supported(void);
 /* The quantized decode GEMV at n = 1 on int8 tensor cores (qgemv.cu, k_qgemv_mma): 1 on, 0 off
  * (default); -1 goes back to env KILN_CUDA_QGEMV_MMA. */
 void kiln_cuda_set_qgemv_mma(int on);

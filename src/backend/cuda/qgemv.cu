@@ -1265,6 +1265,15 @@ extern "C" long long kiln_cuda_qgemv_links_total(void) {
 extern "C" long long kiln_cuda_qgemv_cluster_launches_total(void) {
     return __atomic_load_n(&g_qg_cluster_launches, __ATOMIC_RELAXED);
 }
+extern "C" int kiln_cuda_qgemv_clusters_supported(void) {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return major == 9; /* as kcu_state.sm90 */
+}
 extern "C" void kcu_feeds_next(kiln_backend *be, const float *x, const float *norm_w, float eps,
                                bool plus_one) {
     (void)eps; /* the digits do not depend on it: the GEMV applies the norm's scale itself */
