@@ -249,11 +249,18 @@ __device__ __forceinline__ void qg_emit_digits(const qg_args &A, float v, float 
  * block's rows lie in. After the block's barrier, thread 0 counts the block's arrival with one
  * acquire-release atomic (the barrier orders every thread's writes of y before its release, as
  * CUTLASS's semaphores do; no fence per thread); the last block of the group reads the group
- * back from L2 and warp t makes token t's digits. The norm weight is loaded before the count. */
+ * back from L2 and warp t makes token t's digits. The norm weight is loaded before the count. A
+ * block whose rows are the whole group (emit_arrivals 1) skips the count. */
 __device__ __noinline__ void qg_emit(const qg_args &A, const float *y, int rows, int n, int grp) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ng = rows >> 5;
     const float g = A.emit_norm_w && warp < n ? A.emit_norm_w[grp * 32 + lane] : 0.0f;
     __syncthreads();
+    if (A.emit_arrivals == 1) { /* the block holds the whole group: nothing to count */
+        if (threadIdx.x == 0) QG_EMITS_GROUP(grp);
+        if (warp < n)
+            qg_emit_digits(A, __ldcg(y + (int64_t)warp * rows + grp * 32 + lane), g, warp, grp, ng);
+        return;
+    }
     QG_SHARED(int, emit_last, [1]);
     if (threadIdx.x == 0) {
         const unsigned prev = qg_arrive_acq_rel(A.emit_count + grp);
