@@ -235,6 +235,11 @@ jv *jdict_find_v(const jdict *d, jv key);
 void jdict_set(jinja_ctx *c, jdict *d, jv key, jv val);
 void jdict_set_s(jinja_ctx *c, jdict *d, const char *key, jv val);
 
+/* The items a for loop or a filter walks over, as Python iterates them: a list itself, a dict's
+ * keys, a string's code points, none for undefined. Anything else fails the render, naming
+ * filter when it is not NULL. */
+jlist *jv_iterable(jinja_ctx *c, int line, jv v, const char *filter);
+
 bool jv_truthy(jv v);
 bool jv_eq(jv a, jv b);
 /* <0, 0, >0; fails the render for unorderable pairs. */

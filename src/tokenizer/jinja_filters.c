@@ -27,32 +27,6 @@ static int64_t need_int(jinja_ctx *c, int line, jv v, const char *what) {
     jinja_fail(c, line, "%s must be an integer, not %s", what, jv_type_name(v));
 }
 
-static jlist *as_seq(jinja_ctx *c, int line, jv v, const char *filter) {
-    switch (v.kind) {
-    case JV_LIST:
-        return v.u.list;
-    case JV_UNDEF:
-        return jv_list(c, 0).u.list;
-    case JV_DICT: {
-        jlist *l = jv_list(c, v.u.dict->n).u.list;
-        if (v.u.dict->n) memcpy(l->items, v.u.dict->keys, v.u.dict->n * sizeof(jv));
-        l->n = v.u.dict->n;
-        return l;
-    }
-    case JV_STR: {
-        size_t np;
-        size_t *off = jutf8_offsets(c, v.u.str.s, v.u.str.len, &np);
-        jlist *l = jv_list(c, np).u.list;
-        for (size_t i = 0; i < np; i++)
-            l->items[i] = jv_str(v.u.str.s + off[i], off[i + 1] - off[i]);
-        l->n = np;
-        return l;
-    }
-    default:
-        jinja_fail(c, line, "filter '%s': '%s' object is not iterable", filter, jv_type_name(v));
-    }
-}
-
 /* attribute="a.b.0" lookup as Jinja's make_attrgetter. */
 static jv attr_path(jinja_ctx *c, jv v, jv attr) {
     if (attr.kind == JV_INT) {
@@ -304,7 +278,7 @@ static jv filter_float(jinja_ctx *c, jv v, const jargs *a) {
 }
 
 static jv minmax(jinja_ctx *c, int line, jv v, const jargs *a, bool want_max) {
-    jlist *l = as_seq(c, line, v, want_max ? "max" : "min");
+    jlist *l = jv_iterable(c, line, v, want_max ? "max" : "min");
     bool cs = jv_truthy(jargs_get(a, 0, "case_sensitive", jv_bool(false)));
     jv attr = jargs_get(a, 1, "attribute", jv_none());
     if (l->n == 0) return jv_undef(NULL);
@@ -355,7 +329,7 @@ bool jinja_has_test(const char *name) {
 }
 
 static jv apply_test_list(jinja_ctx *c, int line, jv v, const jargs *a, bool by_attr, bool keep) {
-    jlist *l = as_seq(c, line, v, by_attr ? "selectattr" : "select");
+    jlist *l = jv_iterable(c, line, v, by_attr ? "selectattr" : "select");
     jv out = jv_list(c, 0);
     int skip = by_attr ? 1 : 0;
     jv attr = by_attr ? jargs_get(a, 0, NULL, jv_undef(NULL)) : jv_none();
@@ -450,7 +424,7 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
     if (!strcmp(f, "join")) {
         jv sep = need_str(c, jargs_get(a, 0, "d", jv_str("", 0)));
         jv attr = jargs_get(a, 1, "attribute", jv_none());
-        jlist *l = as_seq(c, line, v, "join");
+        jlist *l = jv_iterable(c, line, v, "join");
         jbuf b = {0};
         for (size_t i = 0; i < l->n; i++) {
             if (i) jbuf_put(c, &b, sep.u.str.s, sep.u.str.len);
@@ -460,12 +434,12 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
         return jv_str(b.s ? b.s : "", b.n);
     }
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
-        jlist *l = as_seq(c, line, v, f);
+        jlist *l = jv_iterable(c, line, v, f);
         if (l->n == 0) return jv_undef(f);
         return f[0] == 'f' ? l->items[0] : l->items[l->n - 1];
     }
     if (!strcmp(f, "list")) {
-        jlist *l = as_seq(c, line, v, "list");
+        jlist *l = jv_iterable(c, line, v, "list");
         jv out = jv_list(c, l->n);
         for (size_t i = 0; i < l->n; i++) jlist_push(c, out.u.list, l->items[i]);
         return out;
@@ -478,7 +452,7 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
             for (size_t i = np; i-- > 0;) jbuf_put(c, &b, v.u.str.s + off[i], off[i + 1] - off[i]);
             return jv_str(b.s ? b.s : "", b.n);
         }
-        jlist *l = as_seq(c, line, v, "reverse");
+        jlist *l = jv_iterable(c, line, v, "reverse");
         jv out = jv_list(c, l->n);
         for (size_t i = l->n; i-- > 0;) jlist_push(c, out.u.list, l->items[i]);
         return out;
@@ -487,12 +461,12 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
         bool rev = jv_truthy(jargs_get(a, 0, "reverse", jv_bool(false)));
         bool cs = jv_truthy(jargs_get(a, 1, "case_sensitive", jv_bool(false)));
         jv attr = jargs_get(a, 2, "attribute", jv_none());
-        return sorted(c, line, as_seq(c, line, v, "sort"), rev, cs, attr);
+        return sorted(c, line, jv_iterable(c, line, v, "sort"), rev, cs, attr);
     }
     if (!strcmp(f, "unique")) {
         bool cs = jv_truthy(jargs_get(a, 0, "case_sensitive", jv_bool(false)));
         jv attr = jargs_get(a, 1, "attribute", jv_none());
-        jlist *l = as_seq(c, line, v, "unique");
+        jlist *l = jv_iterable(c, line, v, "unique");
         jv out = jv_list(c, 0), seen = jv_list(c, 0);
         for (size_t i = 0; i < l->n; i++) {
             jv k = attr.kind == JV_NONE ? l->items[i] : attr_path(c, l->items[i], attr);
@@ -511,7 +485,7 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
     if (!strcmp(f, "select")) return apply_test_list(c, line, v, a, false, true);
     if (!strcmp(f, "reject")) return apply_test_list(c, line, v, a, false, false);
     if (!strcmp(f, "map")) {
-        jlist *l = as_seq(c, line, v, "map");
+        jlist *l = jv_iterable(c, line, v, "map");
         jv out = jv_list(c, l->n);
         jv attr = jargs_get(a, -1, "attribute", jv_undef(NULL));
         if (attr.kind != JV_UNDEF) {
@@ -551,7 +525,7 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
     }
     if (!strcmp(f, "round")) return filter_round(c, line, v, a);
     if (!strcmp(f, "sum")) {
-        jlist *l = as_seq(c, line, v, "sum");
+        jlist *l = jv_iterable(c, line, v, "sum");
         jv attr = jargs_get(a, 0, "attribute", jv_none());
         jv total = jargs_get(a, 1, "start", jv_int(0));
         for (size_t i = 0; i < l->n; i++) {
@@ -575,7 +549,7 @@ jv jinja_filter(jinja_ctx *c, int line, const char *name, jv v, const jargs *a) 
         int64_t n = need_int(c, line, jargs_get(a, 0, "linecount", jv_int(1)), "batch size");
         if (n <= 0) jinja_fail(c, line, "batch size must be positive");
         jv fill = jargs_get(a, 1, "fill_with", jv_none());
-        jlist *l = as_seq(c, line, v, "batch");
+        jlist *l = jv_iterable(c, line, v, "batch");
         jv out = jv_list(c, 0), cur = jv_none();
         for (size_t i = 0; i < l->n; i++) {
             if (cur.kind == JV_NONE || (int64_t)cur.u.list->n == n) {

@@ -529,33 +529,6 @@ static void emit_value(jinja_ctx *c, jv v) {
     (void)before;
 }
 
-/* The sequence a for loop (or a filter) walks over. */
-static jlist *iter_items(jinja_ctx *c, int line, jv v) {
-    switch (v.kind) {
-    case JV_UNDEF:
-        return jv_list(c, 0).u.list;
-    case JV_LIST:
-        return v.u.list; /* the loop reads only the first n items, which stay valid */
-    case JV_DICT: {
-        jlist *l = jv_list(c, v.u.dict->n).u.list;
-        if (v.u.dict->n) memcpy(l->items, v.u.dict->keys, v.u.dict->n * sizeof(jv));
-        l->n = v.u.dict->n;
-        return l;
-    }
-    case JV_STR: {
-        size_t np;
-        size_t *off = jutf8_offsets(c, v.u.str.s, v.u.str.len, &np);
-        jlist *l = jv_list(c, np).u.list;
-        for (size_t i = 0; i < np; i++)
-            l->items[i] = jv_str(v.u.str.s + off[i], off[i + 1] - off[i]);
-        l->n = np;
-        return l;
-    }
-    default:
-        jinja_fail(c, line, "'%s' object is not iterable", jv_type_name(v));
-    }
-}
-
 static void bind_targets(jinja_ctx *c, int line, const char **names, int nnames, jv item) {
     if (nnames == 1) {
         assign(c, names[0], item);
@@ -565,7 +538,7 @@ static void bind_targets(jinja_ctx *c, int line, const char **names, int nnames,
     if (item.kind == JV_LIST)
         parts = item.u.list;
     else if (item.kind == JV_STR || item.kind == JV_DICT)
-        parts = iter_items(c, line, item);
+        parts = jv_iterable(c, line, item, NULL);
     else
         jinja_fail(c, line, "cannot unpack non-iterable %s object", jv_type_name(item));
     if ((int)parts->n != nnames)
@@ -577,7 +550,7 @@ static jv loop_cycle(jinja_ctx *c, int line, const jargs *a);
 
 static int exec_for(jinja_ctx *c, const jnode *n) {
     jv seq = eval(c, n->a);
-    jlist *items = iter_items(c, n->line, seq);
+    jlist *items = jv_iterable(c, n->line, seq, NULL);
     jframe *saved = c->frame;
     c->frame = push_frame(c, saved);
     jv outer_loop = lookup(c, "loop");

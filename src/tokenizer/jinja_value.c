@@ -154,6 +154,35 @@ jv jv_list(jinja_ctx *c, size_t cap) {
     return (jv){.kind = JV_LIST, .u.list = l};
 }
 
+jlist *jv_iterable(jinja_ctx *c, int line, jv v, const char *filter) {
+    switch (v.kind) {
+    case JV_UNDEF:
+        return jv_list(c, 0).u.list;
+    case JV_LIST:
+        return v.u.list; /* a loop reads only the first n items, which stay valid */
+    case JV_DICT: {
+        jlist *l = jv_list(c, v.u.dict->n).u.list;
+        if (v.u.dict->n) memcpy(l->items, v.u.dict->keys, v.u.dict->n * sizeof(jv));
+        l->n = v.u.dict->n;
+        return l;
+    }
+    case JV_STR: {
+        size_t np;
+        size_t *off = jutf8_offsets(c, v.u.str.s, v.u.str.len, &np);
+        jlist *l = jv_list(c, np).u.list;
+        for (size_t i = 0; i < np; i++)
+            l->items[i] = jv_str(v.u.str.s + off[i], off[i + 1] - off[i]);
+        l->n = np;
+        return l;
+    }
+    default:
+        if (filter)
+            jinja_fail(c, line, "filter '%s': '%s' object is not iterable", filter,
+                       jv_type_name(v));
+        jinja_fail(c, line, "'%s' object is not iterable", jv_type_name(v));
+    }
+}
+
 jv jv_dict(jinja_ctx *c, jdict_flavor flavor) {
     jdict *d = jinja_alloc(c, sizeof *d);
     d->flavor = flavor;
