@@ -367,13 +367,8 @@ static kiln_status gemma_load(kiln_model *m) {
                               m->dir, s->n_experts, s->top_k, s->moe_ffn);
     }
     s->ple = s->g4 ? kiln_config_int(c, "hidden_size_per_layer_input", 0) : 0;
-    KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", s->vocab, s->hidden, false, &s->embed));
-    s->tied = !kiln_weights_has(m, "lm_head.weight");
-    if (s->tied)
-        s->lm_head = s->embed;
-    else
-        KILN_TRY(kiln_weights_matrix(m, "lm_head", s->vocab, s->hidden, false, &s->lm_head));
-    KILN_TRY(kiln_weights_vector(m, "model.norm.weight", s->hidden, false, &s->final_norm));
+    KILN_TRY(kiln_weights_embed_head(m, s->vocab, s->hidden, &s->embed, &s->lm_head, &s->tied,
+                                     &s->final_norm));
     /* the sqrt(hidden) buffer is cast with the model: bf16/f16 for dense checkpoints */
     s->embed_scale = sqrtf((float)s->hidden);
     if (s->embed.dtype == KILN_DT_BF16)

@@ -32,12 +32,13 @@ typedef struct llama_layer {
 
 typedef struct llama_state {
     int hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers;
+    int rot; /* rotated dims of a head (partial_rotary_factor) */
     float eps;
     kiln_matrix embed;   /* [vocab, hidden] */
     kiln_matrix lm_head; /* [vocab, hidden] (a copy of embed's view when tied) */
     bool tied;
     float *final_norm;   /* [hidden] */
-    float *inv_freq;     /* [head_dim/2] on the backend */
+    float *inv_freq;     /* [rot/2] on the backend */
     llama_layer *layers; /* [n_layers] */
     /* scratch, grown to the largest batch seen */
     kiln_scratch act;
@@ -140,38 +141,15 @@ static kiln_status llama_load(kiln_model *m) {
     s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
     if (!s->layers) return kiln_error(KILN_ERR_OOM, "out of memory");
 
-    KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", s->vocab, s->hidden, false, &s->embed));
-    s->tied = c->tie_word_embeddings || !kiln_weights_has(m, "lm_head.weight");
-    if (s->tied) {
-        s->lm_head = s->embed;
-    } else {
-        KILN_TRY(kiln_weights_matrix(m, "lm_head", s->vocab, s->hidden, false, &s->lm_head));
-    }
-    KILN_TRY(kiln_weights_vector(m, "model.norm.weight", s->hidden, false, &s->final_norm));
+    KILN_TRY(kiln_weights_embed_head(m, s->vocab, s->hidden, &s->embed, &s->lm_head, &s->tied,
+                                     &s->final_norm));
     for (int i = 0; i < s->n_layers; i++) {
         KILN_TRY(load_layer(m, s, i));
         if (m->info.n_layers > 8 && (i + 1) % 4 == 0)
             KILN_LOG_I("loaded layer %d/%d", i + 1, s->n_layers);
     }
 
-    int rot = (int)(s->head_dim *
-                    (c->rope.partial_rotary_factor > 0 ? c->rope.partial_rotary_factor : 1.0f));
-    rot -= rot % 2;
-    float *inv = malloc((size_t)(rot / 2) * sizeof *inv);
-    if (!inv) return kiln_error(KILN_ERR_OOM, "out of memory");
-    kiln_status st = kiln_rope_inv_freq(&c->rope, rot, inv);
-    /* transformers casts the rotary inv_freq buffer along with the model to its dtype, so a
-     * checkpoint stored (and run) in bf16/f16 rotates with inv_freq rounded to that dtype. */
-    if (st == KILN_OK) kiln_rope_round_to_dtype(inv, rot / 2, s->embed.dtype);
-    if (st == KILN_OK) {
-        s->inv_freq = m->be->alloc(m->be, (size_t)(rot / 2) * sizeof(float));
-        if (!s->inv_freq)
-            st = kiln_error(KILN_ERR_OOM, "out of memory");
-        else
-            m->be->upload(m->be, s->inv_freq, inv, (size_t)(rot / 2) * sizeof(float));
-    }
-    free(inv);
-    KILN_TRY(st);
+    KILN_TRY(kiln_rope_upload(m, s->head_dim, s->embed.dtype, &s->rot, &s->inv_freq));
 
     m->n_kv_layers = s->n_layers;
     m->kv_layers = calloc((size_t)s->n_layers, sizeof *m->kv_layers);
@@ -249,13 +227,7 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     be->embed(be, a.x, a.tok, T, &s->embed);
     kiln_attn_params ap = {
         .n_heads = s->n_heads, .scale = 1.0f / sqrtf((float)s->head_dim), .positions = a.pos};
-    int rot = 0;
-    {
-        float prf =
-            m->cfg.rope.partial_rotary_factor > 0 ? m->cfg.rope.partial_rotary_factor : 1.0f;
-        rot = (int)(s->head_dim * prf);
-        rot -= rot % 2;
-    }
+    const int rot = s->rot;
     /* decode steps (one token per sequence, up to kiln_graph_max_batch() sequences, batched K/V
      * calls) run as one recorded unit where the backend offers it: on CUDA a graph instead of
      * ~6 launches per layer, recorded once per key and replayed while the key holds. */

@@ -86,6 +86,12 @@ kiln_status kiln_weights_matrices(kiln_model *m, int count, const char *const *m
  * load them one by one. */
 kiln_status kiln_weights_stack(kiln_model *m, int count, const char *const *modules, int64_t rows,
                                int64_t cols, kiln_matrix *out);
+/* The token embedding "model.embed_tokens" [vocab, hidden], the LM head [vocab, hidden] and the
+ * final norm "model.norm.weight" [hidden]. The head is the embedding itself (*tied set) where the
+ * config ties them or the checkpoint has no lm_head, as transformers does. */
+kiln_status kiln_weights_embed_head(kiln_model *m, int64_t vocab, int64_t hidden,
+                                    kiln_matrix *embed, kiln_matrix *lm_head, bool *tied,
+                                    float **final_norm);
 void kiln_weights_free_matrix(kiln_model *m, kiln_matrix *w);
 void kiln_weights_free_vector(kiln_model *m, float *v);
 
@@ -96,6 +102,12 @@ kiln_status kiln_rope_inv_freq(const kiln_rope_config *rope, int rot_dim, float 
 /* Rounds inv_freq to a 16-bit float dtype (no-op for others), as transformers does when the
  * model runs in the dtype its dense weights are stored in. */
 void kiln_rope_round_to_dtype(float *inv_freq, int n, kiln_dtype dtype);
+
+/* The rotated dims of a head_dim-wide head under the config's partial_rotary_factor (even) in
+ * *rot, and their inverse frequencies, rounded to dtype (the dense weights' dtype), uploaded to
+ * m's backend in *inv_freq [rot/2]. */
+kiln_status kiln_rope_upload(kiln_model *m, int head_dim, kiln_dtype dtype, int *rot,
+                             float **inv_freq);
 
 /* Registered families (families.c). */
 const kiln_family *kiln_family_find(const kiln_config *cfg);

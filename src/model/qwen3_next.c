@@ -306,29 +306,14 @@ static kiln_status qn_load(kiln_model *m) {
     s->norm_plus_one = !moe_family && !mlx;
     s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
     if (!s->layers) return kiln_error(KILN_ERR_OOM, "out of memory");
-    KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", s->vocab, s->hidden, false, &s->embed));
-    s->tied = !kiln_weights_has(m, "lm_head.weight");
-    if (s->tied)
-        s->lm_head = s->embed;
-    else
-        KILN_TRY(kiln_weights_matrix(m, "lm_head", s->vocab, s->hidden, false, &s->lm_head));
-    KILN_TRY(kiln_weights_vector(m, "model.norm.weight", s->hidden, false, &s->final_norm));
+    KILN_TRY(kiln_weights_embed_head(m, s->vocab, s->hidden, &s->embed, &s->lm_head, &s->tied,
+                                     &s->final_norm));
     for (int i = 0; i < s->n_layers; i++) {
         KILN_TRY(load_layer(m, s, i));
         if (s->n_layers > 8 && (i + 1) % 4 == 0)
             KILN_LOG_I("loaded layer %d/%d", i + 1, s->n_layers);
     }
-    float prf = c->rope.partial_rotary_factor > 0 ? c->rope.partial_rotary_factor : 1.0f;
-    s->rot = (int)(s->head_dim * prf);
-    s->rot -= s->rot % 2;
-    float inv[512];
-    if (s->rot / 2 > 512) return kiln_error(KILN_ERR_UNSUPPORTED, "rope: head_dim too large");
-    KILN_TRY(kiln_rope_inv_freq(&c->rope, s->rot, inv));
-    /* transformers runs dense checkpoints with inv_freq cast to their dtype (see llama.c) */
-    kiln_rope_round_to_dtype(inv, s->rot / 2, s->embed.dtype);
-    s->inv_freq = m->be->alloc(m->be, (size_t)(s->rot / 2) * sizeof(float));
-    if (!s->inv_freq) return kiln_error(KILN_ERR_OOM, "out of memory");
-    m->be->upload(m->be, s->inv_freq, inv, (size_t)(s->rot / 2) * sizeof(float));
+    KILN_TRY(kiln_rope_upload(m, s->head_dim, s->embed.dtype, &s->rot, &s->inv_freq));
 
     m->n_kv_layers = s->n_layers;
     m->kv_layers = calloc((size_t)s->n_layers, sizeof *m->kv_layers);

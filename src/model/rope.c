@@ -6,6 +6,7 @@
 #include "util/status.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 kiln_status kiln_rope_inv_freq(const kiln_rope_config *rope, int rot_dim, float *out) {
@@ -54,4 +55,28 @@ void kiln_rope_round_to_dtype(float *inv_freq, int n, kiln_dtype dtype) {
         else if (dtype == KILN_DT_F16)
             inv_freq[i] = kiln_f16_to_f32(kiln_f32_to_f16(inv_freq[i]));
     }
+}
+
+kiln_status kiln_rope_upload(kiln_model *m, int head_dim, kiln_dtype dtype, int *rot,
+                             float **inv_freq) {
+    const float prf =
+        m->cfg.rope.partial_rotary_factor > 0 ? m->cfg.rope.partial_rotary_factor : 1.0f;
+    int r = (int)(head_dim * prf);
+    r -= r % 2;
+    *rot = r;
+    float *inv = malloc((size_t)(r > 0 ? r / 2 : 1) * sizeof *inv);
+    if (!inv) return kiln_error(KILN_ERR_OOM, "out of memory");
+    kiln_status st = kiln_rope_inv_freq(&m->cfg.rope, r, inv);
+    /* transformers casts the rotary inv_freq buffer along with the model to its dtype, so a
+     * checkpoint stored (and run) in bf16/f16 rotates with inv_freq rounded to that dtype. */
+    if (st == KILN_OK) {
+        kiln_rope_round_to_dtype(inv, r / 2, dtype);
+        *inv_freq = m->be->alloc(m->be, (size_t)(r / 2) * sizeof(float));
+        if (!*inv_freq)
+            st = kiln_error(KILN_ERR_OOM, "out of memory");
+        else
+            m->be->upload(m->be, *inv_freq, inv, (size_t)(r / 2) * sizeof(float));
+    }
+    free(inv);
+    return st;
 }

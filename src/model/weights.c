@@ -15,6 +15,18 @@ bool kiln_weights_has(const kiln_model *m, const char *name) {
     return kiln_st_find(m->archive, name) != NULL;
 }
 
+kiln_status kiln_weights_embed_head(kiln_model *m, int64_t vocab, int64_t hidden,
+                                    kiln_matrix *embed, kiln_matrix *lm_head, bool *tied,
+                                    float **final_norm) {
+    KILN_TRY(kiln_weights_matrix(m, "model.embed_tokens", vocab, hidden, false, embed));
+    *tied = m->cfg.tie_word_embeddings || !kiln_weights_has(m, "lm_head.weight");
+    if (*tied)
+        *lm_head = *embed;
+    else
+        KILN_TRY(kiln_weights_matrix(m, "lm_head", vocab, hidden, false, lm_head));
+    return kiln_weights_vector(m, "model.norm.weight", hidden, false, final_norm);
+}
+
 static const kiln_st_tensor *find_tensor(const kiln_model *m, const char *name) {
     const kiln_st_tensor *t = kiln_st_find(m->archive, name);
     if (!t) kiln_error(KILN_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->dir, name);
