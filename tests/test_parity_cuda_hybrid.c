@@ -51,7 +51,7 @@ int main(void) {
     CHECK_MSG(kiln_moe_device_calls() == device_calls, "KILN_MOE_DEVICE_TOKENS=0 still routed "
                                                        "on the device");
     unsetenv("KILN_MOE_DEVICE_TOKENS");
-    /* and with every gather on the tensor-core expert GEMM (by default batches of 64 pairs and
+    /* and with every gather on the tensor-core expert GEMM (by default batches of 16 pairs and
      * more take it; this puts the decode steps' few pairs on it too) */
     kiln_cuda_set_moe_tc(1);
     const long long tc0 = kiln_cuda_tc_gemm_launches();

@@ -165,7 +165,7 @@ void kiln_cuda_set_tc_reduce(int in_kernel);
  * experts), -2 back to KILN_CUDA_MOE_GROUPED. */
 void kiln_cuda_set_moe_grouped(int mode);
 /* The MoE gathers on the tensor-core expert GEMM (moe.cu, gemm_tc.cu expert mode): 1 always
- * where the format allows, 0 never, -1 auto (from 64 pairs), -2 back to KILN_CUDA_MOE_TC. */
+ * where the format allows, 0 never, -1 auto (from 16 pairs), -2 back to KILN_CUDA_MOE_TC. */
 void kiln_cuda_set_moe_tc(int mode);
 /* The prefetch hint's budget in MB (prefetch.cu; 0 = off, the default); < 0 = env
  * KILN_CUDA_PREFETCH_MB. */

@@ -165,10 +165,12 @@ static void grouped_launch(kcu_state *st, const moeg_args &A, int kind, int64_t 
  * each block a 128-row x token tile of one expert's matrix (each weight tile read once per tile
  * of up to 64 pairs), then glu's act(gate) * up and the scatter into pair order.
  * KILN_CUDA_MOE_TC=0 / 1 forces it off / on (where the format allows), kiln_cuda_set_moe_tc the
- * same for tests; auto from KCU_MOE_TC_MIN_PAIRS pairs. Measured on an H200 (Qwen3-30B-A3B's
- * shape, 4 layers, 4-bit; decode tok/s): 64 pairs (batch 8, top-8) 6846 against 3981 on the
- * grouped gather; 512 pairs (batch 64) 23,257 against 4666; fewer pairs keep the gather. */
-#define KCU_MOE_TC_MIN_PAIRS 64
+ * same for tests; auto from KCU_MOE_TC_MIN_PAIRS pairs. Measured (Qwen3-30B-A3B's shape, 4
+ * layers, 4-bit, top-8; decode tok/s, gather vs this): H200, 64 pairs (batch 8) 3981 vs 6846,
+ * 512 pairs (batch 64) 4666 vs 23,257; H100 (twenty-fifth session), 8 pairs (batch 1) 1729 vs
+ * 1594, 16 pairs 2569 vs 2833, 24 pairs 3094 vs 3908, 32 pairs 3431 vs 4845, 56 pairs 4116 vs
+ * 7600: one token's pairs keep the gather. */
+#define KCU_MOE_TC_MIN_PAIRS 16
 static int g_moe_tc = -2; /* -2: read the environment; -1 auto */
 extern "C" void kiln_cuda_set_moe_tc(int mode) {
     g_moe_tc = mode;
