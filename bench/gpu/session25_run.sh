@@ -10,10 +10,10 @@ source "$(dirname "$0")/common.sh"
 exec > >(tee "${OUT:-/tmp}/log") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 models_converted_in_background qwen3-30b-a3b-l4:4 llama-3-8b:4
-build_minimal test_parity_cuda_hybrid test_cuda_ops
+build_minimal test_parity_cuda_hybrid test_cuda_ops test_parity_cuda
 stamp "tests"
-TEST_TIMEOUT=120 run_tests test_parity_cuda_hybrid \
-    "test_cuda_ops KILN_TEST_ONLY=test_moe,test_qgemv_link"
+TEST_TIMEOUT=120 run_tests test_parity_cuda_hybrid "test_parity_cuda KILN_CUDA_FUSE_WEIGHTS=1" \
+    "test_cuda_ops KILN_TEST_ONLY=test_moe,test_qgemv_link,test_upload_matrices"
 while kill -0 "$MODELS" 2>/dev/null && left 60; do sleep 2; done
 m=qwen3-30b-a3b-l4-q4
 for b in 1 2 4; do
