@@ -9,7 +9,8 @@ LIMIT=${LIMIT:-330}
 source "$(dirname "$0")/common.sh"
 exec > >(tee "${OUT:-/tmp}/log") 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-models_converted_in_background qwen3-30b-a3b-l4:4 llama-3-8b:4
+# SHAPES: the models to make (a short call: SHAPES=qwen3-30b-a3b-l4:4 LIMIT=190, tests and MoE)
+models_converted_in_background ${SHAPES:-qwen3-30b-a3b-l4:4 llama-3-8b:4}
 build_minimal test_parity_cuda_hybrid test_cuda_ops test_parity_cuda
 stamp "tests"
 TEST_TIMEOUT=120 run_tests test_parity_cuda_hybrid "test_parity_cuda KILN_CUDA_FUSE_WEIGHTS=1" \
