@@ -226,7 +226,7 @@ static long check_fixture(const char *name, bool want_device) {
     return ran;
 }
 
-/* a backend's moe_gather_grouped for this rule test: grouped from 64 pairs, never for 3-bit codes */
+/* a backend's moe_gather_grouped for this rule test: grouped from 64 pairs, not for 3-bit codes */
 static bool grouped_from_64(const kiln_backend *be, const kiln_matrix *w, int64_t pairs) {
     (void)be;
     return pairs >= 64 && w->bits != 3;
