@@ -76,3 +76,21 @@ kiln_status kiln_batch_upload_ids(kiln_backend *be, const kiln_batch_entry *e, i
     free(host);
     return KILN_OK;
 }
+
+kiln_status kiln_batch_reserve(kiln_batch_entry *e, int n_entries) {
+    for (int i = 0; i < n_entries; i++)
+        KILN_TRY(e[i].seq->kv->vt->reserve(e[i].seq->kv, e[i].n_tokens));
+    return KILN_OK;
+}
+
+kiln_status kiln_batch_begin(kiln_backend *be, kiln_batch_kv *b, const kiln_batch_entry *e,
+                             int n_entries, int64_t T, int32_t *tok_pos) {
+    KILN_TRY(kiln_batch_kv_init(b, e, n_entries));
+    const kiln_status st = kiln_batch_upload_ids(be, e, n_entries, T, tok_pos);
+    if (st != KILN_OK) kiln_batch_kv_free(b);
+    return st;
+}
+
+void kiln_batch_commit(kiln_batch_entry *e, int n_entries) {
+    for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+}

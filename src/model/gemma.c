@@ -574,8 +574,7 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     int64_t T, R;
     kiln_batch_sizes(e, n_entries, &T, &R);
     if (T == 0) return KILN_OK;
-    for (int i = 0; i < n_entries; i++)
-        KILN_TRY(e[i].seq->kv->vt->reserve(e[i].seq->kv, e[i].n_tokens));
+    KILN_TRY(kiln_batch_reserve(e, n_entries));
     int maxhd = 0, maxkv = 0;
     for (int l = 0; l < s->n_layers; l++) {
         if (s->layers[l].head_dim > maxhd) maxhd = s->layers[l].head_dim;
@@ -610,14 +609,7 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     /* one store + attend call per (non-shared) layer for the whole batch when the caches offer
      * it; KV-shared layers attend per sequence to their source layer (nothing to store) */
     kiln_batch_kv bkv;
-    KILN_TRY(kiln_batch_kv_init(&bkv, e, n_entries));
-    {
-        kiln_status up = kiln_batch_upload_ids(be, e, n_entries, T, a.tok);
-        if (up != KILN_OK) {
-            kiln_batch_kv_free(&bkv);
-            return up;
-        }
-    }
+    KILN_TRY(kiln_batch_begin(be, &bkv, e, n_entries, T, a.tok));
     const bool batch_kv = bkv.ok;
     const kiln_kv_vtable *bvt = bkv.vt;
     kiln_kv **kvs = bkv.kvs;
@@ -719,7 +711,7 @@ static kiln_status gemma_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     if (graph && !replayed) be->graph_end(be);
     kiln_batch_kv_free(&bkv);
     if (st != KILN_OK) return st;
-    for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+    kiln_batch_commit(e, n_entries);
     const kiln_logits_head head = {.hidden = H,
                                    .vocab = s->vocab,
                                    .final_norm = s->final_norm,

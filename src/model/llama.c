@@ -204,21 +204,12 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     a.pos = a.tok + T;
 
     /* Reserve cache room first so a full cache fails before any state changes. */
-    for (int i = 0; i < n_entries; i++) {
-        kiln_kv *kv = e[i].seq->kv;
-        kiln_status st = kv->vt->reserve(kv, e[i].n_tokens);
-        if (st != KILN_OK) return st;
-    }
+    KILN_TRY(kiln_batch_reserve(e, n_entries));
 
     /* One store + attend call per layer for the whole batch when the caches offer it (device
      * caches: one launch instead of several per sequence); otherwise per cache as before. */
     kiln_batch_kv bkv;
-    KILN_TRY(kiln_batch_kv_init(&bkv, e, n_entries));
-    kiln_status st = kiln_batch_upload_ids(be, e, n_entries, T, a.tok);
-    if (st != KILN_OK) {
-        kiln_batch_kv_free(&bkv);
-        return st;
-    }
+    KILN_TRY(kiln_batch_begin(be, &bkv, e, n_entries, T, a.tok));
     const bool batch_kv = bkv.ok;
     const kiln_kv_vtable *bvt = bkv.vt;
     kiln_kv **kvs = bkv.kvs;
@@ -278,7 +269,7 @@ static kiln_status llama_forward(kiln_model *m, kiln_batch_entry *e, int n_entri
     }
     if (graph && !replayed) be->graph_end(be);
     kiln_batch_kv_free(&bkv);
-    for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+    kiln_batch_commit(e, n_entries);
     const kiln_logits_head head = {.hidden = H,
                                    .vocab = s->vocab,
                                    .final_norm = s->final_norm,

@@ -139,6 +139,15 @@ typedef struct kiln_batch_kv {
 } kiln_batch_kv;
 kiln_status kiln_batch_kv_init(kiln_batch_kv *b, const kiln_batch_entry *e, int n_entries);
 void kiln_batch_kv_free(kiln_batch_kv *b);
+/* Reserves room for each entry's new tokens in its cache: a forward calls it before it changes
+ * any state, so a full cache fails the batch cleanly. */
+kiln_status kiln_batch_reserve(kiln_batch_entry *e, int n_entries);
+/* A forward's start once the scratch is reserved: kiln_batch_kv_init, then the ids and positions
+ * uploaded to tok_pos (kiln_batch_upload_ids); b is freed again when the upload fails. */
+kiln_status kiln_batch_begin(kiln_backend *be, kiln_batch_kv *b, const kiln_batch_entry *e,
+                             int n_entries, int64_t T, int32_t *tok_pos);
+/* Commits each entry's new tokens to its cache (after every layer stored them). */
+void kiln_batch_commit(kiln_batch_entry *e, int n_entries);
 /* The most sequences of a one-token-each decode step that run as one recorded graph (where the
  * backend offers graphs): 64, or KILN_GRAPH_MAX_BATCH (64 measured 1.12x 8 at batch 64 on the
  * H200, Qwen3-0.6B bf16; docs/gpu.md). */

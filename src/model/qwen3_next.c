@@ -466,8 +466,7 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
                   KD = (int64_t)d->n_k_heads * d->dk, C = s->conv_dim, NV = d->n_v_heads;
     const int64_t F = s->ffn > 0 ? s->ffn : 1;
     const int64_t AW = QD > VD ? QD : VD;
-    for (int i = 0; i < n_entries; i++)
-        KILN_TRY(e[i].seq->kv->vt->reserve(e[i].seq->kv, e[i].n_tokens));
+    KILN_TRY(kiln_batch_reserve(e, n_entries));
 
     size_t floats = (size_t)(T * (2 * H + 4 * QD + 2 * KVD + AW + (C + VD) + 2 * C + VD + 6 * NV +
                                   2 * KD + VD + 2 * F + H) +
@@ -505,14 +504,7 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
 
     /* one store + attend call per attention layer for the whole batch when the caches offer it */
     kiln_batch_kv bkv;
-    KILN_TRY(kiln_batch_kv_init(&bkv, e, n_entries));
-    {
-        kiln_status up = kiln_batch_upload_ids(be, e, n_entries, T, a.tok);
-        if (up != KILN_OK) {
-            kiln_batch_kv_free(&bkv);
-            return up;
-        }
-    }
+    KILN_TRY(kiln_batch_begin(be, &bkv, e, n_entries, T, a.tok));
     kiln_kv **kvs = bkv.kvs; /* NULL unless the caches take one batched call */
     int *kv_n = bkv.n;
     qn_gdn_batch gb = {malloc((size_t)n_entries * sizeof *gb.n_tokens),
@@ -572,7 +564,7 @@ static kiln_status qn_forward(kiln_model *m, kiln_batch_entry *e, int n_entries)
     kiln_batch_kv_free(&bkv);
     free(gb.n_tokens), free(gb.states);
     if (st != KILN_OK) return st;
-    for (int i = 0; i < n_entries; i++) e[i].seq->kv->vt->commit(e[i].seq->kv, e[i].n_tokens);
+    kiln_batch_commit(e, n_entries);
     const kiln_logits_head head = {.hidden = H,
                                    .vocab = s->vocab,
                                    .final_norm = s->final_norm,
