@@ -708,7 +708,7 @@ static void test_matmul_multi(void) {
         }
 }
 
-/* upload_matrices (KILN_CUDA_FUSE_WEIGHTS=1): q/k/v- and gate/up-like sets in one allocation each
+/* upload_matrices (default; KILN_CUDA_FUSE_WEIGHTS=0 turns it off): q/k/v- and gate/up-like sets in one allocation each
  * (bf16 with output biases, q4 / q8 with f16 / bf16 scales); matmul_multi over them at n = 1..70
  * (past 8: one product of the stacked matrix, its columns scattered back) == the CPU reference
  * per matrix; a set whose parts are not whole 256-byte multiples comes back
@@ -778,14 +778,15 @@ static void test_upload_matrices(void) {
     CHECK(be->upload_matrices(be, 2, hosts, outs) == KILN_ERR_UNSUPPORTED);
     free_matrix(&a);
     free_matrix(&b);
-    /* without the switch: not fused (the loader uploads one by one) */
-    unsetenv("KILN_CUDA_FUSE_WEIGHTS");
+    /* switched off: not fused (the loader uploads one by one) */
+    setenv("KILN_CUDA_FUSE_WEIGHTS", "0", 1);
     make_dense(&a, KILN_DT_BF16, 128, 1024, false);
     make_dense(&b, KILN_DT_BF16, 128, 1024, false);
     kiln_matrix hosts2[2] = {a.host, b.host};
     CHECK(be->upload_matrices(be, 2, hosts2, outs) == KILN_ERR_UNSUPPORTED);
     free_matrix(&a);
     free_matrix(&b);
+    unsetenv("KILN_CUDA_FUSE_WEIGHTS");
 }
 
 /* The decode-layer fusions (matmul_norm, matmul_add, matmul_norm_glu) == rmsnorm / matmul / add /
