@@ -17,6 +17,7 @@
  * splits, so the step needs one launch where it took four. */
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_decode.cuh"
+#include "backend/cuda/attention_tile.cuh"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -163,31 +164,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
         }
     }
 
-    /* rows of this warp: their token, and visible keys [lo, hi) */
+    /* rows of this warp: their token, and visible keys [lo, hi); the block's keys */
     int lo[RPW], hi[RPW];
     bool live[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        int row = row0 + warp * RPW + r;
-        live[r] = row < rows_total;
-        int p = a.pos0 + (live[r] ? row / G : 0);
-        hi[r] = p + 1;
-        lo[r] = a.window > 0 ? max(0, p - a.window + 1) : 0;
-    }
-    /* keys this block looks at: the split's range clipped to the union of its rows' ranges */
-    int last_row = min(row0 + ROWS, rows_total) - 1;
-    int blk_lo = a.window > 0 ? max(0, a.pos0 + row0 / G - a.window + 1) : 0;
-    int blk_hi = a.pos0 + last_row / G + 1;
-    int k0 = max(blk_lo, s_lo), k1 = min(blk_hi, s_hi);
-
+    att_warp_rows<RPW>(row0, warp, rows_total, a.pos0, G, a.window, lo, hi, live);
+    int k0, k1;
+    att_block_keys(row0, ROWS, rows_total, a.pos0, G, a.window, s_lo, s_hi, &k0, &k1);
     float m[RPW], l[RPW], acc[RPW][DPL];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
-    }
+    att_state_init<DPL, RPW>(m, l, acc);
 
     for (int ks = k0; ks < k1; ks += ATT_KT) {
         __syncthreads(); /* Q staged / previous tile consumed */
@@ -252,64 +236,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
             for (int d = threadIdx.x; d < vhd; d += blockDim.x) Vs[jn * vhd + d] = Vn[d];
         }
         __syncthreads();
-        float s[RPW];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) s[r] = 0.0f;
-        const float *kr = Ks + lane * (hd + 1);
-        const float *qw = Qs + warp * RPW * hd;
-        for (int d = 0; d < hd; d++) {
-            float kd = kr[d];
-#pragma unroll
-            for (int r = 0; r < RPW; r++) s[r] = fmaf(qw[r * hd + d], kd, s[r]);
-        }
-        int j = ks + lane;
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            bool ok = live[r] && j < k1 && j >= lo[r] && j < hi[r];
-            float sc = s[r];
-            if (a.p.softcap > 0.0f) sc = a.p.softcap * kcu_tanh(sc / a.p.softcap);
-            sc = ok ? sc : -INFINITY;
-            float mt = kcu_warp_max(sc);
-            float mn = fmaxf(m[r], mt);
-            if (mn == -INFINITY) continue; /* nothing visible yet for this row (warp-uniform) */
-            float alpha = __expf(m[r] - mn);
-            float pj = ok ? __expf(sc - mn) : 0.0f;
-            l[r] = l[r] * alpha + kcu_warp_sum(pj);
-            m[r] = mn;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[r][i] *= alpha;
-            for (int jj = 0; jj < ATT_KT; jj++) {
-                float pb = __shfl_sync(0xffffffffu, pj, jj);
-                const float *vr = Vs + jj * vhd;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    int d = lane + 32 * i;
-                    if (d < vhd) acc[r][i] = fmaf(pb, vr[d], acc[r][i]);
-                }
-            }
-        }
+        att_tile_update<DPL, RPW, ATT_KT>(Qs + warp * RPW * hd, Ks, Vs, hd, vhd, lane, ks, k1, lo,
+                                          hi, live, a.p.softcap, m, l, acc);
     }
-
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        if (!live[r]) continue;
-        int row = row0 + warp * RPW + r;
-        int t = row / G, h = kvh * G + row % G;
-        if (L.splits == 1) {
-            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            float *o = a.out + ((int64_t)t * n_heads + h) * vhd;
-#pragma unroll
-            for (int i = 0; i < DPL; i++)
-                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i] * inv;
-        } else {
-            int64_t pi = (((int64_t)si * L.splits + z) * a.n_kv_heads + kvh) * L.rows_max + row;
-            float *o = L.part_o + pi * vhd;
-#pragma unroll
-            for (int i = 0; i < DPL; i++)
-                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i];
-            if (lane == 0) L.part_ml[2 * pi] = m[r], L.part_ml[2 * pi + 1] = l[r];
-        }
-    }
+    att_store_rows<DPL, RPW>(
+        row0, warp, lane, G, kvh, n_heads, vhd, L.splits, a.out, L.part_o, L.part_ml,
+        (((int64_t)si * L.splits + z) * a.n_kv_heads + kvh) * L.rows_max, live, m, l, acc);
     if (!PREP || L.splits == 1) return;
     /* the last split of this row tile to arrive merges all of them (as k_attn_merge does) */
     __shared__ int last;
@@ -360,25 +292,11 @@ __global__ void k_attn_merge(const __grid_constant__ att_launch L, int splits) {
     const att_seq &S = L.s[blockIdx.z];
     int row = blockIdx.x, kvh = blockIdx.y, vhd = a.v_head_dim, G = L.group;
     if (row >= S.n * G) return;
-    int64_t per_split = (int64_t)a.n_kv_heads * L.rows_max;
-    int64_t base = (int64_t)blockIdx.z * splits * per_split + (int64_t)kvh * L.rows_max + row;
-    float M = -INFINITY;
-    for (int z = 0; z < splits; z++) M = fmaxf(M, L.part_ml[2 * (z * per_split + base)]);
-    float den = 0.0f;
-    for (int z = 0; z < splits; z++) {
-        float mz = L.part_ml[2 * (z * per_split + base)];
-        if (mz != -INFINITY) den += L.part_ml[2 * (z * per_split + base) + 1] * __expf(mz - M);
-    }
-    int t = row / G, h = kvh * G + row % G;
-    float *o = a.out + ((int64_t)(S.t0 + t) * a.p.n_heads + h) * vhd;
-    for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
-        float num = 0.0f;
-        for (int z = 0; z < splits; z++) {
-            float mz = L.part_ml[2 * (z * per_split + base)];
-            if (mz != -INFINITY) num += L.part_o[(z * per_split + base) * vhd + d] * __expf(mz - M);
-        }
-        o[d] = den > 0.0f ? num / den : 0.0f;
-    }
+    const int64_t per_split = (int64_t)a.n_kv_heads * L.rows_max;
+    const int64_t base = (int64_t)blockIdx.z * splits * per_split + (int64_t)kvh * L.rows_max + row;
+    const int t = row / G, h = kvh * G + row % G;
+    att_merge_row(L.part_o, L.part_ml, per_split, base, splits, vhd,
+                  a.out + ((int64_t)(S.t0 + t) * a.p.n_heads + h) * vhd);
 }
 
 template <int DPL, int RPW, bool PREP>

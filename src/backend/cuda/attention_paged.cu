@@ -14,6 +14,7 @@
  * and the launch plan on the CPU (PATT_HOST_EMU) with emulated warps. */
 #include "backend/cuda/attention_paged.cuh"
 #include "backend/cuda/attention_paged_decode.cuh"
+#include "backend/cuda/attention_tile.cuh"
 #ifndef PATT_HOST_EMU
 #define PATT_SMEM(name) extern __shared__ float name[]
 #endif
@@ -88,32 +89,15 @@ __global__ void __launch_bounds__(PATT_WARPS * 32, 2)
             Qs[i] = __fmul_rn(Qs[i], s) * P.scale;
     }
 
-    /* rows of this warp: their token, and visible keys [lo, hi) */
+    /* rows of this warp: their token, and visible keys [lo, hi); the block's keys */
     int lo[RPW], hi[RPW];
     bool live[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        int row = row0 + warp * RPW + r;
-        live[r] = row < rows_total;
-        int p = pos0 + (live[r] ? row / G : 0);
-        hi[r] = p + 1;
-        lo[r] = L.window > 0 ? max(0, p - L.window + 1) : 0;
-    }
-    /* keys this block looks at: the split's range clipped to the union of its rows' ranges */
-    const int last_row = min(row0 + ROWS, rows_total) - 1;
-    const int blk_lo = L.window > 0 ? max(0, pos0 + row0 / G - L.window + 1) : 0;
-    const int blk_hi = pos0 + last_row / G + 1;
-    const int s_lo = kbeg + z * P.kps, s_hi = s_lo + P.kps;
-    const int k0 = max(blk_lo, s_lo), k1 = min(blk_hi, s_hi);
-
+    att_warp_rows<RPW>(row0, warp, rows_total, pos0, G, L.window, lo, hi, live);
+    int k0, k1;
+    att_block_keys(row0, ROWS, rows_total, pos0, G, L.window, kbeg + z * P.kps,
+                   kbeg + (z + 1) * P.kps, &k0, &k1);
     float m[RPW], l[RPW], acc[RPW][DPL];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[r][i] = 0.0f;
-    }
+    att_state_init<DPL, RPW>(m, l, acc);
 
     for (int ks = k0; ks < k1; ks += PATT_KT) {
         __syncthreads(); /* Q staged / previous tile consumed */
@@ -128,64 +112,12 @@ __global__ void __launch_bounds__(PATT_WARPS * 32, 2)
         }
         __syncthreads();
         if (!live[0]) continue; /* a warp past the block's last row only loads (warp-uniform) */
-        float s[RPW];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) s[r] = 0.0f;
-        const float *kr = Ks + lane * (hd + 1);
-        const float *qw = Qs + warp * RPW * hd;
-        for (int d = 0; d < hd; d++) {
-            float kd = kr[d];
-#pragma unroll
-            for (int r = 0; r < RPW; r++) s[r] = fmaf(qw[r * hd + d], kd, s[r]);
-        }
-        const int j = ks + lane;
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            bool ok = live[r] && j < k1 && j >= lo[r] && j < hi[r];
-            float sc = s[r];
-            if (P.softcap > 0.0f) sc = P.softcap * kcu_tanh(sc / P.softcap);
-            sc = ok ? sc : -INFINITY;
-            float mt = kcu_warp_max(sc);
-            float mn = fmaxf(m[r], mt);
-            if (mn == -INFINITY) continue; /* nothing visible yet for this row (warp-uniform) */
-            float alpha = __expf(m[r] - mn);
-            float pj = ok ? __expf(sc - mn) : 0.0f;
-            l[r] = l[r] * alpha + kcu_warp_sum(pj);
-            m[r] = mn;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[r][i] *= alpha;
-            for (int jj = 0; jj < PATT_KT; jj++) {
-                float pb = __shfl_sync(0xffffffffu, pj, jj);
-                const float *vr = Vs + jj * vhd;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    int d = lane + 32 * i;
-                    if (d < vhd) acc[r][i] = fmaf(pb, vr[d], acc[r][i]);
-                }
-            }
-        }
+        att_tile_update<DPL, RPW, PATT_KT>(Qs + warp * RPW * hd, Ks, Vs, hd, vhd, lane, ks, k1, lo,
+                                           hi, live, P.softcap, m, l, acc);
     }
-
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        if (!live[r]) continue;
-        int row = row0 + warp * RPW + r;
-        int t = row / G, h = kvh * G + row % G;
-        if (P.splits == 1) {
-            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            float *o = out + ((int64_t)t * n_heads + h) * vhd;
-#pragma unroll
-            for (int i = 0; i < DPL; i++)
-                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i] * inv;
-        } else {
-            int64_t pi = (((int64_t)si * P.splits + z) * L.n_kv_heads + kvh) * P.rows_max + row;
-            float *o = P.part_o + pi * vhd;
-#pragma unroll
-            for (int i = 0; i < DPL; i++)
-                if (lane + 32 * i < vhd) o[lane + 32 * i] = acc[r][i];
-            if (lane == 0) P.part_ml[2 * pi] = m[r], P.part_ml[2 * pi + 1] = l[r];
-        }
-    }
+    att_store_rows<DPL, RPW>(
+        row0, warp, lane, G, kvh, n_heads, vhd, P.splits, out, P.part_o, P.part_ml,
+        (((int64_t)si * P.splits + z) * L.n_kv_heads + kvh) * P.rows_max, live, m, l, acc);
 }
 
 /* One block per (row, kv head, seq): out = sum_z acc_z e^(m_z - M) / sum_z l_z e^(m_z - M). */
@@ -196,25 +128,11 @@ __global__ void k_paged_attn_merge(const __grid_constant__ patt_launch P) {
     const int row = blockIdx.x, kvh = blockIdx.y, vhd = L.v_head_dim, G = P.group;
     const int splits = P.splits;
     if (row >= S.n * G) return;
-    int64_t per_split = (int64_t)L.n_kv_heads * P.rows_max;
-    int64_t base = (int64_t)blockIdx.z * splits * per_split + (int64_t)kvh * P.rows_max + row;
-    float M = -INFINITY;
-    for (int z = 0; z < splits; z++) M = fmaxf(M, P.part_ml[2 * (z * per_split + base)]);
-    float den = 0.0f;
-    for (int z = 0; z < splits; z++) {
-        float mz = P.part_ml[2 * (z * per_split + base)];
-        if (mz != -INFINITY) den += P.part_ml[2 * (z * per_split + base) + 1] * __expf(mz - M);
-    }
-    int t = row / G, h = kvh * G + row % G;
-    float *o = P.out + ((int64_t)(S.t0 + t) * P.n_heads + h) * vhd;
-    for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
-        float num = 0.0f;
-        for (int z = 0; z < splits; z++) {
-            float mz = P.part_ml[2 * (z * per_split + base)];
-            if (mz != -INFINITY) num += P.part_o[(z * per_split + base) * vhd + d] * __expf(mz - M);
-        }
-        o[d] = den > 0.0f ? num / den : 0.0f;
-    }
+    const int64_t per_split = (int64_t)L.n_kv_heads * P.rows_max;
+    const int64_t base = (int64_t)blockIdx.z * splits * per_split + (int64_t)kvh * P.rows_max + row;
+    const int t = row / G, h = kvh * G + row % G;
+    att_merge_row(P.part_o, P.part_ml, per_split, base, splits, vhd,
+                  P.out + ((int64_t)(S.t0 + t) * P.n_heads + h) * vhd);
 }
 
 /* TurboQuant values: each output row (token t of seq blockIdx.z, head blockIdx.y) back from the
