@@ -454,6 +454,69 @@ static void test_tc_gemm_fast(void) {
     tc_fast_cases(false);
 }
 
+/* One layer's fused ops at n tokens against the CPU references in order, as a layer calls them:
+ * (with_multi: matmul_multi of x over the three q/k/v-like matrices m first), matmul_norm of x
+ * over them, matmul_norm_glu through gate g / up u (F rows), matmul_add of the GLU output
+ * through o (O rows); tag prefixes each check's name. */
+static void check_layer_fusions(const char *tag, int c, int64_t n, int64_t cols,
+                                const test_matrix m[3], const int64_t rows[3], const test_matrix *g,
+                                const test_matrix *u, const test_matrix *o, int64_t F, int64_t O,
+                                bool plus_one, kiln_glu_act act, double tol, bool with_multi) {
+    float *x = rand_f32(n * cols, 1.5f), *nw = rand_f32(cols, 0.5f);
+    float *hn = malloc((size_t)(n * cols) * 4);
+    kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, plus_one);
+    float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
+    float *dh = dev_poisoned(n * (cols > F ? cols : F));
+    float *ref[3], *dy[3];
+    const kiln_matrix *ws[3];
+    char what[128];
+    /* matmul_multi on x (with_multi), then matmul_norm on rmsnorm(x) */
+    for (int pass = with_multi ? 0 : 1; pass < 2; pass++) {
+        for (int i = 0; i < 3; i++) {
+            ref[i] = malloc((size_t)(n * rows[i]) * 4);
+            ref_matmul(ref[i], pass ? hn : x, n, &m[i].host);
+            dy[i] = dev_poisoned(n * rows[i]);
+            ws[i] = &m[i].dev;
+        }
+        if (pass)
+            be->matmul_norm(be, 3, dy, dx, dh, n, ws, dnw, 1e-6f, plus_one);
+        else
+            be->matmul_multi(be, 3, dy, dx, n, ws);
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what, "%s%s case %d n=%lld matrix %d", tag,
+                     pass ? "matmul_norm" : "matmul_multi", c, (long long)n, i);
+            compare(what, dy[i], ref[i], n * rows[i], tol);
+            be->free(be, dy[i]);
+            free(ref[i]);
+        }
+    }
+    /* matmul_norm_glu */
+    float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
+    ref_matmul(gr, hn, n, &g->host);
+    ref_matmul(ur, hn, n, &u->host);
+    if (act == KILN_GLU_GELU_TANH)
+        kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
+    else
+        kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
+    float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
+    be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g->dev, &u->dev, dnw, 1e-6f, plus_one, act);
+    snprintf(what, sizeof what, "%smatmul_norm_glu case %d n=%lld act %d", tag, c, (long long)n,
+             (int)act);
+    compare(what, dout, gr, n * F, tol);
+    /* matmul_add: y += act @ o^T (act: the GLU reference output as the input) */
+    float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
+    ref_matmul(yr, gr, n, &o->host);
+    kiln_cpu_add(yr, yr, y0, n * O);
+    float *dy0 = dev_copy(y0, (size_t)(n * O) * 4), *dact = dev_copy(gr, (size_t)(n * F) * 4);
+    float *dtmp = dev_poisoned(n * O);
+    be->matmul_add(be, dy0, dact, dtmp, n, &o->dev);
+    snprintf(what, sizeof what, "%smatmul_add case %d n=%lld", tag, c, (long long)n);
+    compare(what, dy0, yr, n * O, tol);
+    be->free(be, dx), be->free(be, dnw), be->free(be, dh), be->free(be, dout);
+    be->free(be, dup), be->free(be, dy0), be->free(be, dact), be->free(be, dtmp);
+    free(x), free(nw), free(hn), free(gr), free(ur), free(y0), free(yr);
+}
+
 /* matmul_multi and the fused ops (norm, add, norm + GLU) on the tensor-core GEMM at n = 2..64,
  * against the references in order, at the GEMV's tolerance. */
 static void test_tc_fused(void) {
@@ -486,67 +549,13 @@ static void test_tc_fused(void) {
             const int64_t n = ns[k];
             const bool plus_one = k % 2 == 1;
             const kiln_glu_act act = k % 2 ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
-            const double tol = 2e-5;
             const long long l0 = kiln_cuda_tc_gemm_launches();
-            float *x = rand_f32(n * cols, 1.5f), *nw = rand_f32(cols, 0.5f);
-            float *hn = malloc((size_t)(n * cols) * 4);
-            kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, plus_one);
-            float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
-            float *dh = dev_poisoned(n * (cols > F ? cols : F));
-            float *ref[3], *dy[3];
-            const kiln_matrix *ws[3];
-            char what[128];
-            /* matmul_multi on x, then matmul_norm on rmsnorm(x) */
-            for (int pass = 0; pass < 2; pass++) {
-                for (int i = 0; i < 3; i++) {
-                    ref[i] = malloc((size_t)(n * rows[i]) * 4);
-                    ref_matmul(ref[i], pass ? hn : x, n, &m[i].host);
-                    dy[i] = dev_poisoned(n * rows[i]);
-                    ws[i] = &m[i].dev;
-                }
-                if (pass)
-                    be->matmul_norm(be, 3, dy, dx, dh, n, ws, dnw, 1e-6f, plus_one);
-                else
-                    be->matmul_multi(be, 3, dy, dx, n, ws);
-                for (int i = 0; i < 3; i++) {
-                    snprintf(what, sizeof what, "tc %s case %d n=%lld matrix %d",
-                             pass ? "matmul_norm" : "matmul_multi", c, (long long)n, i);
-                    compare(what, dy[i], ref[i], n * rows[i], tol);
-                    be->free(be, dy[i]);
-                    free(ref[i]);
-                }
-            }
-            /* matmul_norm_glu */
-            float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
-            ref_matmul(gr, hn, n, &gt.host);
-            ref_matmul(ur, hn, n, &up.host);
-            if (act == KILN_GLU_GELU_TANH)
-                kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
-            else
-                kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
-            float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
-            be->matmul_norm_glu(be, dout, dx, dh, dup, n, &gt.dev, &up.dev, dnw, 1e-6f, plus_one,
-                                act);
-            snprintf(what, sizeof what, "tc matmul_norm_glu case %d n=%lld act %d", c, (long long)n,
-                     (int)act);
-            compare(what, dout, gr, n * F, tol);
-            /* matmul_add: y += glu @ o^T */
-            float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
-            ref_matmul(yr, gr, n, &o.host);
-            kiln_cpu_add(yr, yr, y0, n * O);
-            float *dy0 = dev_copy(y0, (size_t)(n * O) * 4),
-                  *dact = dev_copy(gr, (size_t)(n * F) * 4);
-            float *dtmp = dev_poisoned(n * O);
-            be->matmul_add(be, dy0, dact, dtmp, n, &o.dev);
-            snprintf(what, sizeof what, "tc matmul_add case %d n=%lld", c, (long long)n);
-            compare(what, dy0, yr, n * O, tol);
+            check_layer_fusions("tc ", c, n, cols, m, rows, &gt, &up, &o, F, O, plus_one, act, 2e-5,
+                                true);
             /* one launch each for multi, norm, glu, add */
             CHECK_MSG(kiln_cuda_tc_gemm_launches() - l0 == 4,
                       "tc fused case %d n=%lld: %lld launches", c, (long long)n,
                       kiln_cuda_tc_gemm_launches() - l0);
-            be->free(be, dx), be->free(be, dnw), be->free(be, dh), be->free(be, dout);
-            be->free(be, dup), be->free(be, dy0), be->free(be, dact), be->free(be, dtmp);
-            free(x), free(nw), free(hn), free(gr), free(ur), free(y0), free(yr);
         }
         kiln_cuda_set_tc_gemm(-1, -1, 0, 0);
         for (int i = 0; i < 3; i++) free_matrix(&m[i]);
@@ -708,10 +717,10 @@ static void test_matmul_multi(void) {
         }
 }
 
-/* upload_matrices (default; KILN_CUDA_FUSE_WEIGHTS=0 turns it off): q/k/v- and gate/up-like sets in one allocation each
- * (bf16 with output biases, q4 / q8 with f16 / bf16 scales); matmul_multi over them at n = 1..70
- * (past 8: one product of the stacked matrix, its columns scattered back) == the CPU reference
- * per matrix; a set whose parts are not whole 256-byte multiples comes back
+/* upload_matrices (default; KILN_CUDA_FUSE_WEIGHTS=0 turns it off): q/k/v- and gate/up-like sets in
+ * one allocation each (bf16 with output biases, q4 / q8 with f16 / bf16 scales); matmul_multi over
+ * them at n = 1..70 (past 8: one product of the stacked matrix, its columns scattered back) == the
+ * CPU reference per matrix; a set whose parts are not whole 256-byte multiples comes back
  * KILN_ERR_UNSUPPORTED; the views free with their owner in any order. */
 static void test_upload_matrices(void) {
     setenv("KILN_CUDA_FUSE_WEIGHTS", "1", 1);
@@ -820,57 +829,8 @@ static void test_matmul_fused(void) {
             const bool plus_one = k % 2 == 1;
             const kiln_glu_act act = k % 2 ? KILN_GLU_GELU_TANH : KILN_GLU_SILU;
             const double tol = n > 8 || c == 3 ? 1e-2 : 2e-5; /* n > 8: cuBLAS with bf16 x */
-            float *x = rand_f32(n * cols, 1.5f), *nw = rand_f32(cols, 0.5f);
-            float *hn = malloc((size_t)(n * cols) * 4);
-            kiln_cpu_rmsnorm_ref(hn, x, nw, n, cols, 1e-6f, plus_one);
-            float *dx = dev_copy(x, (size_t)(n * cols) * 4), *dnw = dev_copy(nw, (size_t)cols * 4);
-            float *dh = dev_poisoned(n * (cols > F ? cols : F));
-            /* matmul_norm over q/k/v-like matrices */
-            float *ref[3], *dy[3];
-            const kiln_matrix *ws[3];
-            for (int i = 0; i < 3; i++) {
-                ref[i] = malloc((size_t)(n * rows[i]) * 4);
-                ref_matmul(ref[i], hn, n, &m[i].host);
-                dy[i] = dev_poisoned(n * rows[i]);
-                ws[i] = &m[i].dev;
-            }
-            be->matmul_norm(be, 3, dy, dx, dh, n, ws, dnw, 1e-6f, plus_one);
-            for (int i = 0; i < 3; i++) {
-                char what[128];
-                snprintf(what, sizeof what, "matmul_norm case %d n=%lld matrix %d", c, (long long)n,
-                         i);
-                compare(what, dy[i], ref[i], n * rows[i], tol);
-                be->free(be, dy[i]);
-                free(ref[i]);
-            }
-            /* matmul_norm_glu */
-            float *gr = malloc((size_t)(n * F) * 4), *ur = malloc((size_t)(n * F) * 4);
-            ref_matmul(gr, hn, n, &g.host);
-            ref_matmul(ur, hn, n, &u.host);
-            if (act == KILN_GLU_GELU_TANH)
-                kiln_cpu_gelu_tanh_mul(gr, gr, ur, n * F);
-            else
-                kiln_cpu_silu_mul_ref(gr, gr, ur, n * F);
-            float *dout = dev_poisoned(n * F), *dup = dev_poisoned(n * F);
-            be->matmul_norm_glu(be, dout, dx, dh, dup, n, &g.dev, &u.dev, dnw, 1e-6f, plus_one,
-                                act);
-            char what[128];
-            snprintf(what, sizeof what, "matmul_norm_glu case %d n=%lld act %d", c, (long long)n,
-                     (int)act);
-            compare(what, dout, gr, n * F, tol);
-            /* matmul_add: y += act @ o^T (act: the GLU reference output as the input) */
-            float *y0 = rand_f32(n * O, 1.0f), *yr = malloc((size_t)(n * O) * 4);
-            ref_matmul(yr, gr, n, &o.host);
-            kiln_cpu_add(yr, yr, y0, n * O);
-            float *dy0 = dev_copy(y0, (size_t)(n * O) * 4),
-                  *dact = dev_copy(gr, (size_t)(n * F) * 4);
-            float *dtmp = dev_poisoned(n * O);
-            be->matmul_add(be, dy0, dact, dtmp, n, &o.dev);
-            snprintf(what, sizeof what, "matmul_add case %d n=%lld", c, (long long)n);
-            compare(what, dy0, yr, n * O, tol);
-            be->free(be, dx), be->free(be, dnw), be->free(be, dh), be->free(be, dout);
-            be->free(be, dup), be->free(be, dy0), be->free(be, dact), be->free(be, dtmp);
-            free(x), free(nw), free(hn), free(gr), free(ur), free(y0), free(yr);
+            check_layer_fusions("", c, n, cols, m, rows, &g, &u, &o, F, O, plus_one, act, tol,
+                                false);
         }
         for (int i = 0; i < 3; i++) free_matrix(&m[i]);
         free_matrix(&g), free_matrix(&u), free_matrix(&o);
