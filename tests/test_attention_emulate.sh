@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test_attention_emulate.sh — the short decode attention kernel (attention_decode.cuh) run on the
-# CPU by tests/emu/attention_emulate.cc (emulated threads, barriers, warp shuffles, shared memory)
-# against softmax attention in double; needs no GPU. Skipped (77) without a C++20 g++. Env:
+# test_attention_emulate.sh — the short decode attention kernel (attention_decode.cuh) and the
+# contiguous cache's flash-style kernel with its split merge (attention.cu k_attn, k_attn_merge) run
+# on the CPU by tests/emu/attention_emulate.cc (emulated threads, barriers, warp shuffles, shared
+# memory) against softmax attention in double; needs no GPU. Skipped (77) without a C++20 g++. Env:
 # KILN_BUILD (where the binary goes; default /tmp).
 # kiln-test-labels: slow
 set -u

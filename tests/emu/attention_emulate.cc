@@ -17,7 +17,11 @@
  * softmax attention in double over the same rounded K/V, by relative L2 error <= 1e-5 (what
  * test_cuda_ops asks of the GPU). A development check for machines without a GPU (it does not see
  * the hardware's scheduling, fast exp or FMA contraction); run by tests/test_attention_emulate.sh
- * (CTest). */
+ * (CTest).
+ *
+ * It runs attention.cu's flash-style kernel k_attn (prefill chunks and the decode launches the
+ * short kernel does not take) and its split merge k_attn_merge too, launched as attention_chunk
+ * plans them, against the same reference over query tokens at consecutive positions. */
 #include "cuda_shim.h"
 #include "thread_blocks.h"
 
@@ -62,6 +66,48 @@ using std::max;
 using std::min;
 
 #include "backend/cuda/attention_decode.cuh"
+
+/* attention.cu's kernels (k_attn, k_attn_merge) with ATT_HOST_EMU: the CUDA helpers they call,
+ * on the CPU (the f16 / bf16 rounding of util/half.h, the warp's own barrier for __syncwarp) */
+#define ATT_HOST_EMU   1
+#define KCU_HOST_EMU   1
+#define ATT_SMEM(name) float *name = emu_smem
+struct __half {
+    uint16_t bits;
+};
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+static __half __float2half_rn(float x) {
+    return {kiln_f32_to_f16(x)};
+}
+static float __half2float(__half h) {
+    return kiln_f16_to_f32(h.bits);
+}
+static __nv_bfloat16 __float2bfloat16_rn(float x) {
+    return {kiln_f32_to_bf16(x)};
+}
+static float __bfloat162float(__nv_bfloat16 h) {
+    return kiln_bf16_to_f32(h.bits);
+}
+static float kcu_load(const void *p, int64_t i, int dt) { /* cuda_common.cuh */
+    if (dt == KILN_DT_F32) return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
+}
+static void kcu_kv_put(void *dst, int64_t i, float x, int dt) { /* attention.cuh */
+    if (dt == KILN_DT_F32)
+        ((float *)dst)[i] = x;
+    else
+        ((uint16_t *)dst)[i] = dt == KILN_DT_BF16 ? kiln_f32_to_bf16(x) : kiln_f32_to_f16(x);
+}
+static float rsqrtf(float x) {
+    return 1.0f / sqrtf(x);
+}
+static void __syncwarp() {
+    emu_warp_bar[t_warp]->arrive_and_wait();
+}
+#include "backend/cuda/attention.cu"
 
 /* Runs k_attn_decode_short<GM, CH, KB, A.kv_dtype>(A) over grid (thread_blocks.h: one std::thread
  * per CUDA thread walks the blocks in order, shared memory of exactly atts_smem_bytes poisoned and
@@ -264,6 +310,163 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
     emu_misaligned = 0;
 }
 
+/* ---- attention.cu's k_attn (contiguous cache, CUDA cores; prefill chunks and decode that the
+ * short kernel does not take) and k_attn_merge, launched as attention_chunk plans them ---- */
+template <int DPL, int RPW> static void emu_flash(const att_launch &L, emu_dim3 grid) {
+    const int hd = L.a.head_dim, vhd = L.a.v_head_dim;
+    const size_t smem = sizeof(float) * ((size_t)ATT_WARPS * RPW * hd + (size_t)ATT_KT * (hd + 1) +
+                                         (size_t)ATT_KT * vhd);
+    emu_run(
+        "k_attn", grid, smem, [&] { k_attn<DPL, RPW, false>(L); }, ATT_WARPS * 32);
+}
+template <int RPW> static void emu_flash_dpl(const att_launch &L, emu_dim3 grid) {
+    const int vhd = L.a.v_head_dim;
+    if (vhd <= 64)
+        emu_flash<2, RPW>(L, grid);
+    else if (vhd <= 128)
+        emu_flash<4, RPW>(L, grid);
+    else if (vhd <= 256)
+        emu_flash<8, RPW>(L, grid);
+    else
+        emu_flash<16, RPW>(L, grid);
+}
+
+struct flash_seq {
+    int pos0, n; /* first position of its new tokens, their count */
+};
+
+/* One launch of k_attn over sequences seqs (their caches hold pos0 + n keys), geometry (n_kv,
+ * G, hd, vhd), cache dtype dt; key splits as attention_chunk plans them for n_sms SMs (0: none);
+ * scalar: the element-wise K/V loader instead of the 16-byte one. Each query token j of a
+ * sequence sees the keys up to its position pos0 + j (window-limited). */
+static void run_flash_case(int n_kv, int G, int hd, int vhd, int dt, int window, float softcap,
+                           const std::vector<flash_seq> &seqs, bool device_positions, int n_sms,
+                           bool scalar = false) {
+    const int n_seq = (int)seqs.size(), H = n_kv * G, esz = dt == KILN_DT_F32 ? 4 : 2;
+    int T = 0;
+    for (const auto &q : seqs) T += q.n;
+    std::vector<float> q((size_t)T * H * hd), out((size_t)T * H * vhd, NAN);
+    for (auto &x : q) x = rnd() * 2.0f;
+    std::vector<std::vector<float>> Kf(n_seq), Vf(n_seq);
+    std::vector<std::vector<uint8_t>> Kb(n_seq), Vb(n_seq);
+    std::vector<int32_t> dpos(T);
+    att_launch L;
+    memset(&L, 0, sizeof L);
+    int max_n = 0, keys = 0;
+    for (int s = 0, t0 = 0; s < n_seq; t0 += seqs[s].n, s++) {
+        const int kend = seqs[s].pos0 + seqs[s].n;
+        Kf[s].resize((size_t)kend * n_kv * hd), Vf[s].resize((size_t)kend * n_kv * vhd);
+        Kb[s].resize(Kf[s].size() * esz + 16), Vb[s].resize(Vf[s].size() * esz + 16);
+        for (int which = 0; which < 2; which++) {
+            auto &f = which ? Vf[s] : Kf[s];
+            uint8_t *b = which ? Vb[s].data() : Kb[s].data();
+            for (size_t i = 0; i < f.size(); i++) {
+                float x = rnd() * (which ? 1.0f : 1.5f);
+                if (dt == KILN_DT_F32) {
+                    memcpy(b + 4 * i, &x, 4);
+                } else {
+                    const uint16_t h = to_bits(x, dt);
+                    memcpy(b + 2 * i, &h, 2);
+                    x = from_bits(h, dt);
+                }
+                f[i] = x;
+            }
+        }
+        att_seq &d = L.s[s];
+        d.k = Kb[s].data(), d.v = Vb[s].data(), d.n = seqs[s].n, d.t0 = t0;
+        d.pos0 = device_positions ? -12345 : seqs[s].pos0; /* must not be read then */
+        d.kbeg = window > 0 ? std::max(0, seqs[s].pos0 - window + 1) : 0;
+        for (int j = 0; j < seqs[s].n; j++) dpos[t0 + j] = seqs[s].pos0 + j;
+        keys = std::max(keys, kend - d.kbeg);
+        max_n = std::max(max_n, seqs[s].n);
+    }
+    kcu_attn_args &a = L.a;
+    a.q = q.data(), a.out = out.data(), a.kv_dtype = dt, a.n_kv_heads = n_kv;
+    a.head_dim = hd, a.v_head_dim = vhd, a.window = window;
+    a.p.n_heads = H, a.p.scale = 1.0f / sqrtf((float)hd), a.p.softcap = softcap;
+    a.p.positions = device_positions ? dpos.data() : nullptr;
+    L.group = G, L.n_seq = n_seq;
+    if (device_positions && max_n == 1) keys = kcu_attn_keys_bucket(keys);
+    L.rows_max = max_n * G;
+    const int rpw = L.rows_max <= 2 * ATT_WARPS ? 1 : 4;
+    const int tiles = (L.rows_max + ATT_WARPS * rpw - 1) / (ATT_WARPS * rpw);
+    const int blocks = tiles * n_kv * n_seq;
+    int splits = 1;
+    if (n_sms > 0 && blocks < 2 * n_sms && keys > ATT_KT) {
+        splits = (4 * n_sms + blocks - 1) / blocks;
+        const int max_splits = keys > 1024 ? (keys + 127) / 128 : (keys + ATT_KT - 1) / ATT_KT;
+        splits = std::min(splits, max_splits);
+    }
+    L.kps = ((keys + splits - 1) / splits + ATT_KT - 1) / ATT_KT * ATT_KT;
+    L.splits = splits = (keys + L.kps - 1) / L.kps;
+    const int vec_el = dt == KILN_DT_F32 ? 4 : 8;
+    L.vec = !scalar && hd % vec_el == 0 && vhd % vec_el == 0;
+    std::vector<float> part;
+    if (splits > 1) {
+        const size_t n_part = (size_t)n_seq * splits * n_kv * L.rows_max;
+        part.assign(n_part * (vhd + 2), NAN);
+        L.part_o = part.data(), L.part_ml = part.data() + n_part * vhd;
+    }
+    const emu_dim3 grid = {(unsigned)tiles, (unsigned)n_kv, (unsigned)(n_seq * splits)};
+    if (rpw == 1)
+        emu_flash_dpl<1>(L, grid);
+    else
+        emu_flash_dpl<4>(L, grid);
+    if (splits > 1)
+        emu_run(
+            "k_attn_merge", {(unsigned)L.rows_max, (unsigned)n_kv, (unsigned)n_seq}, 0,
+            [&] { k_attn_merge(L, splits); }, 128);
+    /* reference in double */
+    double num = 0, den = 0;
+    int bad = 0;
+    for (int s = 0, t0 = 0; s < n_seq; t0 += seqs[s].n, s++)
+        for (int j = 0; j < seqs[s].n; j++) {
+            const int p = seqs[s].pos0 + j, t = t0 + j;
+            const int kbeg = window > 0 ? std::max(0, p - window + 1) : 0, kend = p + 1;
+            for (int h = 0; h < H; h++) {
+                const int kvh = h / G;
+                std::vector<double> sc(kend);
+                double mx = -INFINITY;
+                for (int k = kbeg; k < kend; k++) {
+                    double d = 0;
+                    for (int e = 0; e < hd; e++)
+                        d += (double)(q[((size_t)t * H + h) * hd + e] * a.p.scale) *
+                             Kf[s][((size_t)k * n_kv + kvh) * hd + e];
+                    if (softcap > 0) d = softcap * tanh(d / softcap);
+                    sc[k] = d;
+                    mx = std::max(mx, d);
+                }
+                double z = 0;
+                for (int k = kbeg; k < kend; k++) z += exp(sc[k] - mx);
+                for (int e = 0; e < vhd; e++) {
+                    double o = 0;
+                    for (int k = kbeg; k < kend; k++)
+                        o += exp(sc[k] - mx) / z * Vf[s][((size_t)k * n_kv + kvh) * vhd + e];
+                    const float got = out[((size_t)t * H + h) * vhd + e];
+                    if (!std::isfinite(got)) bad++;
+                    num += (got - o) * (got - o);
+                    den += o * o;
+                }
+            }
+        }
+    const double err = den > 0 ? sqrt(num / den) : 0;
+    const bool ok = bad == 0 && err <= 1e-5 && emu_misaligned == 0;
+    cases++;
+    failures += !ok;
+    printf("%s k_attn kv=%d g=%d hd=%d/%d %s win=%d cap=%g seqs=%d tokens=%d rpw=%d splits=%d%s%s: "
+           "rel err %.2e%s\n",
+           ok ? "ok  " : "FAIL", n_kv, G, hd, vhd,
+           dt == KILN_DT_F32   ? "f32"
+           : dt == KILN_DT_F16 ? "f16"
+                               : "bf16",
+           window, softcap, n_seq, T, rpw, splits, device_positions ? " device positions" : "",
+           L.vec ? "" : " scalar loads", err,
+           bad              ? " (non-finite outputs)"
+           : emu_misaligned ? " (misaligned loads)"
+                            : "");
+    emu_misaligned = 0;
+}
+
 int main() {
     run_case(8, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {127}, false);       /* Qwen3-0.6B decode */
     run_case(8, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {0, 5, 200}, true); /* Llama-3-8B */
@@ -299,6 +502,16 @@ int main() {
     run_case(2, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {40, 700, 5}, false, 16, 0, 2);
     run_case(1, 12, 128, 64, KILN_DT_F16, 0, 0.0f, {300, 2}, true, 0, 0, 1);
     run_case(2, 4, 256, 256, KILN_DT_F32, 0, 0.0f, {127, 900}, true, 24, 0, 0 + 2);
+    /* k_attn: prefill chunks (4 rows a warp), continued chunks, several sequences, windows and
+     * softcaps, every head-dim class, the scalar loader, decode split over keys and merged */
+    run_flash_case(8, 2, 128, 128, KILN_DT_F32, 0, 0.0f, {{0, 40}}, false, 0);
+    run_flash_case(2, 4, 128, 128, KILN_DT_BF16, 0, 0.0f, {{100, 17}}, true, 0);
+    run_flash_case(1, 3, 80, 80, KILN_DT_F16, 30, 30.0f, {{50, 20}, {0, 3}}, false, 0);
+    run_flash_case(2, 2, 64, 64, KILN_DT_F32, 0, 0.0f, {{300, 1}, {5, 1}, {700, 1}}, true, 16);
+    run_flash_case(1, 2, 256, 128, KILN_DT_BF16, 0, 0.0f, {{0, 9}, {33, 3}}, false, 0, true);
+    run_flash_case(1, 2, 512, 512, KILN_DT_F32, 0, 20.0f, {{400, 1}}, false, 8);
+    run_flash_case(1, 2, 36, 36, KILN_DT_F16, 0, 0.0f, {{70, 6}}, true, 4);
+    run_flash_case(2, 3, 96, 64, KILN_DT_F16, 64, 0.0f, {{200, 20}, {10, 5}}, false, 32);
     printf("%d cases: %s\n", cases, failures ? "FAILED" : "all passed");
     return failures != 0;
 }

@@ -18,6 +18,9 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_tile.cuh"
+#ifndef ATT_HOST_EMU /* tests/emu/attention_emulate.cc: the kernels only, shared memory its own */
+#define ATT_SMEM(name) extern __shared__ float name[]
+#endif
 
 #include <limits.h>
 #include <stdlib.h>
@@ -104,7 +107,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn(const __grid_constant__
     a.pos0 = a.p.positions ? a.p.positions[S.t0] : S.pos0;
     const int kbeg = a.p.positions ? (a.window > 0 ? max(0, a.pos0 - a.window + 1) : 0) : S.kbeg;
     const int hd = a.head_dim, vhd = a.v_head_dim;
-    extern __shared__ float sm[];
+    ATT_SMEM(sm);
     float *Qs = sm;                     /* [ROWS][hd] */
     float *Ks = Qs + ROWS * hd;         /* [KT][hd+1] (padded: lanes read different banks) */
     float *Vs = Ks + ATT_KT * (hd + 1); /* [KT][vhd] */
@@ -299,6 +302,7 @@ __global__ void k_attn_merge(const __grid_constant__ att_launch L, int splits) {
                   a.out + ((int64_t)(S.t0 + t) * a.p.n_heads + h) * vhd);
 }
 
+#ifndef ATT_HOST_EMU
 template <int DPL, int RPW, bool PREP>
 static void launch(kcu_state *st, const att_launch &L, dim3 grid) {
     int hd = L.a.head_dim, vhd = L.a.v_head_dim;
@@ -556,3 +560,4 @@ bool kcu_attention_decode_prep(kcu_state *st, const kcu_attn_args *common, const
     if (n_seq <= 0 || n_seq > KCU_ATT_MAX_SEQ || !geometry_ok(st, common)) return false;
     return attention_chunk(st, common, seqs, n_seq, k_new, v_new);
 }
+#endif /* ATT_HOST_EMU */

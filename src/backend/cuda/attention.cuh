@@ -2,6 +2,8 @@
 #ifndef KILN_CUDA_ATTENTION_CUH
 #define KILN_CUDA_ATTENTION_CUH
 
+#ifndef KCU_HOST_EMU /* tests/emu/attention_emulate.cc: the argument types only, its own helpers   \
+                      */
 #include "backend/cuda/cuda_common.cuh"
 
 /* Element i of a KV buffer of dtype dt (F32, F16 or BF16) set to x, rounded to nearest even. */
@@ -13,6 +15,7 @@ __device__ __forceinline__ void kcu_kv_put(void *dst, int64_t i, float x, int dt
     else
         ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(x);
 }
+#endif
 
 typedef struct kcu_attn_args {
     const float *q; /* [n, n_heads*head_dim], queries at positions pos0..pos0+n-1 */
@@ -24,9 +27,11 @@ typedef struct kcu_attn_args {
     kiln_attn_params p;
 } kcu_attn_args;
 
+#ifndef KCU_HOST_EMU
 /* Causal (window-limited) GQA attention, optional logit softcap; splits long key ranges over
  * blocks and merges them by log-sum-exp. */
 void kcu_attention(kcu_state *st, const kcu_attn_args *a);
+#endif
 
 /* One sequence of a batched attention launch: its cache buffers, first position, token count and
  * first row in the stacked q / out. */
@@ -45,6 +50,7 @@ typedef struct kcu_attn_seq {
 static inline int kcu_attn_keys_bucket(int keys) {
     return keys <= 4096 ? (keys + 127) / 128 * 128 : (keys + 1023) / 1024 * 1024;
 }
+#ifndef KCU_HOST_EMU
 void kcu_attention_batch(kcu_state *st, const kcu_attn_args *common, const kcu_attn_seq *seqs,
                          int n_seq);
 /* The fewest keys of a decode key split (0: the planner's default), KILN_CUDA_ATT_SPLIT_KEYS */
@@ -62,5 +68,6 @@ bool kcu_attention_decode_prep(kcu_state *st, const kcu_attn_args *common, const
  * kiln_cuda_set_fa_mode(0): none) and copies the others into rest; returns their count. */
 int kcu_attention_prefill_tc(kcu_state *st, const kcu_attn_args *a, const kcu_attn_seq *seqs,
                              int n_seq, kcu_attn_seq *rest);
+#endif
 
 #endif
