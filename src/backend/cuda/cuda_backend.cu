@@ -161,15 +161,18 @@ static void prof_report(kcu_state *st) {
     }
 }
 
+/* A matmul's token-count class in the profile's rows: batch-1 decode, the GEMV's small batches,
+ * batched decode (up to 64 sequences), prefill. */
+static const char *prof_n(int64_t n) {
+    return n == 1 ? "1" : n <= 8 ? "2-8" : n <= 64 ? "9-64" : ">64";
+}
+
 static void prof_matmul(kiln_backend *be, float *y, const float *x, int64_t n,
                         const kiln_matrix *w) {
     kcu_state *st = kcu_st(be);
     char name[72];
-    snprintf(name, sizeof name, "matmul n=%s %lldx%lld %s%d",
-             n == 1   ? "1"
-             : n <= 8 ? "2-8"
-                      : ">8",
-             (long long)w->rows, (long long)w->cols, kiln_matrix_is_quantized(w) ? "q" : "dt",
+    snprintf(name, sizeof name, "matmul n=%s %lldx%lld %s%d", prof_n(n), (long long)w->rows,
+             (long long)w->cols, kiln_matrix_is_quantized(w) ? "q" : "dt",
              kiln_matrix_is_quantized(w) ? w->bits : (int)w->dtype);
     kcu_prof_begin(st);
     kcu_matmul(be, y, x, n, w);
@@ -200,17 +203,11 @@ static void prof_add(kiln_backend *be, float *y, const float *a, const float *b,
 static void prof_matmul_multi(kiln_backend *be, int count, float *const *ys, const float *x,
                               int64_t n, const kiln_matrix *const *ws) {
     char name[72];
-    snprintf(name, sizeof name, "matmul_multi x%d n=%s %lldx%lld", count,
-             n == 1   ? "1"
-             : n <= 8 ? "2-8"
-                      : ">8",
+    snprintf(name, sizeof name, "matmul_multi x%d n=%s %lldx%lld", count, prof_n(n),
              (long long)ws[0]->rows, (long long)ws[0]->cols);
     kcu_prof_begin(kcu_st(be));
     kcu_matmul_multi(be, count, ys, x, n, ws);
     kcu_prof_end(kcu_st(be), name);
-}
-static const char *prof_n(int64_t n) {
-    return n == 1 ? "1" : n <= 8 ? "2-8" : ">8";
 }
 static void prof_matmul_norm(kiln_backend *be, int count, float *const *ys, const float *x,
                              float *h, int64_t n, const kiln_matrix *const *ws, const float *nw,
