@@ -146,6 +146,55 @@ static float from_bits(uint16_t h, int dt) {
     return dt == KILN_DT_BF16 ? kiln_bf16_to_f32(h) : kiln_f16_to_f32(h);
 }
 
+/* Random cache values f (amplitude amp) stored as dtype dt in bytes b; f keeps the rounded
+ * values the reference reads. */
+static void fill_cache(std::vector<float> &f, uint8_t *b, int dt, float amp) {
+    for (size_t i = 0; i < f.size(); i++) {
+        float x = rnd() * amp;
+        if (dt == KILN_DT_F32) {
+            memcpy(b + 4 * i, &x, 4);
+        } else {
+            const uint16_t h = to_bits(x, dt);
+            memcpy(b + 2 * i, &h, 2);
+            x = from_bits(h, dt);
+        }
+        f[i] = x;
+    }
+}
+
+/* The squared error of one output row got [vhd] against softmax attention in double of query
+ * row qr [hd] (times scale) over keys [kbeg, kend) of KV head kvh in K / V ([keys, n_kv, hd |
+ * vhd]), with a logit softcap when > 0. */
+struct ref_err {
+    double num = 0, den = 0;
+    int bad = 0; /* non-finite outputs */
+    double rel() const { return den > 0 ? sqrt(num / den) : 0; }
+};
+static void ref_check_row(ref_err &r, const float *qr, float scale, const std::vector<float> &K,
+                          const std::vector<float> &V, int n_kv, int kvh, int hd, int vhd, int kbeg,
+                          int kend, float softcap, const float *got) {
+    std::vector<double> sc(kend);
+    double mx = -INFINITY;
+    for (int j = kbeg; j < kend; j++) {
+        double d = 0;
+        for (int e = 0; e < hd; e++)
+            d += (double)(qr[e] * scale) * K[((size_t)j * n_kv + kvh) * hd + e];
+        if (softcap > 0) d = softcap * tanh(d / softcap);
+        sc[j] = d;
+        mx = std::max(mx, d);
+    }
+    double z = 0;
+    for (int j = kbeg; j < kend; j++) z += exp(sc[j] - mx);
+    for (int e = 0; e < vhd; e++) {
+        double o = 0;
+        for (int j = kbeg; j < kend; j++)
+            o += exp(sc[j] - mx) / z * V[((size_t)j * n_kv + kvh) * vhd + e];
+        if (!std::isfinite(got[e])) r.bad++;
+        r.num += (got[e] - o) * (got[e] - o);
+        r.den += o * o;
+    }
+}
+
 /* The digits of x [n, cols] that k_qx_digits (qgemv.cu pass 1) makes: one emulated warp per
  * block and 32-column group, in the layout of qgemv.cu's qg_layout (E, sx16, dig). */
 struct digits {
@@ -196,21 +245,8 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
         const int keys = pos[s] + 1;
         Kf[s].resize((size_t)keys * n_kv * hd), Vf[s].resize((size_t)keys * n_kv * vhd);
         Kb[s].resize(Kf[s].size() * esz + 16), Vb[s].resize(Vf[s].size() * esz + 16);
-        for (int which = 0; which < 2; which++) {
-            auto &f = which ? Vf[s] : Kf[s];
-            uint8_t *b = which ? Vb[s].data() : Kb[s].data();
-            for (size_t i = 0; i < f.size(); i++) {
-                float x = rnd() * (which ? 1.0f : 1.5f);
-                if (dt == KILN_DT_F32) {
-                    memcpy(b + 4 * i, &x, 4);
-                } else {
-                    const uint16_t h = to_bits(x, dt);
-                    memcpy(b + 2 * i, &h, 2);
-                    x = from_bits(h, dt);
-                }
-                f[i] = x;
-            }
-        }
+        fill_cache(Kf[s], Kb[s].data(), dt, 1.5f);
+        fill_cache(Vf[s], Vb[s].data(), dt, 1.0f);
         A.s[s].k = Kb[s].data(), A.s[s].v = Vb[s].data();
         A.s[s].pos0 = device_positions ? -12345 : pos[s]; /* must not be read then */
         A.s[s].t0 = s;
@@ -261,37 +297,15 @@ static void run_case(int n_kv, int G, int hd, int vhd, int dt, int window, float
             break;
         }
     /* reference in double */
-    double num = 0, den = 0;
-    int bad = 0;
+    ref_err r;
     for (int s = 0; s < n_seq; s++) {
         const int kbeg = window > 0 ? std::max(0, pos[s] - window + 1) : 0, kend = pos[s] + 1;
-        for (int h = 0; h < H; h++) {
-            const int kvh = h / G;
-            std::vector<double> sc(kend);
-            double mx = -INFINITY;
-            for (int j = kbeg; j < kend; j++) {
-                double d = 0;
-                for (int e = 0; e < hd; e++)
-                    d += (double)(q[((size_t)s * H + h) * hd + e] * A.scale) *
-                         Kf[s][((size_t)j * n_kv + kvh) * hd + e];
-                if (softcap > 0) d = softcap * tanh(d / softcap);
-                sc[j] = d;
-                mx = std::max(mx, d);
-            }
-            double z = 0;
-            for (int j = kbeg; j < kend; j++) z += exp(sc[j] - mx);
-            for (int e = 0; e < vhd; e++) {
-                double o = 0;
-                for (int j = kbeg; j < kend; j++)
-                    o += exp(sc[j] - mx) / z * Vf[s][((size_t)j * n_kv + kvh) * vhd + e];
-                const float got = out[((size_t)s * H + h) * vhd + e];
-                if (!std::isfinite(got)) bad++;
-                num += (got - o) * (got - o);
-                den += o * o;
-            }
-        }
+        for (int h = 0; h < H; h++)
+            ref_check_row(r, &q[((size_t)s * H + h) * hd], A.scale, Kf[s], Vf[s], n_kv, h / G, hd,
+                          vhd, kbeg, kend, softcap, &out[((size_t)s * H + h) * vhd]);
     }
-    const double err = den > 0 ? sqrt(num / den) : 0;
+    const double err = r.rel();
+    const int bad = r.bad;
     const bool ok = bad == 0 && err <= 1e-5 && emu_misaligned == 0 && digits_ok;
     cases++;
     failures += !ok;
@@ -357,21 +371,8 @@ static void run_flash_case(int n_kv, int G, int hd, int vhd, int dt, int window,
         const int kend = seqs[s].pos0 + seqs[s].n;
         Kf[s].resize((size_t)kend * n_kv * hd), Vf[s].resize((size_t)kend * n_kv * vhd);
         Kb[s].resize(Kf[s].size() * esz + 16), Vb[s].resize(Vf[s].size() * esz + 16);
-        for (int which = 0; which < 2; which++) {
-            auto &f = which ? Vf[s] : Kf[s];
-            uint8_t *b = which ? Vb[s].data() : Kb[s].data();
-            for (size_t i = 0; i < f.size(); i++) {
-                float x = rnd() * (which ? 1.0f : 1.5f);
-                if (dt == KILN_DT_F32) {
-                    memcpy(b + 4 * i, &x, 4);
-                } else {
-                    const uint16_t h = to_bits(x, dt);
-                    memcpy(b + 2 * i, &h, 2);
-                    x = from_bits(h, dt);
-                }
-                f[i] = x;
-            }
-        }
+        fill_cache(Kf[s], Kb[s].data(), dt, 1.5f);
+        fill_cache(Vf[s], Vb[s].data(), dt, 1.0f);
         att_seq &d = L.s[s];
         d.k = Kb[s].data(), d.v = Vb[s].data(), d.n = seqs[s].n, d.t0 = t0;
         d.pos0 = device_positions ? -12345 : seqs[s].pos0; /* must not be read then */
@@ -417,39 +418,17 @@ static void run_flash_case(int n_kv, int G, int hd, int vhd, int dt, int window,
             "k_attn_merge", {(unsigned)L.rows_max, (unsigned)n_kv, (unsigned)n_seq}, 0,
             [&] { k_attn_merge(L, splits); }, 128);
     /* reference in double */
-    double num = 0, den = 0;
-    int bad = 0;
+    ref_err r;
     for (int s = 0, t0 = 0; s < n_seq; t0 += seqs[s].n, s++)
         for (int j = 0; j < seqs[s].n; j++) {
             const int p = seqs[s].pos0 + j, t = t0 + j;
-            const int kbeg = window > 0 ? std::max(0, p - window + 1) : 0, kend = p + 1;
-            for (int h = 0; h < H; h++) {
-                const int kvh = h / G;
-                std::vector<double> sc(kend);
-                double mx = -INFINITY;
-                for (int k = kbeg; k < kend; k++) {
-                    double d = 0;
-                    for (int e = 0; e < hd; e++)
-                        d += (double)(q[((size_t)t * H + h) * hd + e] * a.p.scale) *
-                             Kf[s][((size_t)k * n_kv + kvh) * hd + e];
-                    if (softcap > 0) d = softcap * tanh(d / softcap);
-                    sc[k] = d;
-                    mx = std::max(mx, d);
-                }
-                double z = 0;
-                for (int k = kbeg; k < kend; k++) z += exp(sc[k] - mx);
-                for (int e = 0; e < vhd; e++) {
-                    double o = 0;
-                    for (int k = kbeg; k < kend; k++)
-                        o += exp(sc[k] - mx) / z * Vf[s][((size_t)k * n_kv + kvh) * vhd + e];
-                    const float got = out[((size_t)t * H + h) * vhd + e];
-                    if (!std::isfinite(got)) bad++;
-                    num += (got - o) * (got - o);
-                    den += o * o;
-                }
-            }
+            const int kbeg = window > 0 ? std::max(0, p - window + 1) : 0;
+            for (int h = 0; h < H; h++)
+                ref_check_row(r, &q[((size_t)t * H + h) * hd], a.p.scale, Kf[s], Vf[s], n_kv, h / G,
+                              hd, vhd, kbeg, p + 1, softcap, &out[((size_t)t * H + h) * vhd]);
         }
-    const double err = den > 0 ? sqrt(num / den) : 0;
+    const double err = r.rel();
+    const int bad = r.bad;
     const bool ok = bad == 0 && err <= 1e-5 && emu_misaligned == 0;
     cases++;
     failures += !ok;
