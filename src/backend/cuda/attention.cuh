@@ -2,8 +2,8 @@
 #ifndef KILN_CUDA_ATTENTION_CUH
 #define KILN_CUDA_ATTENTION_CUH
 
-#ifndef KCU_HOST_EMU /* tests/emu/attention_emulate.cc: the argument types only, its own helpers   \
-                      */
+/* tests/emu/attention_emulate.cc (KCU_HOST_EMU): the argument types only, its own helpers */
+#ifndef KCU_HOST_EMU
 #include "backend/cuda/cuda_common.cuh"
 
 /* Element i of a KV buffer of dtype dt (F32, F16 or BF16) set to x, rounded to nearest even. */
